@@ -1,0 +1,38 @@
+# subagent-seam developer tasks. `make help` lists them.
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: help install test lint format demo bench schema
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+install: $(STAMP) ## create .venv and install the package with its test and lint tools
+
+test: $(STAMP) ## run the test suite on asyncio and trio
+	$(BIN)/python -m pytest
+
+lint: $(STAMP) ## ruff (lint and format check) and mypy --strict
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: $(STAMP) ## apply ruff's formatting and safe fixes
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+demo: $(STAMP) ## a full turn against the bundled stub agent: no network, no keys
+	$(BIN)/subagent demo
+
+bench: $(STAMP) ## run the benchmarks under bench/
+	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done

@@ -1,0 +1,1 @@
+"""subagent-seam: one AI agent delegates work to another."""

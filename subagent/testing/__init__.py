@@ -1,0 +1,1 @@
+"""Test support shipped to users: stub ACP agents and a pytest plugin."""
