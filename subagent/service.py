@@ -1,0 +1,483 @@
+"""The registry service: named providers, start-time checks, lifecycle events, ownership of runs.
+
+How a run is watched: as soon as a provider hands back a run, the service starts an observer task
+in its own task group. The observer awaits the provider run's readiness and, at the same time, its
+result, so a failing result is always observed (never an unobserved exception). It emits
+``subagent/start`` once readiness succeeded, and ``subagent/end`` once the result settled *and* the
+start was emitted: a result that settles before readiness is buffered until then. A run whose
+readiness fails emits neither. The caller's ``started()`` and ``result()`` return only after the
+observer has emitted the matching event, so listeners always see a run before its caller does.
+
+Ownership: leaving ``async with service.start(...)`` disposes the run, whatever the exit path;
+closing the service disposes every run still live, then ends its task group.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Self, cast
+
+import anyio
+
+from subagent.events import EventHub
+from subagent.types import (
+    Disposer,
+    ErrorCode,
+    ProviderSnapshot,
+    ResumableRun,
+    SteerableRun,
+    SubagentCapabilities,
+    SubagentError,
+    SubagentProvider,
+    SubagentRequest,
+    SubagentResult,
+    SubagentRun,
+    SubagentRunEndInfo,
+    SubagentRunInfo,
+)
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+__all__ = ["RunState", "ServiceRun", "SubagentService"]
+
+logger = logging.getLogger(__name__)
+
+OBSERVER_SETTLE_TIMEOUT: float = 5.0
+"""How long a disposed run's readiness and result may take to settle after the provider's
+``dispose()`` returned. A provider that keeps its contract settles both before returning; this
+bound only keeps a faulty provider from hanging the caller (its observer is then cancelled)."""
+
+
+class RunState(enum.Enum):
+    """Where a run is in its life, as the service has observed it."""
+
+    STARTING = "starting"
+    """The child is not ready yet."""
+    RUNNING = "running"
+    """The child is ready; its result has not settled."""
+    ENDED = "ended"
+    """The result settled (whatever the stop reason)."""
+    FAILED = "failed"
+    """Readiness failed: the child never became ready."""
+    DISPOSED = "disposed"
+    """``dispose()`` has returned; nothing of the run is left running."""
+
+
+def _snapshot(provider: SubagentProvider) -> ProviderSnapshot:
+    name: object = provider.name
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a provider's name must be a non-empty str, got {name!r}")
+    declared = provider.capabilities
+    # Copy into our own frozen record: the provider's capabilities object may be mutable.
+    capabilities = SubagentCapabilities(
+        output_schema=bool(declared.output_schema),
+        depth_limit=bool(declared.depth_limit),
+        tool_filter=bool(declared.tool_filter),
+    )
+    return ProviderSnapshot(
+        name=name,
+        capabilities=capabilities,
+        inherits_parent_context=bool(provider.inherits_parent_context),
+        start=provider.start,  # bound now, to this object: later reassignment changes nothing
+    )
+
+
+@dataclass(eq=False, slots=True)
+class _Registration:
+    snapshot: ProviderSnapshot
+
+
+class SubagentService:
+    """A registry of named providers that starts, watches and owns child runs.
+
+    Use it as an async context manager: it owns a task group, and closing it disposes every run
+    still live. Providers may be registered before or after it is opened.
+    """
+
+    def __init__(self) -> None:
+        self.events = EventHub()
+        """Lifecycle events: ``subagent/provider-added``, ``subagent/provider-removed``,
+        ``subagent/start``, ``subagent/end``."""
+        self._registrations: dict[str, _Registration] = {}
+        self._runs: dict[ServiceRun, None] = {}  # live runs, in start order
+        self._task_group: TaskGroup | None = None
+        self._closing = False
+
+    # -- the registry ------------------------------------------------------------------------
+
+    def register_provider(self, provider: SubagentProvider) -> Disposer:
+        """Register a snapshot of ``provider`` under its name and return the disposer.
+
+        Raises:
+            SubagentError: ``DUPLICATE_PROVIDER`` when the name is taken; the first stays.
+        """
+        snapshot = _snapshot(provider)
+        if snapshot.name in self._registrations:
+            raise SubagentError(
+                ErrorCode.DUPLICATE_PROVIDER,
+                f"a provider named {snapshot.name!r} is already registered",
+                provider=snapshot.name,
+            )
+        registration = _Registration(snapshot)
+        self._registrations[snapshot.name] = registration
+        self.events.emit("subagent/provider-added", snapshot)
+
+        def dispose() -> None:
+            # Identity, not name: a later registration under the same name is not ours to remove.
+            if self._registrations.get(snapshot.name) is registration:
+                del self._registrations[snapshot.name]
+                self.events.emit("subagent/provider-removed", snapshot.name)
+
+        return dispose
+
+    def get_provider(self, name: str) -> ProviderSnapshot | None:
+        """The snapshot registered under ``name``, or None."""
+        registration = self._registrations.get(name)
+        return None if registration is None else registration.snapshot
+
+    def list(self) -> list[str]:
+        """The registered provider names, in registration order."""
+        return list(self._registrations)
+
+    @property
+    def live_runs(self) -> tuple[ServiceRun, ...]:
+        """Runs started and not yet disposed, in start order."""
+        return tuple(self._runs)
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def start(self, name: str, request: SubagentRequest) -> ServiceRun:
+        """Start a run on provider ``name``. Synchronous up to the child's creation.
+
+        Every check happens before the provider is called: nothing requested is accepted and then
+        ignored. Await ``run.started()`` for readiness and ``run.result()`` for the outcome, or use
+        the run as an async context manager so that it is disposed on every exit path.
+
+        Raises:
+            SubagentError: ``NO_PROVIDER`` for an unknown name; ``UNSUPPORTED_CAPABILITY`` naming
+                the first requested start-time feature the provider lacks; ``DISPOSED`` when the
+                service is closing or closed; ``START_FAILED`` when the provider's ``start`` raised.
+            RuntimeError: the service was never opened with ``async with``.
+        """
+        task_group = self._require_open()
+        registration = self._registrations.get(name)
+        if registration is None:
+            known = ", ".join(repr(known) for known in self._registrations) or "none"
+            raise SubagentError(
+                ErrorCode.NO_PROVIDER, f"no provider named {name!r} (registered: {known})", provider=name
+            )
+        snapshot = registration.snapshot
+        for feature in request.requested_features():
+            if not snapshot.capabilities.supports(feature):
+                raise SubagentError(
+                    ErrorCode.UNSUPPORTED_CAPABILITY,
+                    f"provider {name!r} does not support {feature!r}",
+                    provider=name,
+                    feature=feature,
+                )
+        try:
+            provider_run = snapshot.start(request, task_group)
+        except SubagentError:
+            raise
+        except Exception as exc:
+            raise SubagentError(
+                ErrorCode.START_FAILED, f"provider {name!r} failed to start a run: {exc}", provider=name
+            ) from exc
+        run = _managed_run_class(provider_run)(self, snapshot.name, provider_run, request)
+        self._runs[run] = None
+        task_group.start_soon(run._observe, name=f"subagent observer {run.id}")
+        return run
+
+    def _require_open(self) -> TaskGroup:
+        if self._closing:
+            raise SubagentError(ErrorCode.DISPOSED, "the subagent service is closed")
+        if self._task_group is None:
+            raise RuntimeError("the subagent service is not open: use `async with SubagentService() as ...`")
+        return self._task_group
+
+    def _forget(self, run: ServiceRun) -> None:
+        self._runs.pop(run, None)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._task_group is not None or self._closing:
+            raise RuntimeError("a SubagentService can be opened only once")
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        self._task_group = task_group
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        task_group = self._task_group
+        assert task_group is not None, "__aexit__ without __aenter__"
+        self._closing = True
+        try:
+            # Shielded: a cancelled owner must still leave no child behind.
+            with anyio.CancelScope(shield=True):
+                async with anyio.create_task_group() as disposers:
+                    for run in tuple(self._runs):
+                        disposers.start_soon(run.dispose)
+        finally:
+            # Every run is disposed, so every provider task should have ended; cancel what a
+            # faulty provider left behind rather than wait on it forever.
+            task_group.cancel_scope.cancel()
+        return await task_group.__aexit__(exc_type, exc, tb)
+
+
+class ServiceRun:
+    """A provider's run as the service hands it out: watched, gated and owned.
+
+    Runtime capabilities pass through: the run is a :class:`~subagent.types.SteerableRun` or
+    :class:`~subagent.types.ResumableRun` exactly when the provider's run is.
+    """
+
+    def __init__(
+        self, service: SubagentService, provider: str, provider_run: SubagentRun, request: SubagentRequest
+    ) -> None:
+        self._service = service
+        self._provider_run = provider_run
+        self.provider = provider
+        """The name of the provider that runs this child."""
+        self.request = request
+        """The request this run was started with."""
+        self.info = SubagentRunInfo(
+            id=provider_run.id, provider=provider, parent_id=request.parent_id, prompt=request.prompt
+        )
+        """The payload ``subagent/start`` carries."""
+        self._ready_settled = anyio.Event()
+        self._ready_error: SubagentError | None = None
+        self._start_emitted = False
+        self._result_settled = anyio.Event()
+        self._result: SubagentResult | BaseException | None = None
+        self._end_info: SubagentRunEndInfo | None = None
+        self._result_observed = anyio.Event()
+        self._observer_scope = anyio.CancelScope()
+        self._observer_done = anyio.Event()
+        self._dispose_started = False
+        self._disposed = anyio.Event()
+
+    @property
+    def id(self) -> str:
+        """The run's id, as its provider assigned it."""
+        return self.info.id
+
+    @property
+    def provider_run(self) -> SubagentRun:
+        """The provider's own run object, for provider-specific detail (narrow with isinstance)."""
+        return self._provider_run
+
+    @property
+    def state(self) -> RunState:
+        """Where the run is in its life."""
+        if self._disposed.is_set():
+            return RunState.DISPOSED
+        if self._ready_error is not None:
+            return RunState.FAILED
+        if self._result_observed.is_set():
+            return RunState.ENDED
+        if self._start_emitted:
+            return RunState.RUNNING
+        return RunState.STARTING
+
+    def __repr__(self) -> str:
+        return f"<ServiceRun {self.id!r} provider={self.provider!r} {self.state.value}>"
+
+    async def started(self) -> None:
+        """Return once the child is ready and ``subagent/start`` was emitted.
+
+        Raises:
+            SubagentError: ``START_FAILED`` when the child never became ready; ``DISPOSED`` when
+                the run was disposed first.
+        """
+        await self._ready_settled.wait()
+        if self._ready_error is not None:
+            raise self._ready_error
+
+    async def result(self) -> SubagentResult:
+        """Return how the turn ended, once ``subagent/end`` (if owed) was emitted."""
+        await self._result_observed.wait()
+        outcome = self._result
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return outcome
+
+    async def cancel(self) -> None:
+        """Ask the child to stop; ``result()`` then settles with ``cancelled``. No-op once disposed."""
+        if self._dispose_started:
+            return
+        await self._provider_run.cancel()
+
+    async def dispose(self) -> None:
+        """Tear the run down. Idempotent; returns once nothing of the run is left running.
+
+        Shielded from cancellation: a cancelled caller still gets its child torn down.
+        """
+        if self._dispose_started:
+            await self._disposed.wait()
+            return
+        self._dispose_started = True
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._provider_run.dispose()
+            except Exception:
+                logger.exception("provider %r: disposing run %r raised", self.provider, self.id)
+            finally:
+                await self._wait_observer_quiescent()
+                self._service._forget(self)
+                self._disposed.set()
+
+    async def _wait_observer_quiescent(self) -> None:
+        with anyio.move_on_after(OBSERVER_SETTLE_TIMEOUT):
+            await self._observer_done.wait()
+            return
+        logger.error(
+            "provider %r: run %r did not settle within %.1f s of dispose(); its observer is cancelled",
+            self.provider,
+            self.id,
+            OBSERVER_SETTLE_TIMEOUT,
+        )
+        self._observer_scope.cancel()
+        with anyio.move_on_after(OBSERVER_SETTLE_TIMEOUT):
+            await self._observer_done.wait()
+
+    def _check_live(self) -> None:
+        if self._dispose_started:
+            raise SubagentError(ErrorCode.DISPOSED, f"run {self.id!r} is disposed", provider=self.provider)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.dispose()
+
+    # -- the observer, run in the service's task group -----------------------------------------
+
+    async def _observe(self) -> None:
+        cancelled = anyio.get_cancelled_exc_class()
+        try:
+            with self._observer_scope:
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(self._observe_result)
+                    try:
+                        await self._provider_run.started()
+                    except cancelled:
+                        raise
+                    except SubagentError as exc:
+                        self._ready_error = exc
+                    except Exception as exc:
+                        self._ready_error = SubagentError(
+                            ErrorCode.START_FAILED,
+                            f"provider {self.provider!r}: run {self.id!r} failed to start: {exc}",
+                            provider=self.provider,
+                        )
+                        self._ready_error.__cause__ = exc
+                    else:
+                        self._emit_start()
+                    self._ready_settled.set()
+                    await self._result_settled.wait()
+                    self._emit_end_if_owed()
+                    self._result_observed.set()
+        finally:
+            # Reached early only when cancelled: settle what is left so no waiter hangs.
+            if not self._ready_settled.is_set():
+                self._ready_error = self._disposed_error("before it became ready")
+                self._ready_settled.set()
+            if not self._result_settled.is_set():
+                self._settle(self._disposed_error("before its result settled"))
+            self._emit_end_if_owed()
+            self._result_observed.set()
+            self._observer_done.set()
+
+    async def _observe_result(self) -> None:
+        try:
+            outcome: SubagentResult | BaseException = await self._provider_run.result()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception as exc:
+            outcome = exc
+        self._settle(outcome)
+
+    def _settle(self, outcome: SubagentResult | BaseException) -> None:
+        self._result = outcome
+        # Taken now, before any caller can see (and mutate) the result object.
+        if isinstance(outcome, SubagentResult):
+            self._end_info = SubagentRunEndInfo(
+                id=self.id,
+                provider=self.provider,
+                stop_reason=outcome.stop_reason,
+                last_assistant_message=str(outcome.output),
+                error=outcome.error,
+            )
+        else:
+            self._end_info = SubagentRunEndInfo(
+                id=self.id,
+                provider=self.provider,
+                stop_reason=None,
+                last_assistant_message=None,
+                error=str(outcome) or type(outcome).__name__,
+            )
+        self._result_settled.set()
+
+    def _emit_start(self) -> None:
+        self._start_emitted = True
+        self._service.events.emit("subagent/start", self.info)
+
+    def _emit_end_if_owed(self) -> None:
+        end_info, self._end_info = self._end_info, None  # emitted at most once
+        if self._start_emitted and end_info is not None:
+            self._service.events.emit("subagent/end", end_info)
+
+    def _disposed_error(self, when: str) -> SubagentError:
+        return SubagentError(
+            ErrorCode.DISPOSED, f"run {self.id!r} was disposed {when}", provider=self.provider
+        )
+
+
+class _SteerableServiceRun(ServiceRun):
+    async def send_message(self, text: str) -> None:
+        """Queue ``text`` for the child; it arrives at the child's next idle point."""
+        self._check_live()
+        await cast(SteerableRun, self._provider_run).send_message(text)
+
+
+class _ResumableServiceRun(ServiceRun):
+    async def resume(self, prompt: str) -> SubagentResult:
+        """Run another turn in the same child and return how that turn ended."""
+        self._check_live()
+        return await cast(ResumableRun, self._provider_run).resume(prompt)
+
+
+class _SteerableResumableServiceRun(_SteerableServiceRun, _ResumableServiceRun):
+    pass
+
+
+def _managed_run_class(
+    provider_run: SubagentRun,
+) -> Callable[[SubagentService, str, SubagentRun, SubagentRequest], ServiceRun]:
+    # Presence of the method is the capability, so the wrapper offers exactly what the run offers.
+    steerable = isinstance(provider_run, SteerableRun)
+    resumable = isinstance(provider_run, ResumableRun)
+    if steerable and resumable:
+        return _SteerableResumableServiceRun
+    if steerable:
+        return _SteerableServiceRun
+    if resumable:
+        return _ResumableServiceRun
+    return ServiceRun

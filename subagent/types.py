@@ -1,0 +1,330 @@
+"""The seam's vocabulary: requests, results, capabilities, run protocols, event payloads, errors.
+
+Nothing here knows how a child runs. Providers (ACP, spawn, fork) and the service speak only these
+types, so a caller can switch provider by name without changing anything else.
+
+Capabilities come in two kinds:
+
+* start-time features (``output_schema``, ``depth_limit``, ``tool_filter`` with ``persona``) are
+  flags on :class:`SubagentCapabilities`; the service refuses a request that asks for one the provider
+  lacks, before any child exists;
+* runtime features are optional methods on the run (``send_message``, ``resume``); their presence
+  is the capability, checked with ``isinstance(run, SteerableRun)`` / ``isinstance(run, ResumableRun)``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, runtime_checkable
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+__all__ = [
+    "START_TIME_FEATURES",
+    "Disposer",
+    "ErrorCode",
+    "ProviderSnapshot",
+    "ResumableRun",
+    "StartTimeFeature",
+    "SteerableRun",
+    "StopReason",
+    "SubagentCapabilities",
+    "SubagentError",
+    "SubagentProvider",
+    "SubagentRequest",
+    "SubagentResult",
+    "SubagentRun",
+    "SubagentRunEndInfo",
+    "SubagentRunInfo",
+    "ToolFilter",
+    "Usage",
+]
+
+StopReason = Literal["completed", "cancelled", "error", "timeout", "max_tokens", "max_turns", "refusal"]
+"""Why a child's turn ended. Only ``completed`` is success; ``error`` carries a diagnosis."""
+
+StartTimeFeature = Literal["output_schema", "depth_limit", "tool_filter", "persona"]
+"""A request field that needs the provider's support; checked in this order before any child exists."""
+
+START_TIME_FEATURES: tuple[StartTimeFeature, ...] = ("output_schema", "depth_limit", "tool_filter", "persona")
+
+Disposer = Callable[[], None]
+"""Undoes one registration (a provider, an event listener). Idempotent."""
+
+
+class ErrorCode(enum.StrEnum):
+    """What went wrong, for callers that branch on it. Compare codes, never message text."""
+
+    DUPLICATE_PROVIDER = "DUPLICATE_PROVIDER"
+    """A provider with that name is already registered."""
+    NO_PROVIDER = "NO_PROVIDER"
+    """No provider is registered under the requested name."""
+    UNSUPPORTED_CAPABILITY = "UNSUPPORTED_CAPABILITY"
+    """The request asks for a start-time feature the provider does not offer."""
+    START_FAILED = "START_FAILED"
+    """The child never became ready: it exited, failed, or timed out first."""
+    DISPOSED = "DISPOSED"
+    """The run or the service was disposed before the operation could happen."""
+
+
+class SubagentError(Exception):
+    """The seam's one exception type; ``code`` says which failure it is.
+
+    ``feature`` names the unmet start-time feature for ``UNSUPPORTED_CAPABILITY`` and is None
+    otherwise. ``provider`` names the provider involved, when there is one.
+    """
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        message: str,
+        *,
+        provider: str | None = None,
+        feature: StartTimeFeature | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.provider = provider
+        self.feature = feature
+
+    def __repr__(self) -> str:
+        return f"SubagentError({self.code.value}, {self.message!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolFilter:
+    """Narrows a child's tools: ``allow`` (None = everything the parent has) minus ``deny``.
+
+    A filter can only narrow: applied below an ancestor's filter it never brings back a tool the
+    ancestor removed.
+    """
+
+    allow: AbstractSet[str] | None = None
+    deny: AbstractSet[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        # Accept any iterable of names, but store frozensets so the filter cannot change later.
+        if self.allow is not None and not isinstance(self.allow, frozenset):
+            object.__setattr__(self, "allow", frozenset(self.allow))
+        if not isinstance(self.deny, frozenset):
+            object.__setattr__(self, "deny", frozenset(self.deny))
+
+    def permits(self, tool: str) -> bool:
+        """Whether a tool of that name passes this filter."""
+        return tool not in self.deny and (self.allow is None or tool in self.allow)
+
+
+def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    return None if value is None else MappingProxyType(dict(value))
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentRequest:
+    """What to ask a child to do, and under which constraints.
+
+    ``timeout`` is an inactivity timeout in seconds: it counts silence from the child, not the
+    turn's total length. ``output_schema``, ``depth_limit``, ``tool_filter`` and ``persona`` are
+    start-time features: a provider that lacks one refuses the request before any child exists.
+    Mappings are copied on construction, so a caller changing its dict later changes nothing here.
+    """
+
+    prompt: str
+    cwd: str | None = None
+    output_schema: Mapping[str, Any] | None = None
+    depth_limit: int | None = None
+    tool_filter: ToolFilter | None = None
+    persona: str | None = None
+    timeout: float | None = None
+    parent_id: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "output_schema", _frozen_mapping(self.output_schema))
+        object.__setattr__(self, "metadata", _frozen_mapping(self.metadata))
+        if self.depth_limit is not None and self.depth_limit < 0:
+            raise ValueError(f"depth_limit must be >= 0, got {self.depth_limit}")
+        if self.timeout is not None and self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+
+    def requested_features(self) -> tuple[StartTimeFeature, ...]:
+        """The start-time features this request asks for, in the order they are checked."""
+        asked = {
+            "output_schema": self.output_schema is not None,
+            "depth_limit": self.depth_limit is not None,
+            "tool_filter": self.tool_filter is not None,
+            "persona": self.persona is not None,
+        }
+        return tuple(feature for feature in START_TIME_FEATURES if asked[feature])
+
+
+@dataclass(slots=True)
+class Usage:
+    """Token counts, when the child reports them."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    total_tokens: int | None = None
+    thought_tokens: int | None = None
+    cached_read_tokens: int | None = None
+    cached_write_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class SubagentResult:
+    """How a child's turn ended.
+
+    A child-level failure is a result with ``stop_reason == "error"`` and a readable ``error``
+    (for a child process: its exit status and the tail of its stderr), never an exception.
+    ``output`` is the final assistant message, partial when the turn did not complete.
+    ``structured`` holds the validated JSON value when the request carried ``output_schema``.
+    """
+
+    output: str
+    stop_reason: StopReason
+    structured: Any = None
+    error: str | None = None
+    usage: Usage | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the turn completed."""
+        return self.stop_reason == "completed"
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentCapabilities:
+    """The start-time features a provider supports. ``tool_filter`` covers ``persona`` too."""
+
+    output_schema: bool = False
+    depth_limit: bool = False
+    tool_filter: bool = False
+
+    def supports(self, feature: StartTimeFeature) -> bool:
+        """Whether a request asking for ``feature`` can be honoured."""
+        if feature == "persona":
+            return self.tool_filter
+        return bool(getattr(self, feature))
+
+
+@runtime_checkable
+class SubagentRun(Protocol):
+    """One child run. Use it as an async context manager: leaving it awaits :meth:`dispose`.
+
+    ``started()`` and ``result()`` may be awaited any number of times, by any number of tasks,
+    and give the same outcome each time.
+    """
+
+    @property
+    def id(self) -> str:
+        """The run's id, unique within its provider."""
+        ...
+
+    async def started(self) -> None:
+        """Return once a real child exists and is ready; raise if it failed or was disposed first."""
+        ...
+
+    async def result(self) -> SubagentResult:
+        """Return how the turn ended. Child-level failure is a result, not an exception."""
+        ...
+
+    async def cancel(self) -> None:
+        """Ask the child to stop; ``result()`` then settles with ``cancelled``."""
+        ...
+
+    async def dispose(self) -> None:
+        """Tear the child down. Idempotent; returns once nothing of the run is left running."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...
+
+
+@runtime_checkable
+class SteerableRun(Protocol):
+    """A run that accepts messages while it works: they reach the child at its next idle point."""
+
+    async def send_message(self, text: str) -> None:
+        """Queue ``text`` for the child."""
+        ...
+
+
+@runtime_checkable
+class ResumableRun(Protocol):
+    """A run whose child can take another turn after its result settled."""
+
+    async def resume(self, prompt: str) -> SubagentResult:
+        """Run another turn in the same child and return how that turn ended."""
+        ...
+
+
+class SubagentProvider(Protocol):
+    """One way to run a child agent. The service snapshots these fields at registration."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def capabilities(self) -> SubagentCapabilities: ...
+
+    @property
+    def inherits_parent_context(self) -> bool: ...
+
+    def start(self, request: SubagentRequest, task_group: TaskGroup) -> SubagentRun:
+        """Create the run without waiting: readiness is reported by ``run.started()``.
+
+        Tasks started in ``task_group`` belong to the service and must not raise: failures
+        belong in the run's readiness or result. They must all end by the time ``dispose()``
+        returns.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderSnapshot:
+    """What the registry holds for a provider, frozen at registration.
+
+    ``start`` is bound to the original provider object, so replacing the provider's ``start``
+    attribute afterwards changes nothing the registry does.
+    """
+
+    name: str
+    capabilities: SubagentCapabilities
+    inherits_parent_context: bool
+    start: Callable[[SubagentRequest, TaskGroup], SubagentRun] = field(repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentRunInfo:
+    """Payload of ``subagent/start``: a run whose child is ready."""
+
+    id: str
+    provider: str
+    parent_id: str | None
+    prompt: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentRunEndInfo:
+    """Payload of ``subagent/end``: how a started run ended.
+
+    ``stop_reason`` and ``last_assistant_message`` are None when the result itself failed (an
+    infrastructure failure rather than a child-level one); ``error`` then says why.
+    """
+
+    id: str
+    provider: str
+    stop_reason: StopReason | None
+    last_assistant_message: str | None
+    error: str | None
