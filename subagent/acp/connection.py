@@ -1,0 +1,780 @@
+"""A bidirectional JSON-RPC 2.0 connection over a pair of anyio byte streams. It knows no ACP method.
+
+Wire format: one JSON message per line, UTF-8, terminated by `\\n` (a trailing `\\r` and blank lines are
+tolerated). Both peers send requests. Our outgoing ids are integers counting from 0; the peer's requests
+live in a separate id space (real agents also count from 0), so the two never collide. Method names are
+strings and params/results stay opaque: the envelope is decoded with `msgspec.Raw` for params, result and
+error data, and each caller decides what type to decode into.
+
+Tasks inside `Connection.run()`:
+
+* the **reader** reads chunks, splits lines, resolves responses, queues notifications and starts one task
+  per incoming request. It never awaits user code, so a slow handler cannot stall it. A line longer than
+  `max_line_bytes` is skipped up to the next newline without being buffered; a line that is not UTF-8,
+  not JSON, or not a JSON-RPC 2.0 envelope is skipped. Both are logged and reported to
+  `on_protocol_error`, and the connection goes on.
+* the **writer** is the only task that touches the send stream: each message is handed over as a whole
+  line and written with one `send`, so concurrent senders never interleave bytes, and a caller cancelled
+  mid-write can never leave half a line on the wire.
+* the **notifier** runs the notification handler on one notification at a time, in arrival order.
+* one task per **incoming request**; `$/cancel_request` {requestId} cancels it and it answers -32800.
+
+Ordering guarantee: `request()` returns only after every notification that arrived before its response
+has been handled (so a `session/prompt` result never overtakes the `session/update` chunks sent before
+it). A notification handler that itself awaits a `request()` is exempt, or it would wait for itself.
+
+Closing: EOF, a broken stream, or `close()` fail every pending request at once with a
+`ConnectionClosedError`, and every later `request()`/`notify()` fails with it immediately. Incoming
+request handlers are cancelled. On EOF the notifications already received are still delivered (the
+peer's last words); `close()` stops everything. The connection never closes the streams: their owner
+does (for a child process, closing its stdin is the first step of teardown).
+`ConnectionClosedError.cause` carries the reason; the process layer adds exit status and stderr tail.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar, overload
+
+import anyio
+import anyio.abc
+import msgspec
+
+from subagent.acp.errors import (
+    ConnectionClosedError,
+    InvalidResponseError,
+    MalformedMessageError,
+    MessageTooLargeError,
+    ProtocolError,
+    RequestError,
+    UnexpectedResponseError,
+)
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+__all__ = [
+    "CANCEL_REQUEST_METHOD",
+    "COURTESY_CANCEL_TIMEOUT",
+    "DEFAULT_MAX_LINE_BYTES",
+    "Connection",
+    "ConnectionStatistics",
+    "NotificationHandler",
+    "Params",
+    "ProtocolErrorCallback",
+    "RequestHandler",
+    "RequestId",
+    "decode_params",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+RequestId: TypeAlias = "int | str | None"
+"""An incoming request's id as the peer chose it (ours are always `int`)."""
+
+Params: TypeAlias = "msgspec.Struct | dict[str, Any] | list[Any] | msgspec.Raw | None"
+"""Outgoing params: a msgspec Struct, a dict, a list, pre-encoded `msgspec.Raw`, or None to omit `params`."""
+
+RequestHandler: TypeAlias = "Callable[[str, msgspec.Raw | None], Awaitable[Any]]"
+"""`await handler(method, params)` returns the result (anything msgspec encodes) or raises `RequestError`."""
+
+NotificationHandler: TypeAlias = "Callable[[str, msgspec.Raw | None], Awaitable[None]]"
+"""`await handler(method, params)`, called one notification at a time in arrival order."""
+
+ProtocolErrorCallback: TypeAlias = "Callable[[ProtocolError], None]"
+"""Called synchronously by the reader for every protocol error it skips; it must not raise or block."""
+
+CANCEL_REQUEST_METHOD: Final = "$/cancel_request"
+
+DEFAULT_MAX_LINE_BYTES: Final = 64 * 1024 * 1024
+# Why: file contents and tool outputs travel inline; 64 MiB fits any real message yet bounds a runaway line.
+
+COURTESY_CANCEL_TIMEOUT: Final = 1.0
+# Why: the `$/cancel_request` sent for an abandoned request is best effort; a peer that has stopped reading
+# must not delay the caller's cancellation by more than this (seconds).
+
+_ABANDONED_IDS_REMEMBERED: Final = 1024
+# Why: lets a late answer to a cancelled request be dropped quietly rather than reported, in bounded memory.
+
+_EXCERPT_BYTES: Final = 120
+# Why: enough of a malformed line to recognise it (e.g. an agent logging to stdout), short enough for a log.
+
+_JSONRPC: Final = "2.0"
+_CR: Final = 0x0D
+
+_in_notification_handler: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "_in_notification_handler", default=False
+)
+
+
+class _Envelope(msgspec.Struct):
+    """Any incoming message; which members are present decides what it is."""
+
+    jsonrpc: str | msgspec.UnsetType = msgspec.UNSET
+    id: int | str | msgspec.UnsetType | None = msgspec.UNSET
+    method: str | msgspec.UnsetType = msgspec.UNSET
+    params: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    result: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    error: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Probe(msgspec.Struct):
+    """The least we need from a line that failed envelope validation, to avoid leaving its sender waiting."""
+
+    id: int | str | msgspec.UnsetType | None = msgspec.UNSET
+    method: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _WireError(msgspec.Struct):
+    code: int
+    message: str
+    data: Any = msgspec.UNSET
+
+
+class _CancelParams(msgspec.Struct):
+    requestId: int | str | None
+
+
+class _OutRequest(msgspec.Struct):
+    jsonrpc: str
+    id: int
+    method: str
+    params: Any = msgspec.UNSET
+
+
+class _OutNotification(msgspec.Struct):
+    jsonrpc: str
+    method: str
+    params: Any = msgspec.UNSET
+
+
+class _OutResult(msgspec.Struct):
+    jsonrpc: str
+    id: int | str | None
+    result: Any
+
+
+class _OutError(msgspec.Struct):
+    jsonrpc: str
+    id: int | str | None
+    error: _WireError
+
+
+_ENVELOPE_DECODER: Final = msgspec.json.Decoder(_Envelope)
+_PROBE_DECODER: Final = msgspec.json.Decoder(_Probe)
+_WIRE_ERROR_DECODER: Final = msgspec.json.Decoder(_WireError)
+_CANCEL_PARAMS_DECODER: Final = msgspec.json.Decoder(_CancelParams)
+_NULL_RESULT: Final = msgspec.Raw(b"null")
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectionStatistics:
+    """A snapshot of a connection's state, for tests, debugging and metrics."""
+
+    pending_requests: int
+    """Our requests still waiting for a response."""
+    incoming_requests: int
+    """The peer's requests whose handlers are still running."""
+    queued_notifications: int
+    """Notifications received but not yet handled."""
+    read_buffer_bytes: int
+    """Bytes of an incomplete line held by the reader (never much more than `max_line_bytes`)."""
+    protocol_errors: int
+    """Protocol errors reported so far (malformed, oversized and unexpected messages)."""
+    closed: bool
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    """One outgoing request waiting for its response."""
+
+    method: str
+    done: anyio.Event = field(default_factory=anyio.Event)
+    result: msgspec.Raw = field(default_factory=lambda: _NULL_RESULT)  # Raw is unhashable: no plain default
+    error: RequestError | ConnectionClosedError | InvalidResponseError | None = None
+    notifications_before: int = 0
+    """How many notifications had arrived when the response did: the caller waits until these are handled."""
+
+
+def decode_params(params: msgspec.Raw | None, params_type: type[T]) -> T:
+    """Decode a request handler's `params` (None reads as JSON `null`) into `params_type`.
+
+    Raises:
+        RequestError: -32602 `Invalid params`, with msgspec's validation message as `data.details`.
+    """
+    try:
+        return msgspec.json.decode(b"null" if params is None else params, type=params_type)
+    except msgspec.ValidationError as exc:
+        raise RequestError.invalid_params({"details": str(exc)}) from exc
+
+
+def _params_or_none(raw: msgspec.Raw | msgspec.UnsetType) -> msgspec.Raw | None:
+    """Absent params and `"params": null` both reach the handlers as None."""
+    if raw is msgspec.UNSET or (len(raw) == 4 and bytes(raw) == b"null"):
+        return None
+    return raw
+
+
+def _is_utf8(line: bytearray) -> bool:
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+class Connection:
+    """A JSON-RPC 2.0 peer over `receive_stream`/`send_stream`: send requests and notifications, serve the
+    peer's.
+
+    Drive it with `async with Connection(...) as conn:` (it runs itself in a task group and closes on
+    exit), or start `await task_group.start(conn.run)` and stop it with `conn.close()`.
+
+    Args:
+        receive_stream: where the peer's lines come from (e.g. the child's stdout).
+        send_stream: where our lines go (e.g. the child's stdin).
+        request_handler: serves the peer's requests; without one every request gets -32601. It raises
+            `RequestError` to choose the error object, `msgspec.ValidationError` (or uses `decode_params`)
+            for -32602; anything else becomes a bare -32603 and is logged here.
+        notification_handler: receives the peer's notifications in order; without one they are dropped.
+            Its exceptions are logged and never close the connection.
+        on_protocol_error: told (synchronously, from the reader) about every line skipped as a protocol error.
+        max_line_bytes: longer lines are discarded without being buffered.
+        name: names this connection in log messages.
+    """
+
+    def __init__(
+        self,
+        receive_stream: anyio.abc.ByteReceiveStream,
+        send_stream: anyio.abc.ByteSendStream,
+        *,
+        request_handler: RequestHandler | None = None,
+        notification_handler: NotificationHandler | None = None,
+        on_protocol_error: ProtocolErrorCallback | None = None,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        name: str = "jsonrpc",
+    ) -> None:
+        if max_line_bytes < 1:
+            raise ValueError(f"max_line_bytes must be positive, not {max_line_bytes}")
+        self._receive_stream = receive_stream
+        self._send_stream = send_stream
+        self._request_handler = request_handler
+        self._notification_handler = notification_handler
+        self._on_protocol_error = on_protocol_error
+        self._max_line_bytes = max_line_bytes
+        self._name = name
+        self._encoder = msgspec.json.Encoder()
+
+        self._started = False
+        self._closed: ConnectionClosedError | None = None
+        self._run_scope: anyio.CancelScope | None = None
+        self._reader_scope: anyio.CancelScope | None = None
+        self._handlers: anyio.abc.TaskGroup | None = None
+        self._owned_task_group: anyio.abc.TaskGroup | None = None
+        self._outgoing: MemoryObjectSendStream[bytes] | None = None
+        self._outgoing_receive: MemoryObjectReceiveStream[bytes] | None = None
+        self._notifications: MemoryObjectSendStream[tuple[str, msgspec.Raw | None]] | None = None
+
+        self._next_id = 0
+        self._pending: dict[int, _Pending] = {}
+        self._abandoned: dict[int, None] = {}  # insertion-ordered set of recently abandoned ids
+        self._incoming: dict[RequestId, anyio.CancelScope] = {}
+        self._read_buffer = bytearray()
+        self._notifications_received = 0
+        self._notifications_handled = 0
+        self._notifier_finished = False
+        self._barrier_waiters: dict[anyio.Event, int] = {}
+        self._protocol_errors = 0
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed is not None else "running" if self._started else "new"
+        counts = f"pending={len(self._pending)} incoming={len(self._incoming)}"
+        return f"<Connection {self._name!r} {state} {counts}>"
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Connection:
+        task_group = anyio.create_task_group()
+        await task_group.__aenter__()
+        try:
+            await task_group.start(self.run)
+        except BaseException as exc:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        self._owned_task_group = task_group
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        self.close()
+        task_group, self._owned_task_group = self._owned_task_group, None
+        assert task_group is not None, "__aexit__ without __aenter__"
+        return await task_group.__aexit__(exc_type, exc, traceback)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve the connection until EOF, a broken stream, or `close()`; start it with `task_group.start`.
+
+        Returns once everything it started has finished. A connection runs once.
+
+        Raises:
+            RuntimeError: if it was already started.
+        """
+        if self._started:
+            raise RuntimeError(f"{self!r} was already started; a connection runs once")
+        self._started = True
+        if self._closed is not None:  # closed before it ever ran
+            task_status.started()
+            return
+        self._outgoing, outgoing_receive = anyio.create_memory_object_stream[bytes](0)
+        self._outgoing_receive = outgoing_receive
+        self._notifications, notifications_receive = anyio.create_memory_object_stream[
+            tuple[str, msgspec.Raw | None]
+        ](math.inf)
+        try:
+            with anyio.CancelScope() as self._run_scope:
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(self._write_loop, outgoing_receive)
+                    task_group.start_soon(self._notify_loop, notifications_receive)
+                    async with anyio.create_task_group() as self._handlers:
+                        task_status.started()
+                        with anyio.CancelScope() as self._reader_scope:
+                            self._close(await self._read_loop())
+        finally:
+            self._close(ConnectionClosedError("the connection stopped"))
+            outgoing_receive.close()
+            notifications_receive.close()
+            self._release_barrier_waiters()
+
+    def close(self, cause: BaseException | None = None) -> None:
+        """Close now: fail pending requests with `ConnectionClosedError(cause=cause)` and stop `run()`.
+
+        Idempotent; a connection already closed (e.g. by EOF) keeps its first error. `cause` lets the
+        owner say why, e.g. the child process's exit.
+        """
+        self._close(ConnectionClosedError("the connection was closed locally", cause=cause))
+        if self._run_scope is not None:
+            self._run_scope.cancel()
+
+    @property
+    def closed_error(self) -> ConnectionClosedError | None:
+        """The error the connection closed with, or None while it is open."""
+        return self._closed
+
+    def statistics(self) -> ConnectionStatistics:
+        """Return a snapshot of the connection's counters."""
+        return ConnectionStatistics(
+            pending_requests=len(self._pending),
+            incoming_requests=len(self._incoming),
+            queued_notifications=self._notifications_received - self._notifications_handled,
+            read_buffer_bytes=len(self._read_buffer),
+            protocol_errors=self._protocol_errors,
+            closed=self._closed is not None,
+        )
+
+    def _close(self, error: ConnectionClosedError) -> None:
+        if self._closed is not None:
+            return
+        self._closed = error
+        logger.debug("%s: closing: %s", self._name, error)
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            waiter.error = error.copy()
+            waiter.done.set()
+        if self._handlers is not None:
+            self._handlers.cancel_scope.cancel()
+        if self._reader_scope is not None:
+            self._reader_scope.cancel()
+        # Closing the writer's receive side wakes every task waiting to hand it a line.
+        for stream in (self._outgoing, self._outgoing_receive, self._notifications):
+            if stream is not None:
+                stream.close()
+
+    # -- sending -----------------------------------------------------------------------------------------
+
+    @overload
+    async def request(
+        self, method: str, params: Params = None, *, courtesy_cancel: bool = True
+    ) -> msgspec.Raw: ...
+
+    @overload
+    async def request(
+        self, method: str, params: Params = None, *, result_type: type[T], courtesy_cancel: bool = True
+    ) -> T: ...
+
+    async def request(
+        self,
+        method: str,
+        params: Params = None,
+        *,
+        result_type: type[Any] = msgspec.Raw,
+        courtesy_cancel: bool = True,
+    ) -> Any:
+        """Send a request and wait for its result, decoded as `result_type` (default: the raw JSON).
+
+        Pass `result_type=object` for plain Python objects. If the caller is cancelled, the request is
+        forgotten (a late response is dropped) and, with `courtesy_cancel`, the peer is sent
+        `$/cancel_request` {requestId} (best effort, bounded by `COURTESY_CANCEL_TIMEOUT`). Turn it off for
+        methods cancelled another way (ACP's `session/prompt` is cancelled by `session/cancel`).
+
+        Raises:
+            RequestError: the peer answered with an error object.
+            ConnectionClosedError: the connection closed before the response arrived, or was already closed.
+            InvalidResponseError: the response could not be decoded as `result_type`.
+            TypeError, msgspec.EncodeError: `params` cannot be encoded (nothing was sent).
+            RuntimeError: the connection was never started.
+        """
+        self._check_open()
+        request_id = self._next_id
+        self._next_id += 1
+        line = self._encode(_OutRequest(_JSONRPC, request_id, method, _wire_params(params)))
+        pending = _Pending(method)
+        self._pending[request_id] = pending
+        try:
+            await self._send_line(line)
+            await pending.done.wait()
+        except anyio.get_cancelled_exc_class():
+            if self._pending.pop(request_id, None) is not None:
+                self._remember_abandoned(request_id)
+                if courtesy_cancel:
+                    await self._send_courtesy_cancel(request_id)
+            raise
+        finally:
+            self._pending.pop(request_id, None)
+
+        if pending.error is not None:
+            raise pending.error
+        if pending.notifications_before > self._notifications_handled and not _in_notification_handler.get():
+            await self._wait_notifications_handled(pending.notifications_before)
+        if result_type is msgspec.Raw:
+            return pending.result
+        try:
+            return msgspec.json.decode(pending.result, type=result_type)
+        except msgspec.DecodeError as exc:
+            raise InvalidResponseError(method, str(exc)) from exc
+
+    async def notify(self, method: str, params: Params = None) -> None:
+        """Send a notification; returns once the writer has taken it.
+
+        Raises:
+            ConnectionClosedError: the connection is closed.
+            TypeError, msgspec.EncodeError: `params` cannot be encoded (nothing was sent).
+            RuntimeError: the connection was never started.
+        """
+        self._check_open()
+        await self._send_line(self._encode(_OutNotification(_JSONRPC, method, _wire_params(params))))
+
+    def _check_open(self) -> None:
+        if self._closed is not None:
+            raise self._closed.copy()
+        if self._outgoing is None:
+            raise RuntimeError(f"{self!r} is not running: use `async with` or start `run()` first")
+
+    def _encode(self, message: msgspec.Struct) -> bytes:
+        return self._encoder.encode(message) + b"\n"
+
+    async def _send_line(self, line: bytes) -> None:
+        """Hand one whole line to the writer task.
+
+        Raises:
+            ConnectionClosedError: the connection is closed.
+        """
+        assert self._outgoing is not None
+        try:
+            await self._outgoing.send(line)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            raise (self._closed or ConnectionClosedError()).copy() from None
+
+    async def _send_courtesy_cancel(self, request_id: int) -> None:
+        line = self._encode(_OutNotification(_JSONRPC, CANCEL_REQUEST_METHOD, {"requestId": request_id}))
+        with anyio.CancelScope(shield=True), anyio.move_on_after(COURTESY_CANCEL_TIMEOUT):
+            try:
+                await self._send_line(line)
+            except ConnectionClosedError:
+                logger.debug("%s: no courtesy cancel for request %d: closed", self._name, request_id)
+
+    def _remember_abandoned(self, request_id: int) -> None:
+        self._abandoned[request_id] = None
+        if len(self._abandoned) > _ABANDONED_IDS_REMEMBERED:
+            del self._abandoned[next(iter(self._abandoned))]
+
+    async def _write_loop(self, lines: MemoryObjectReceiveStream[bytes]) -> None:
+        while True:
+            try:
+                line = await lines.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return
+            try:
+                await self._send_stream.send(line)
+            except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+                self._close(ConnectionClosedError("writing to the peer failed", cause=exc))
+                return
+
+    # -- receiving ---------------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> ConnectionClosedError:
+        """Read lines until the stream ends; return the error to close the connection with."""
+        buffer = self._read_buffer
+        limit = self._max_line_bytes
+        skipped = 0  # > 0 while discarding the rest of an over-long line
+        while True:
+            try:
+                chunk = await self._receive_stream.receive()
+            except anyio.EndOfStream:
+                break
+            except anyio.ClosedResourceError as exc:
+                return ConnectionClosedError("the receive stream was closed locally", cause=exc)
+            except anyio.BrokenResourceError as exc:
+                return ConnectionClosedError("the receive stream broke", cause=exc)
+            if skipped:
+                newline = chunk.find(b"\n")
+                if newline < 0:
+                    skipped += len(chunk)
+                    continue
+                self._report(MessageTooLargeError(skipped + newline, limit))
+                skipped = 0
+                chunk = chunk[newline + 1 :]
+            # The buffer holds no newline, so only the new bytes need searching (linear for long lines).
+            scan_from = len(buffer)
+            buffer += chunk
+            start = 0
+            while (newline := buffer.find(b"\n", scan_from)) >= 0:
+                self._take_line(buffer, start, newline)
+                start = scan_from = newline + 1
+            if start:
+                del buffer[:start]
+            if len(buffer) > limit:
+                logger.warning("%s: discarding a line longer than %d bytes", self._name, limit)
+                skipped = len(buffer)
+                buffer.clear()
+        if skipped:
+            self._report(MessageTooLargeError(skipped, limit))
+        elif buffer:
+            self._take_line(buffer, 0, len(buffer))
+            buffer.clear()
+        return ConnectionClosedError("the peer closed the connection (end of stream)")
+
+    def _take_line(self, buffer: bytearray, start: int, end: int) -> None:
+        if self._closed is not None:
+            return
+        if end - start > self._max_line_bytes:
+            self._report(MessageTooLargeError(end - start, self._max_line_bytes))
+            return
+        if end > start and buffer[end - 1] == _CR:
+            end -= 1
+        line = buffer[start:end]  # a copy: decoded Raw values keep referring to it
+        if line and not line.isspace():
+            self._dispatch(line)
+
+    def _dispatch(self, line: bytearray) -> None:
+        if not line.isascii() and not _is_utf8(line):
+            self._reject(line, "not UTF-8")
+            return
+        try:
+            message = _ENVELOPE_DECODER.decode(line)
+        except msgspec.ValidationError as exc:
+            if line.lstrip()[:1] == b"[":
+                self._reject(line, "a JSON array: batches are not supported")
+            else:
+                self._reject(line, f"not a JSON-RPC message: {exc}", probe=True)
+            return
+        except msgspec.DecodeError as exc:
+            self._reject(line, f"not JSON: {exc}")
+            return
+        if message.jsonrpc != _JSONRPC:
+            self._reject(line, 'the "jsonrpc" member is not "2.0"', probe=True)
+        elif isinstance(message.method, str):
+            params = _params_or_none(message.params)
+            if message.id is msgspec.UNSET:
+                self._on_notification(message.method, params)
+            else:
+                self._on_request(message.id, message.method, params)
+        elif message.id is not msgspec.UNSET:
+            self._on_response(message.id, message)
+        else:
+            self._reject(line, "neither a request, a notification nor a response")
+
+    def _reject(self, line: bytearray, reason: str, *, probe: bool = False) -> None:
+        """Report a malformed line; if it still shows whose it is, make sure nobody waits for it forever."""
+        self._report(MalformedMessageError(reason, bytes(line[:_EXCERPT_BYTES])))
+        if not probe:
+            return
+        try:
+            found = _PROBE_DECODER.decode(line)
+        except msgspec.DecodeError:
+            return
+        if found.id is msgspec.UNSET or found.id is None:
+            return
+        if found.method is not msgspec.UNSET:
+            error = RequestError.invalid_request({"details": reason})
+            assert self._handlers is not None
+            self._handlers.start_soon(self._send_quietly, self._encode_error(found.id, error))
+        elif isinstance(found.id, int) and (pending := self._pending.pop(found.id, None)) is not None:
+            pending.error = InvalidResponseError(pending.method, reason)
+            pending.done.set()
+
+    def _report(self, error: ProtocolError) -> None:
+        self._protocol_errors += 1
+        logger.warning("%s: %s", self._name, error)
+        if self._on_protocol_error is not None:
+            self._on_protocol_error(error)
+
+    def _on_response(self, request_id: RequestId, message: _Envelope) -> None:
+        error: RequestError | None = None
+        malformed: str | None = None
+        if message.error is not msgspec.UNSET:
+            try:
+                wire = _WIRE_ERROR_DECODER.decode(message.error)
+            except msgspec.DecodeError as exc:
+                malformed = f"malformed error object: {exc}"
+            else:
+                data = None if wire.data is msgspec.UNSET else wire.data
+                error = RequestError(wire.code, wire.message, data)
+        pending = self._pending.pop(request_id, None) if isinstance(request_id, int) else None
+        if pending is None:
+            if isinstance(request_id, int) and request_id in self._abandoned:
+                del self._abandoned[request_id]
+                logger.debug("%s: dropped the late response to abandoned request %d", self._name, request_id)
+            else:
+                self._report(UnexpectedResponseError(request_id, error))
+            return
+        if malformed is not None:
+            pending.error = InvalidResponseError(pending.method, malformed)
+        elif error is not None:
+            pending.error = error
+        elif message.result is not msgspec.UNSET:
+            pending.result = message.result
+        pending.notifications_before = self._notifications_received
+        pending.done.set()
+
+    def _on_notification(self, method: str, params: msgspec.Raw | None) -> None:
+        if method == CANCEL_REQUEST_METHOD:
+            self._on_cancel_request(params)
+        elif self._notification_handler is None:
+            logger.debug("%s: no notification handler; dropped %r", self._name, method)
+        else:
+            assert self._notifications is not None
+            self._notifications_received += 1
+            self._notifications.send_nowait((method, params))
+
+    def _on_cancel_request(self, params: msgspec.Raw | None) -> None:
+        try:
+            request_id = _CANCEL_PARAMS_DECODER.decode(b"null" if params is None else params).requestId
+        except msgspec.DecodeError as exc:
+            self._report(MalformedMessageError(f"bad {CANCEL_REQUEST_METHOD} params: {exc}", b""))
+            return
+        scope = self._incoming.get(request_id)
+        if scope is None:
+            logger.debug("%s: cancel for request %r, which is not in flight", self._name, request_id)
+        else:
+            scope.cancel()
+
+    def _on_request(self, request_id: RequestId, method: str, params: msgspec.Raw | None) -> None:
+        if request_id in self._incoming:
+            reason = f"request id {request_id!r} reused while still in flight"
+            self._report(MalformedMessageError(reason, method.encode()))
+            return
+        # Registered before the task starts, so a `$/cancel_request` right behind it finds it.
+        scope = self._incoming[request_id] = anyio.CancelScope()
+        assert self._handlers is not None
+        self._handlers.start_soon(self._serve_request, request_id, method, params, scope)
+
+    # -- serving the peer's requests ---------------------------------------------------------------------
+
+    async def _serve_request(
+        self, request_id: RequestId, method: str, params: msgspec.Raw | None, scope: anyio.CancelScope
+    ) -> None:
+        try:
+            with scope:
+                line = await self._answer(request_id, method, params)
+            if scope.cancelled_caught:
+                logger.debug("%s: request %r (%s) cancelled by the peer", self._name, request_id, method)
+                line = self._encode_error(request_id, RequestError.request_cancelled())
+        finally:
+            self._incoming.pop(request_id, None)
+        await self._send_quietly(line)
+
+    async def _answer(self, request_id: RequestId, method: str, params: msgspec.Raw | None) -> bytes:
+        """Run the request handler and encode its outcome: the single exception-to-wire boundary."""
+        error: RequestError
+        try:
+            if self._request_handler is None:
+                raise RequestError.method_not_found(method)
+            result = await self._request_handler(method, params)
+            return self._encode(_OutResult(_JSONRPC, request_id, result))
+        except RequestError as exc:
+            error = exc
+        except msgspec.ValidationError as exc:
+            error = RequestError.invalid_params({"details": str(exc)})
+        except Exception:
+            # Never leak internals to the peer: log here, answer a bare -32603.
+            logger.exception("%s: the handler of request %r (%s) failed", self._name, request_id, method)
+            error = RequestError.internal_error()
+        return self._encode_error(request_id, error)
+
+    def _encode_error(self, request_id: RequestId, error: RequestError) -> bytes:
+        data = msgspec.UNSET if error.data is None else error.data
+        try:
+            return self._encode(_OutError(_JSONRPC, request_id, _WireError(error.code, error.message, data)))
+        except (TypeError, msgspec.EncodeError):
+            logger.exception("%s: cannot encode the data of %r; answering -32603", self._name, error)
+            internal = RequestError.internal_error()
+            return self._encode(_OutError(_JSONRPC, request_id, _WireError(internal.code, internal.message)))
+
+    async def _send_quietly(self, line: bytes) -> None:
+        try:
+            await self._send_line(line)
+        except ConnectionClosedError:
+            logger.debug("%s: connection closed; a response was not sent", self._name)
+
+    # -- notifications, in order -------------------------------------------------------------------------
+
+    async def _notify_loop(
+        self, notifications: MemoryObjectReceiveStream[tuple[str, msgspec.Raw | None]]
+    ) -> None:
+        _in_notification_handler.set(True)
+        handler = self._notification_handler
+        try:
+            async for method, params in notifications:
+                assert handler is not None
+                try:
+                    await handler(method, params)
+                except Exception:
+                    logger.exception("%s: the notification handler failed on %r", self._name, method)
+                self._notifications_handled += 1
+                for event, wanted in list(self._barrier_waiters.items()):
+                    if wanted <= self._notifications_handled:
+                        event.set()
+        finally:
+            self._notifier_finished = True
+            self._release_barrier_waiters()
+
+    async def _wait_notifications_handled(self, count: int) -> None:
+        if self._notifier_finished:
+            return
+        event = anyio.Event()
+        self._barrier_waiters[event] = count
+        try:
+            await event.wait()
+        finally:
+            del self._barrier_waiters[event]
+
+    def _release_barrier_waiters(self) -> None:
+        for event in self._barrier_waiters:
+            event.set()
+
+
+def _wire_params(params: Params) -> Any:
+    return msgspec.UNSET if params is None else params

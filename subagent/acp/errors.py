@@ -1,0 +1,198 @@
+"""Errors of the ACP layer: the JSON-RPC wire error and the local, typed failures.
+
+Every exception this package raises derives from `AcpError`. Check errors by type and by `.code`, never by
+their message text::
+
+    AcpError
+    ├── RequestError               a JSON-RPC error object: answered by the peer, or raised by our handler
+    ├── ConnectionClosedError      the connection is gone; pending and later requests fail with it
+    └── ProtocolError              the peer broke the wire protocol; reported, the connection goes on
+        ├── MessageTooLargeError   a line longer than the configured limit was discarded unread
+        ├── MalformedMessageError  a line that is not UTF-8, not JSON, or not a JSON-RPC 2.0 envelope
+        ├── UnexpectedResponseError  a response for an id we are not waiting for (unknown or duplicate)
+        └── InvalidResponseError   a result that does not decode into the type the caller asked for
+
+`RequestError` is both directions of the same thing: `Connection.request()` raises it when the peer answers
+with an error object, and a request handler raises it to choose exactly the error object the peer receives.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+__all__ = [
+    "AcpError",
+    "ConnectionClosedError",
+    "InvalidResponseError",
+    "MalformedMessageError",
+    "MessageTooLargeError",
+    "ProtocolError",
+    "RequestError",
+    "RpcErrorCode",
+    "UnexpectedResponseError",
+]
+
+
+class RpcErrorCode(enum.IntEnum):
+    """The JSON-RPC 2.0 and ACP error codes with a defined meaning (any other integer is allowed too)."""
+
+    PARSE_ERROR = -32700
+    INVALID_REQUEST = -32600
+    METHOD_NOT_FOUND = -32601
+    INVALID_PARAMS = -32602
+    INTERNAL_ERROR = -32603
+    AUTH_REQUIRED = -32000
+    RESOURCE_NOT_FOUND = -32002
+    REQUEST_CANCELLED = -32800
+
+
+class AcpError(Exception):
+    """Base class of every error raised by `subagent.acp`."""
+
+
+class RequestError(AcpError):
+    """A JSON-RPC error object: `{"code": int, "message": str, "data"?: any}`.
+
+    `data` is any JSON-encodable value; `None` means the member is left out on the wire (a peer's explicit
+    `"data": null` also reads back as `None`).
+    """
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(code, message, data)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.code})"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code!r}, message={self.message!r}, data={self.data!r})"
+
+    def to_wire(self) -> dict[str, Any]:
+        """Return the error object as sent on the wire (`data` omitted when it is `None`)."""
+        wire: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            wire["data"] = self.data
+        return wire
+
+    @classmethod
+    def parse_error(cls, data: Any = None) -> RequestError:
+        """-32700: the message was not valid JSON."""
+        return cls(RpcErrorCode.PARSE_ERROR, "Parse error", data)
+
+    @classmethod
+    def invalid_request(cls, data: Any = None) -> RequestError:
+        """-32600: the message was JSON but not a valid JSON-RPC request."""
+        return cls(RpcErrorCode.INVALID_REQUEST, "Invalid Request", data)
+
+    @classmethod
+    def method_not_found(cls, method: str) -> RequestError:
+        """-32601: nothing handles `method` (named in `data`)."""
+        return cls(RpcErrorCode.METHOD_NOT_FOUND, "Method not found", {"method": method})
+
+    @classmethod
+    def invalid_params(cls, data: Any = None) -> RequestError:
+        """-32602: the params did not match what the method expects."""
+        return cls(RpcErrorCode.INVALID_PARAMS, "Invalid params", data)
+
+    @classmethod
+    def internal_error(cls, data: Any = None) -> RequestError:
+        """-32603: the handler failed; say nothing about why unless `data` is safe to share."""
+        return cls(RpcErrorCode.INTERNAL_ERROR, "Internal error", data)
+
+    @classmethod
+    def auth_required(cls, data: Any = None) -> RequestError:
+        """-32000 (ACP): the agent needs `authenticate` before this request."""
+        return cls(RpcErrorCode.AUTH_REQUIRED, "Authentication required", data)
+
+    @classmethod
+    def resource_not_found(cls, uri: str | None = None) -> RequestError:
+        """-32002 (ACP): e.g. `fs/read_text_file` on a missing file (named in `data` when given)."""
+        return cls(
+            RpcErrorCode.RESOURCE_NOT_FOUND, "Resource not found", None if uri is None else {"uri": uri}
+        )
+
+    @classmethod
+    def request_cancelled(cls, data: Any = None) -> RequestError:
+        """-32800 (ACP): the request was aborted after a `$/cancel_request`."""
+        return cls(RpcErrorCode.REQUEST_CANCELLED, "Request cancelled", data)
+
+
+class ConnectionClosedError(AcpError):
+    """The connection is closed: by the peer (EOF), by a broken stream, or locally.
+
+    Every request pending at that moment fails with this error at once, and so does every later
+    `request()` or `notify()`. `cause` is the underlying reason when there is one (the stream error, or
+    whatever the layer that closed the connection passed to `Connection.close(cause=...)`, e.g. the child's
+    exit status); it is also set as `__cause__`, so tracebacks chain it. A layer that learns more later
+    (exit status, stderr tail) translates: `except ConnectionClosedError as exc: raise AgentExited(...) from
+    exc`.
+    """
+
+    def __init__(self, message: str = "connection closed", *, cause: BaseException | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.cause = cause
+        self.__cause__ = cause
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, cause={self.cause!r})"
+
+    def copy(self) -> ConnectionClosedError:
+        """Return a fresh instance with the same message and cause, so that each waiter raises its own."""
+        return type(self)(self.message, cause=self.cause)
+
+
+class ProtocolError(AcpError):
+    """The peer sent something that breaks JSON-RPC 2.0 framing or semantics.
+
+    The connection reports these (log + `on_protocol_error`) and keeps going; only `InvalidResponseError`
+    is raised to a caller, from the `request()` whose result it concerns.
+    """
+
+
+class MessageTooLargeError(ProtocolError):
+    """A line longer than `limit` bytes was skipped without being buffered; `size` is its length in bytes."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"discarded a {size}-byte line: longer than the {limit}-byte limit")
+        self.size = size
+        self.limit = limit
+
+
+class MalformedMessageError(ProtocolError):
+    """A line that is not UTF-8, not JSON, a batch, or not a JSON-RPC 2.0 envelope.
+
+    `reason` says which; `excerpt` holds the line's first bytes for diagnosis (e.g. an agent that logs to
+    stdout).
+    """
+
+    def __init__(self, reason: str, excerpt: bytes) -> None:
+        super().__init__(f"skipped a malformed line ({reason}): {excerpt!r}")
+        self.reason = reason
+        self.excerpt = excerpt
+
+
+class UnexpectedResponseError(ProtocolError):
+    """A response whose id matches no pending request (never sent, already answered), or with a null id.
+
+    `error` holds the error object when the response carried one (a null-id error is the peer saying it could
+    not read something we sent).
+    """
+
+    def __init__(self, request_id: int | str | None, error: RequestError | None = None) -> None:
+        detail = "" if error is None else f" carrying {error!r}"
+        super().__init__(f"dropped a response to id {request_id!r}{detail}: no request is waiting for it")
+        self.request_id = request_id
+        self.error = error
+
+
+class InvalidResponseError(ProtocolError):
+    """The peer's answer to `method` could not be decoded as the caller asked (`detail` says why)."""
+
+    def __init__(self, method: str, detail: str) -> None:
+        super().__init__(f"invalid response to {method!r}: {detail}")
+        self.method = method
+        self.detail = detail
