@@ -1,0 +1,684 @@
+"""Own one child agent process completely: spawn it, drain its stderr, tear its whole process group down.
+
+Spawn policy
+    `open_agent_process` runs ``argv`` with no shell, in a new session (``start_new_session=True``), so the
+    child leads its own process group and ``pgid == pid``. The group id is remembered at spawn and never
+    looked up again: ``getpgid()`` fails once the leader is reaped, yet the group lives on while a grandchild
+    remains. The environment is the parent's with ``env`` merged over it, unless ``inherit_env=False`` asks
+    for exactly ``env`` (keep ``PATH`` and ``HOME`` then: Claude's ACP adapter reported missing auth when
+    they were empty).
+    A missing or non-executable program raises `AgentSpawnError` before anything starts.
+
+Running
+    stderr is drained at all times by a background task into a bounded tail (the last 64 KiB by default), so a
+    chatty child never blocks on a full stderr pipe and memory stays bounded. ``stdin`` and ``stdout`` belong
+    to the caller (the JSON-RPC connection). `AgentProcess.wait_exit` returns as soon as the child itself
+    exits, even when a grandchild still holds its pipes open: it races the backend's ``wait()`` against a
+    slow ``returncode`` poll, in case that ``wait()`` also waits for pipe EOF.
+
+Teardown policy (`AgentProcess.aclose`, and always when the ``async with`` block exits)
+    1. close stdin, the agent's cue to finish; give the whole process group `STDIN_CLOSE_TIMEOUT` to be gone;
+    2. ``killpg(pgid, SIGTERM)`` and wait `SIGTERM_TIMEOUT`;
+    3. ``killpg(pgid, SIGKILL)`` and wait `SIGKILL_TIMEOUT` for the reap.
+
+    "Gone" means the direct child has been reaped and no live (non-zombie) process is left in its group, so a
+    grandchild is signalled even when the child already exited on its own. Each wait polls ``returncode``,
+    ``killpg(pgid, 0)`` and ``/proc`` rather than awaiting ``Process.wait()``: asyncio's ``wait()`` has also
+    waited for pipe EOF, and a grandchild that inherited the pipes makes an exited child look hung. stdout is
+    drained and stderr keeps draining throughout, so a child blocked writing to a full pipe can still exit.
+    The sequence runs inside a cancellation shield and every wait is bounded: a cancelled caller can neither
+    leak a live process or a file descriptor nor hang, and teardown takes at most the sum of the timeouts
+    plus `STDERR_SETTLE_TIMEOUT`. Teardown is idempotent, and `TeardownReport` records the steps it needed.
+
+Limits
+    POSIX only. A descendant that leaves the process group (``setsid``/``setpgid``, as daemons do) is not
+    tracked. ``ESRCH`` from ``killpg`` means the group is gone; ``EPERM`` never proves that, so it is logged
+    and the report says ``group_gone=False`` unless ``/proc`` shows no live member.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+
+__all__ = [
+    "SIGKILL_TIMEOUT",
+    "SIGTERM_TIMEOUT",
+    "STDERR_SETTLE_TIMEOUT",
+    "STDERR_TAIL_BYTES",
+    "STDIN_CLOSE_TIMEOUT",
+    "AgentProcess",
+    "AgentProcessError",
+    "AgentSpawnError",
+    "ExitInfo",
+    "TeardownReport",
+    "TeardownStep",
+    "open_agent_process",
+]
+
+logger = logging.getLogger(__name__)
+
+# ACP agents exit when stdin closes; two seconds lets one flush its state without stalling our shutdown.
+STDIN_CLOSE_TIMEOUT = 2.0
+# Time for SIGTERM handlers (the agent's and its tools') to clean up before the group is killed outright.
+SIGTERM_TIMEOUT = 2.0
+# SIGKILL cannot be caught; this only bounds the kernel's reap, so it is a safety net, not a grace period.
+SIGKILL_TIMEOUT = 2.0
+# After the child exits, wait this long for stderr EOF so the tail holds its last words; only a descendant
+# still holding the pipe open makes the wait run out.
+STDERR_SETTLE_TIMEOUT = 0.5
+# Enough for a Python traceback or a Node stack trace, small enough to keep for every agent.
+STDERR_TAIL_BYTES = 64 * 1024
+
+# Backstop for backends whose Process.wait() also waits for pipe EOF; the backend's wait() is normally first.
+_EXIT_FALLBACK_POLL_INTERVAL = 0.25
+# Group polling starts fast (most children exit within milliseconds of stdin closing), then backs off.
+_GROUP_POLL_FIRST_INTERVAL = 0.002
+_GROUP_POLL_MAX_INTERVAL = 0.05
+# One pipe buffer's worth per read.
+_READ_SIZE = 64 * 1024
+# Longer stderr lines are forwarded to on_stderr_line in pieces, so a newline-free flood stays bounded.
+_STDERR_LINE_LIMIT = 8 * 1024
+# How much of the stderr tail ExitInfo.__str__ quotes; the full tail stays on ExitInfo.stderr_tail.
+_DIAGNOSIS_STDERR_CHARS = 600
+
+
+class AgentProcessError(Exception):
+    """Base class for errors raised while owning a child agent process."""
+
+
+class AgentSpawnError(AgentProcessError):
+    """The agent could not be started: missing or non-executable program, bad cwd, or a failed exec.
+
+    Raised before any background task starts; no process and no file descriptor is left behind.
+    """
+
+    def __init__(self, command: Sequence[str], reason: str) -> None:
+        self.command: tuple[str, ...] = tuple(command)
+        self.reason = reason
+        super().__init__(f"cannot start agent `{shlex.join(self.command)}`: {reason}")
+
+
+class TeardownStep(enum.Enum):
+    """One step of the teardown sequence, in the order they are taken."""
+
+    CLOSE_STDIN = "close stdin"
+    SIGTERM = "SIGTERM to the process group"
+    SIGKILL = "SIGKILL to the process group"
+
+
+@dataclass(frozen=True, slots=True)
+class TeardownReport:
+    """What teardown had to do.
+
+    ``steps`` always starts with `TeardownStep.CLOSE_STDIN`; a later step was taken only because the process
+    group was still alive when the previous step's timeout ran out.
+    """
+
+    steps: tuple[TeardownStep, ...]
+    """The steps taken, in order."""
+    exited_before_teardown: bool
+    """The child had already exited (crashed, or finished) when teardown began."""
+    group_gone: bool
+    """The child was reaped and no live process remained in its group. False only if even SIGKILL did not
+    clear it in time, or the group could not be signalled (EPERM)."""
+
+    @property
+    def ended_by(self) -> TeardownStep:
+        """The last step taken: the one the process group finally yielded to (if ``group_gone``)."""
+        return self.steps[-1]
+
+    @property
+    def graceful(self) -> bool:
+        """The group was gone after closing stdin, without any signal."""
+        return self.group_gone and self.steps == (TeardownStep.CLOSE_STDIN,)
+
+
+@dataclass(frozen=True, slots=True)
+class ExitInfo:
+    """How a child agent ended, for any error reporting its death; ``str()`` is a one-paragraph diagnosis."""
+
+    command: tuple[str, ...]
+    """The argv the agent was started with."""
+    pid: int
+    returncode: int
+    """The exit status; negative means killed by signal ``-returncode`` (the subprocess convention)."""
+    stderr_tail: str
+    """The last bytes of stderr (at most the configured tail size), decoded as UTF-8 with replacement."""
+    stderr_bytes_total: int
+    """How many bytes the agent wrote to stderr in all."""
+    teardown_signal: signal.Signals | None = None
+    """The last signal teardown sent to the group while this child was still alive, if any."""
+
+    @property
+    def killed_by(self) -> signal.Signals | None:
+        """The signal that killed the child; None if it exited (or the number is unknown here)."""
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode)
+        except ValueError:
+            return None
+
+    @property
+    def status(self) -> str:
+        """The exit status in words: ``"exited with status 3"`` or ``"was killed by SIGSEGV (signal 11)"``."""
+        if self.returncode >= 0:
+            return f"exited with status {self.returncode}"
+        killer = self.killed_by
+        name = killer.name if killer is not None else "an unknown signal"
+        return f"was killed by {name} (signal {-self.returncode})"
+
+    def __str__(self) -> str:
+        text = f"agent `{shlex.join(self.command)}` (pid {self.pid}) {self.status}"
+        if self.teardown_signal is not None:
+            if self.killed_by is self.teardown_signal:
+                text += ", sent by teardown"
+            else:
+                text += f" after teardown sent {self.teardown_signal.name}"
+        return f"{text}; {self._stderr_excerpt()}"
+
+    def _stderr_excerpt(self) -> str:
+        lines = [line.strip() for line in self.stderr_tail.splitlines() if line.strip()]
+        if not lines:
+            return "stderr was empty" if self.stderr_bytes_total == 0 else "stderr held only blank lines"
+        excerpt = " | ".join(lines)
+        if len(excerpt) > _DIAGNOSIS_STDERR_CHARS:
+            excerpt = "…" + excerpt[-_DIAGNOSIS_STDERR_CHARS:]
+        return f"last stderr: {excerpt}"
+
+
+class _SerializedReceiveStream(anyio.abc.ByteReceiveStream):
+    """stdout, read by one task at a time, so teardown can drain it while a caller's reader is active."""
+
+    def __init__(self, inner: anyio.abc.ByteReceiveStream) -> None:
+        self._inner = inner
+        self._lock = anyio.Lock(fast_acquire=True)
+
+    async def receive(self, max_bytes: int = _READ_SIZE) -> bytes:
+        """Receive up to ``max_bytes``; `anyio.EndOfStream` once every holder of the write end closed it."""
+        async with self._lock:
+            return await self._inner.receive(max_bytes)
+
+    async def aclose(self) -> None:
+        """Close our end; a task blocked in `receive` gets `anyio.ClosedResourceError`."""
+        await self._inner.aclose()
+
+
+class AgentProcess:
+    """A running child agent, owned by `open_agent_process`; not constructed directly.
+
+    ``stdin``/``stdout`` are the agent's protocol channel. A task reading ``stdout`` may still be running when
+    `aclose` is called: reads are serialized, and teardown only drains what nobody else reads.
+    """
+
+    def __init__(
+        self,
+        process: anyio.abc.Process,
+        command: tuple[str, ...],
+        *,
+        stderr_tail_bytes: int,
+        on_stderr_line: Callable[[str], object] | None,
+        stdin_close_timeout: float,
+        sigterm_timeout: float,
+        sigkill_timeout: float,
+        stderr_settle_timeout: float,
+    ) -> None:
+        if process.stdin is None or process.stdout is None or process.stderr is None:
+            raise RuntimeError("the agent process was spawned without pipes")
+        self._process = process
+        self.command = command
+        """The argv the agent was started with."""
+        self.pid = process.pid
+        """The child's process id."""
+        # Equal to the pid because the child was started as a session (and so process group) leader. Kept
+        # from spawn on: getpgid() fails once the leader is reaped, while grandchildren may stay in the group.
+        self.pgid = process.pid
+        """The child's process group id, which every descendant inherits unless it leaves the group."""
+        self._stdin = process.stdin
+        self._stdout = _SerializedReceiveStream(process.stdout)
+        self._stderr = process.stderr
+        self._stderr_tail_limit = stderr_tail_bytes
+        self._on_stderr_line = on_stderr_line
+        self._stdin_close_timeout = stdin_close_timeout
+        self._sigterm_timeout = sigterm_timeout
+        self._sigkill_timeout = sigkill_timeout
+        self._stderr_settle_timeout = stderr_settle_timeout
+        self._stderr_tail = bytearray()
+        self._stderr_partial_line = b""
+        self._stderr_bytes_total = 0
+        self._stderr_done = anyio.Event()
+        self._exited = anyio.Event()
+        self._teardown_signal: signal.Signals | None = None
+        self._teardown_lock = anyio.Lock()
+        self._teardown_report: TeardownReport | None = None
+
+    def __repr__(self) -> str:
+        returncode = self._process.returncode
+        if self._teardown_report is not None:
+            state = f"torn down ({self._teardown_report.ended_by.name})"
+        elif returncode is None:
+            state = "running"
+        else:
+            state = f"exited ({returncode})"
+        return f"<AgentProcess pid={self.pid} {state} command={shlex.join(self.command)!r}>"
+
+    @property
+    def stdin(self) -> anyio.abc.ByteSendStream:
+        """The agent's stdin. Closed by teardown; closing it yourself is the agent's cue to finish."""
+        return self._stdin
+
+    @property
+    def stdout(self) -> anyio.abc.ByteReceiveStream:
+        """The agent's stdout. Reads are serialized with teardown's drain; teardown closes it.
+
+        Leave closing to teardown: a child blocked writing to a closed-but-unread stdout cannot exit until
+        it is signalled.
+        """
+        return self._stdout
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once the child exited and was reaped, else None (negative: killed by signal)."""
+        return self._process.returncode
+
+    @property
+    def teardown_report(self) -> TeardownReport | None:
+        """What teardown did, once it has run."""
+        return self._teardown_report
+
+    @property
+    def stderr_bytes_total(self) -> int:
+        """How many bytes the agent has written to stderr so far."""
+        return self._stderr_bytes_total
+
+    def stderr_tail_raw(self) -> bytes:
+        """The last bytes of stderr received so far (at most ``stderr_tail_bytes``), exactly as written."""
+        return bytes(self._stderr_tail)
+
+    def stderr_tail(self) -> str:
+        """The stderr tail decoded as UTF-8 with replacement, minus a character cut in half by the trim."""
+        tail = bytes(self._stderr_tail)
+        if self._stderr_bytes_total > len(tail):
+            # The tail was trimmed at an arbitrary byte: skip UTF-8 continuation bytes of a clipped character.
+            skip = 0
+            while skip < min(3, len(tail)) and 0x80 <= tail[skip] <= 0xBF:
+                skip += 1
+            tail = tail[skip:]
+        return tail.decode("utf-8", errors="replace")
+
+    def exit_info(self) -> ExitInfo | None:
+        """How the child ended, or None while it runs. Prefer `wait_exit`, which also lets stderr settle."""
+        returncode = self._process.returncode
+        if returncode is None:
+            return None
+        return ExitInfo(
+            command=self.command,
+            pid=self.pid,
+            returncode=returncode,
+            stderr_tail=self.stderr_tail(),
+            stderr_bytes_total=self._stderr_bytes_total,
+            teardown_signal=self._teardown_signal,
+        )
+
+    async def wait_exit(self) -> ExitInfo:
+        """Wait until the child itself exits, then until stderr reaches EOF (bounded), and describe the exit.
+
+        Returns even when a grandchild still holds the child's stdout/stderr open. Tears nothing down:
+        descendants may live on until teardown.
+        """
+        returncode = self._process.returncode
+        while returncode is None:
+            await self._exited.wait()
+            returncode = self._process.returncode
+        with anyio.move_on_after(self._stderr_settle_timeout):
+            await self._stderr_done.wait()
+        return ExitInfo(
+            command=self.command,
+            pid=self.pid,
+            returncode=returncode,
+            stderr_tail=self.stderr_tail(),
+            stderr_bytes_total=self._stderr_bytes_total,
+            teardown_signal=self._teardown_signal,
+        )
+
+    async def aclose(self) -> TeardownReport:
+        """Tear the process group down (see the module docstring) and close the pipes; idempotent.
+
+        Runs shielded from cancellation and bounded in time. Concurrent and later calls wait for the first and
+        return the same report.
+        """
+        with anyio.CancelScope(shield=True):
+            async with self._teardown_lock:
+                if self._teardown_report is None:
+                    self._teardown_report = await self._tear_down()
+                report = self._teardown_report
+        return report
+
+    def _start_background_tasks(self, task_group: anyio.abc.TaskGroup) -> None:
+        """Start draining stderr and watching for exit. Synchronous: no cancellation can arrive in between."""
+        task_group.start_soon(self._drain_stderr, name=f"drain stderr of agent pid {self.pid}")
+        task_group.start_soon(self._watch_exit, name=f"watch exit of agent pid {self.pid}")
+
+    async def _drain_stderr(self) -> None:
+        try:
+            while True:
+                try:
+                    chunk = await self._stderr.receive(_READ_SIZE)
+                except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    break
+                self._absorb_stderr(chunk)
+            if self._stderr_partial_line:
+                self._forward_stderr_line(self._stderr_partial_line)
+                self._stderr_partial_line = b""
+        finally:
+            self._stderr_done.set()
+
+    def _absorb_stderr(self, chunk: bytes) -> None:
+        self._stderr_bytes_total += len(chunk)
+        self._stderr_tail += chunk
+        excess = len(self._stderr_tail) - self._stderr_tail_limit
+        if excess > 0:
+            del self._stderr_tail[:excess]
+        if self._on_stderr_line is not None:
+            *lines, partial = (self._stderr_partial_line + chunk).split(b"\n")
+            for line in lines:
+                self._forward_stderr_line(line)
+            while len(partial) > _STDERR_LINE_LIMIT:
+                self._forward_stderr_line(partial[:_STDERR_LINE_LIMIT])
+                partial = partial[_STDERR_LINE_LIMIT:]
+            self._stderr_partial_line = partial
+
+    def _forward_stderr_line(self, line: bytes) -> None:
+        if self._on_stderr_line is not None:
+            self._on_stderr_line(line.rstrip(b"\r").decode("utf-8", errors="replace"))
+
+    async def _watch_exit(self) -> None:
+        async with anyio.create_task_group() as task_group:
+
+            async def wait_via_backend() -> None:
+                await self._process.wait()
+                task_group.cancel_scope.cancel()
+
+            task_group.start_soon(wait_via_backend)
+            await _poll_until(self._has_exited, _EXIT_FALLBACK_POLL_INTERVAL, _EXIT_FALLBACK_POLL_INTERVAL)
+            task_group.cancel_scope.cancel()
+        self._exited.set()
+
+    async def _tear_down(self) -> TeardownReport:
+        exited_before_teardown = self._process.returncode is not None
+        steps = [TeardownStep.CLOSE_STDIN]
+        async with anyio.create_task_group() as drain:
+            drain.start_soon(self._discard_stdout)
+            await self._stdin.aclose()
+            group_gone = await self._wait_for_group_exit(self._stdin_close_timeout)
+            if not group_gone:
+                logger.info(
+                    "agent pid %d still running %.1fs after stdin closed; sending SIGTERM to its group",
+                    self.pid,
+                    self._stdin_close_timeout,
+                )
+                steps.append(TeardownStep.SIGTERM)
+                self._signal_group(signal.SIGTERM)
+                group_gone = await self._wait_for_group_exit(self._sigterm_timeout)
+            if not group_gone:
+                logger.warning(
+                    "agent pid %d process group survived SIGTERM for %.1fs; sending SIGKILL",
+                    self.pid,
+                    self._sigterm_timeout,
+                )
+                steps.append(TeardownStep.SIGKILL)
+                self._signal_group(signal.SIGKILL)
+                group_gone = await self._wait_for_group_exit(self._sigkill_timeout)
+            drain.cancel_scope.cancel()
+        if not group_gone:
+            logger.error(
+                "process group %d of agent `%s` still has live members after SIGKILL; they may be leaked",
+                self.pgid,
+                shlex.join(self.command),
+            )
+        if self._process.returncode is not None:
+            self._exited.set()
+        with anyio.move_on_after(self._stderr_settle_timeout):
+            await self._stderr_done.wait()
+        await self._close_pipes()
+        report = TeardownReport(tuple(steps), exited_before_teardown, group_gone)
+        logger.debug("agent pid %d torn down: %s", self.pid, report)
+        return report
+
+    async def _discard_stdout(self) -> None:
+        with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            while True:
+                await self._stdout.receive(_READ_SIZE)
+
+    async def _wait_for_group_exit(self, timeout: float) -> bool:
+        """Poll until the child is reaped and its group has no live member; False if ``timeout`` ran out."""
+        with anyio.move_on_after(timeout):
+            await _poll_until(self._group_is_gone, _GROUP_POLL_FIRST_INTERVAL, _GROUP_POLL_MAX_INTERVAL)
+            return True
+        return False
+
+    def _has_exited(self) -> bool:
+        return self._process.returncode is not None
+
+    def _group_is_gone(self) -> bool:
+        # returncode comes first: on trio, reading it is what reaps the child (a zombie counts as a member).
+        return self._process.returncode is not None and not _group_has_live_members(self.pgid)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        if self._process.returncode is None:
+            self._teardown_signal = sig
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass  # ESRCH: the group emptied between the check and the signal.
+        except PermissionError:
+            logger.warning(
+                "cannot send %s to process group %d of agent pid %d: permission denied; members may survive",
+                sig.name,
+                self.pgid,
+                self.pid,
+            )
+
+    async def _close_pipes(self) -> None:
+        if self._process.returncode is not None:
+            # Closes every pipe (on asyncio the pipe transports too); the child is reaped: wait() is instant.
+            await self._process.aclose()
+            return
+        # The child could not even be SIGKILLed and reaped (uninterruptible sleep, or another user's process):
+        # close our ends and give up on it rather than hang in Process.aclose().
+        for stream in (self._stdin, self._stdout, self._stderr):
+            await stream.aclose()
+
+
+async def _poll_until(condition: Callable[[], bool], first_interval: float, max_interval: float) -> None:
+    """Return once ``condition()`` holds, checking at intervals that double from the first to the maximum."""
+    interval = first_interval
+    while not condition():
+        await anyio.sleep(interval)
+        interval = min(interval * 2, max_interval)
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether any process that is not a zombie remains in process group ``pgid``.
+
+    ``killpg(pgid, 0)`` also succeeds for zombies, and an orphaned grandchild stays a zombie for good under an
+    init that does not reap (common in containers), so a positive answer is checked against ``/proc``.
+    EPERM says a member exists that we may not signal; it never proves the group is gone.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        entries = os.scandir("/proc")
+    except FileNotFoundError:
+        return True  # No /proc (macOS): trust killpg, zombies included; their init reaps promptly.
+    with entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as stat_file:
+                    stat = stat_file.read()
+            except OSError:
+                continue  # Exited while we looked.
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces or parentheses; split after the last ")".
+            fields = stat[stat.rfind(b")") + 2 :].split()
+            if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                return True
+    return False
+
+
+def _spawn_environment(env: Mapping[str, str] | None, *, inherit_env: bool) -> dict[str, str] | None:
+    if inherit_env:
+        return None if env is None else {**os.environ, **env}
+    exact = dict(env or {})
+    missing = [name for name in ("PATH", "HOME") if not exact.get(name)]
+    if missing:
+        logger.warning(
+            "spawning an agent with an exact environment lacking %s; it may not find tools or credentials",
+            " and ".join(missing),
+        )
+    return exact
+
+
+def _check_executable(command: tuple[str, ...], env: Mapping[str, str] | None, cwd: str | None) -> None:
+    """Raise AgentSpawnError if the program cannot be executed, resolved the way exec will resolve it."""
+    program = command[0]
+    if cwd is not None and not os.path.isdir(cwd):
+        raise AgentSpawnError(command, f"working directory {cwd!r} does not exist or is not a directory")
+    if os.sep not in program:
+        search_path = os.pathsep.join(os.get_exec_path(env))
+        if shutil.which(program, path=search_path) is None:
+            raise AgentSpawnError(command, f"{program!r} was not found on PATH ({search_path or 'empty'})")
+        return
+    path = program if cwd is None else os.path.join(cwd, program)
+    if not os.path.exists(path):
+        raise AgentSpawnError(command, f"{program!r} does not exist")
+    if os.path.isdir(path):
+        raise AgentSpawnError(command, f"{program!r} is a directory")
+    if not os.access(path, os.X_OK):
+        raise AgentSpawnError(command, f"{program!r} is not executable")
+
+
+async def _spawn(
+    command: tuple[str, ...], env: Mapping[str, str] | None, cwd: str | None
+) -> anyio.abc.Process:
+    # Shielded: once the child exists, no cancellation may escape before the caller owns the process (asyncio
+    # would otherwise kill only the direct child itself; trio finishes the spawn in a thread regardless).
+    with anyio.CancelScope(shield=True):
+        try:
+            process = await anyio.open_process(
+                list(command),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise AgentSpawnError(command, f"exec failed: {reason}") from exc
+    return process
+
+
+@contextlib.asynccontextmanager
+async def open_agent_process(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    inherit_env: bool = True,
+    cwd: str | os.PathLike[str] | None = None,
+    stderr_tail_bytes: int = STDERR_TAIL_BYTES,
+    on_stderr_line: Callable[[str], object] | None = None,
+    stdin_close_timeout: float = STDIN_CLOSE_TIMEOUT,
+    sigterm_timeout: float = SIGTERM_TIMEOUT,
+    sigkill_timeout: float = SIGKILL_TIMEOUT,
+    stderr_settle_timeout: float = STDERR_SETTLE_TIMEOUT,
+) -> AsyncIterator[AgentProcess]:
+    """Spawn ``argv`` as a child agent and own it until the block exits; then tear its process group down.
+
+    Args:
+        argv: The program and its arguments; no shell is involved, so a single string is rejected.
+        env: Variables for the child. Merged over the parent's environment unless ``inherit_env`` is False.
+        inherit_env: If False the child gets exactly ``env`` (empty if None); keep ``PATH`` and ``HOME``.
+        cwd: The child's working directory (a relative program path is resolved against it, as exec does).
+        stderr_tail_bytes: How many trailing bytes of stderr to keep for diagnosis.
+        on_stderr_line: Called with each stderr line (decoded, without its newline) as it arrives, e.g.
+            ``functools.partial(log.info, "agent: %s")``. It must not block or raise: an exception
+            propagates and ends the block.
+        stdin_close_timeout: Teardown step 1's grace: how long the group gets to exit after stdin closes.
+        sigterm_timeout: Teardown step 2's grace after SIGTERM.
+        sigkill_timeout: How long to wait for the reap after SIGKILL.
+        stderr_settle_timeout: How long to wait for stderr EOF after the exit before describing it.
+
+    Raises:
+        AgentSpawnError: The program is missing or not executable, ``cwd`` is not a directory, or exec failed.
+
+    An exception from the block propagates unchanged (not wrapped in an exception group) after teardown.
+    Leaving the block is a cancellation point: a cancellation that arrives during the (shielded) teardown is
+    delivered once it completes. After the block, the `AgentProcess` still answers `AgentProcess.exit_info`,
+    the stderr tail and `AgentProcess.teardown_report`.
+    """
+    if isinstance(argv, (str, bytes)):
+        raise TypeError("argv must be a sequence of arguments, not a string: no shell is used")
+    command = tuple(os.fspath(arg) for arg in argv)
+    if not command:
+        raise ValueError("argv must name a program")
+    if stderr_tail_bytes < 0:
+        raise ValueError("stderr_tail_bytes must not be negative")
+    spawn_env = _spawn_environment(env, inherit_env=inherit_env)
+    spawn_cwd = None if cwd is None else os.fspath(cwd)
+    _check_executable(command, spawn_env, spawn_cwd)
+    # A caller that is already cancelled gets no child at all.
+    await anyio.lowlevel.checkpoint_if_cancelled()
+    process = await _spawn(command, spawn_env, spawn_cwd)
+    # No await from here to the try block, so no cancellation can arrive before teardown is guaranteed.
+    agent = AgentProcess(
+        process,
+        command,
+        stderr_tail_bytes=stderr_tail_bytes,
+        on_stderr_line=on_stderr_line,
+        stdin_close_timeout=stdin_close_timeout,
+        sigterm_timeout=sigterm_timeout,
+        sigkill_timeout=sigkill_timeout,
+        stderr_settle_timeout=stderr_settle_timeout,
+    )
+    logger.debug("spawned agent `%s` as pid %d", shlex.join(command), agent.pid)
+    body_error: BaseException | None = None
+    try:
+        async with anyio.create_task_group() as task_group:
+            agent._start_background_tasks(task_group)
+            try:
+                yield agent
+            except BaseException as exc:
+                # Re-raised below, after the task group has exited, so callers see their own exception rather
+                # than an exception group wrapping it.
+                body_error = exc
+            finally:
+                # Teardown runs while stderr is still drained; only then are the background tasks stopped.
+                await agent.aclose()
+                task_group.cancel_scope.cancel()
+    finally:
+        # A no-op after the teardown above; it matters only if the task group itself failed to start.
+        await agent.aclose()
+    if body_error is not None:
+        raise body_error
+    # A cancellation that arrived during the shielded teardown is delivered here, on every backend.
+    await anyio.lowlevel.checkpoint_if_cancelled()
