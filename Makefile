@@ -36,3 +36,6 @@ demo: $(STAMP) ## a full turn against the bundled stub agent: no network, no key
 
 bench: $(STAMP) ## run the benchmarks under bench/
 	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+
+schema: $(STAMP) ## regenerate subagent/acp/schema.py from schema/acp/v1/schema.json
+	$(BIN)/python scripts/gen_schema.py
