@@ -161,10 +161,13 @@ async def peer_and_connection(
     notification_handler: NotificationHandler | None = None,
     recorder: Recorder | None = None,
     max_line_bytes: int | None = None,
+    value_encoder: Callable[[Any], bytes] | None = None,
 ) -> AsyncIterator[tuple[Connection, RawPeer]]:
     """A running connection whose peer is scripted by the test."""
     async with open_pipe() as to_connection, open_pipe() as from_connection:
         extra: dict[str, Any] = {} if max_line_bytes is None else {"max_line_bytes": max_line_bytes}
+        if value_encoder is not None:
+            extra["value_encoder"] = value_encoder
         if recorder is not None:
             notification_handler = notification_handler or recorder.on_notification
             extra["on_protocol_error"] = recorder.on_protocol_error
@@ -279,6 +282,30 @@ async def test_outgoing_messages_are_single_exact_lines_with_params_omitted_when
                 assert await peer.receive_line() == b'{"jsonrpc":"2.0","method":"bare"}\n'
                 await peer.send(result(0, None))
                 await peer.send(result(1, {}))
+
+
+async def test_a_value_encoder_encodes_params_and_handler_results_but_leaves_raw_json_and_null_alone() -> (
+    None
+):
+    def shout(value: Any) -> bytes:
+        return msgspec.json.encode(value).upper()
+
+    async def handler(method: str, params: msgspec.Raw | None) -> Any:
+        return {"echo": method} if method == "dict" else msgspec.Raw(b'{"raw":"kept"}')
+
+    async with peer_and_connection(request_handler=handler, value_encoder=shout) as (connection, peer):
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(partial(connection.request, "encoded", GreetParams(name="ada")))
+                assert await peer.receive() == request(0, "encoded", {"NAME": "ADA"})
+                tg.start_soon(partial(connection.request, "raw", msgspec.Raw(b'{"as":"is"}')))
+                assert await peer.receive() == request(1, "raw", {"as": "is"})
+                await peer.send(result(0, None))
+                await peer.send(result(1, None))
+            await peer.send(request(7, "dict"))
+            assert await peer.receive() == result(7, {"ECHO": "DICT"})
+            await peer.send(request(8, "raw"))
+            assert await peer.receive() == result(8, {"raw": "kept"})
 
 
 async def test_an_error_response_is_raised_as_a_request_error_with_its_code_message_and_data() -> None:

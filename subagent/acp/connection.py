@@ -249,6 +249,9 @@ class Connection:
         on_protocol_error: told (synchronously, from the reader) about every line skipped as a protocol error.
         max_line_bytes: longer lines are discarded without being buffered.
         name: names this connection in log messages.
+        value_encoder: turns params and handler results (other than `msgspec.Raw` and None) into JSON
+            bytes; a protocol layer passes its own encoder here (ACP: `schema.encode`). Without one,
+            msgspec encodes them as they are.
     """
 
     def __init__(
@@ -261,6 +264,7 @@ class Connection:
         on_protocol_error: ProtocolErrorCallback | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         name: str = "jsonrpc",
+        value_encoder: Callable[[Any], bytes] | None = None,
     ) -> None:
         if max_line_bytes < 1:
             raise ValueError(f"max_line_bytes must be positive, not {max_line_bytes}")
@@ -272,6 +276,7 @@ class Connection:
         self._max_line_bytes = max_line_bytes
         self._name = name
         self._encoder = msgspec.json.Encoder()
+        self._value_encoder = value_encoder
 
         self._started = False
         self._closed: ConnectionClosedError | None = None
@@ -439,7 +444,7 @@ class Connection:
         self._check_open()
         request_id = self._next_id
         self._next_id += 1
-        line = self._encode(_OutRequest(_JSONRPC, request_id, method, _wire_params(params)))
+        line = self._encode(_OutRequest(_JSONRPC, request_id, method, self._wire_params(params)))
         pending = _Pending(method)
         self._pending[request_id] = pending
         try:
@@ -474,13 +479,23 @@ class Connection:
             RuntimeError: the connection was never started.
         """
         self._check_open()
-        await self._send_line(self._encode(_OutNotification(_JSONRPC, method, _wire_params(params))))
+        await self._send_line(self._encode(_OutNotification(_JSONRPC, method, self._wire_params(params))))
 
     def _check_open(self) -> None:
         if self._closed is not None:
             raise self._closed.copy()
         if self._outgoing is None:
             raise RuntimeError(f"{self!r} is not running: use `async with` or start `run()` first")
+
+    def _wire_params(self, params: Params) -> Any:
+        return msgspec.UNSET if params is None else self._wire_value(params)
+
+    def _wire_value(self, value: Any) -> Any:
+        # A protocol layer may need its own encoding (e.g. tagged unions with internal tags); raw
+        # JSON and null pass through untouched.
+        if self._value_encoder is None or value is None or isinstance(value, msgspec.Raw):
+            return value
+        return msgspec.Raw(self._value_encoder(value))
 
     def _encode(self, message: msgspec.Struct) -> bytes:
         return self._encoder.encode(message) + b"\n"
@@ -713,7 +728,7 @@ class Connection:
             if self._request_handler is None:
                 raise RequestError.method_not_found(method)
             result = await self._request_handler(method, params)
-            return self._encode(_OutResult(_JSONRPC, request_id, result))
+            return self._encode(_OutResult(_JSONRPC, request_id, self._wire_value(result)))
         except RequestError as exc:
             error = exc
         except msgspec.ValidationError as exc:
@@ -774,7 +789,3 @@ class Connection:
     def _release_barrier_waiters(self) -> None:
         for event in self._barrier_waiters:
             event.set()
-
-
-def _wire_params(params: Params) -> Any:
-    return msgspec.UNSET if params is None else params
