@@ -1,0 +1,699 @@
+"""The typed ACP client: a session with an agent, over a JSON-RPC connection or a child process.
+
+Layers: :class:`AcpClient` speaks ACP over any pair of anyio byte streams (so it is tested in
+memory); :func:`spawn_agent` runs an agent command as a child process we own and connects a client
+to its stdin/stdout. Neither knows about the seam; the ACP provider builds on them.
+
+What the client guarantees:
+
+* Every update of a turn reaches the caller, in order, before :meth:`ClientSession.prompt`
+  returns: the connection releases a response only after the notifications that preceded it.
+* A dead agent fails every waiting call at once with :class:`AgentExitedError`, whose message has
+  the exit status and the tail of the agent's stderr, even when a grandchild keeps the agent's
+  stdout open.
+* A permission question is answered by the configured policy from a frozen snapshot, and
+  answered ``cancelled`` the moment the turn is cancelled; nothing ever waits on a human who
+  is not there.
+* The agent's file-system requests are served only inside the sandbox roots (see
+  :class:`~subagent.acp.handlers.FsSandbox`); terminals only when enabled; any other method is
+  answered -32601.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import anyio
+import anyio.abc
+import msgspec
+
+from subagent._version import __version__
+from subagent.acp import schema
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
+from subagent.acp.errors import AcpError, ConnectionClosedError, ProtocolError, RequestError
+from subagent.acp.handlers import (
+    FsSandbox,
+    PermissionCallback,
+    PermissionOption,
+    PermissionOutcome,
+    PermissionPolicy,
+    PermissionQuestion,
+    freeze_json,
+    permission_policy,
+)
+from subagent.acp.process import AgentProcess, ExitInfo, open_agent_process
+
+if TYPE_CHECKING:
+    from subagent.acp.terminals import TerminalHost
+
+__all__ = [
+    "CLIENT_NAME",
+    "AcpClient",
+    "AgentCapabilityError",
+    "AgentError",
+    "AgentExitedError",
+    "AuthenticationRequiredError",
+    "ClientSession",
+    "ProtocolVersionError",
+    "TurnResult",
+    "UpdateCallback",
+    "final_message",
+    "spawn_agent",
+]
+
+logger = logging.getLogger(__name__)
+
+CLIENT_NAME = "subagent-seam"
+
+EXIT_DIAGNOSIS_TIMEOUT: float = 2.0
+"""How long a failed call waits for the agent's exit status once its stdout closed: long enough
+for a dying process to be reaped, short enough that a child that closed stdout but lives on is
+reported quickly."""
+
+STDOUT_DRAIN_GRACE: float = 1.0
+"""After the agent exits, how long we keep reading what it wrote before it died (its final
+response may still be in the pipe) before giving up on a stdout held open by a grandchild."""
+
+CANCEL_NOTIFY_TIMEOUT: float = 1.0
+"""Bound on sending ``session/cancel`` when the caller of a prompt is cancelled."""
+
+UpdateCallback = Callable[[schema.SessionUpdate], object]
+"""Receives each session update in order; may be sync or async (an awaitable result is awaited)."""
+
+
+# -- errors ---------------------------------------------------------------------------------------------
+
+
+class AgentError(AcpError):
+    """A failure of the agent at the ACP level, as seen by the client."""
+
+
+class AgentExitedError(AgentError):
+    """The agent's connection closed: it exited, crashed, or closed its stdout.
+
+    ``exit_info`` holds the exit status and the stderr tail when the agent is a child process we
+    run and it exited; it is None when the connection closed but the process lives on (or there
+    is no process).
+    """
+
+    def __init__(self, message: str, *, exit_info: ExitInfo | None = None) -> None:
+        super().__init__(message)
+        self.exit_info = exit_info
+
+
+class ProtocolVersionError(AgentError):
+    """The agent answered ``initialize`` with a protocol version this client cannot speak."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(
+            f"the agent speaks ACP protocol version {version}; this client speaks {schema.PROTOCOL_VERSION}"
+        )
+        self.version = version
+
+
+class AuthenticationRequiredError(AgentError):
+    """The agent refused with -32000 "Authentication required"; ``auth_methods`` lists its offers."""
+
+    def __init__(self, message: str, auth_methods: Sequence[schema.AuthMethod]) -> None:
+        super().__init__(message)
+        self.auth_methods = tuple(auth_methods)
+
+
+class AgentCapabilityError(AgentError):
+    """The call needs an agent capability the agent did not advertise (e.g. ``loadSession``)."""
+
+
+# -- turns ----------------------------------------------------------------------------------------------
+
+
+class _UsageProbe(msgspec.Struct):
+    """``usage`` on a prompt response: unstable in the spec, already sent by some agents."""
+
+    usage: dict[str, Any] | None = None
+
+
+_USAGE_DECODER = msgspec.json.Decoder(_UsageProbe)
+
+
+def final_message(updates: Sequence[schema.SessionUpdate]) -> str:
+    """The text of the agent message chunks after the turn's last tool call.
+
+    Text before a tool call is narration ("let me read the file"); what follows the last one is
+    the answer.
+    """
+    parts: list[str] = []
+    for update in updates:
+        if isinstance(update, schema.ToolCall | schema.ToolCallProgress):
+            parts.clear()
+        elif isinstance(update, schema.AgentMessageChunk) and isinstance(update.content, schema.TextContent):
+            parts.append(update.content.text)
+    return "".join(parts)
+
+
+@dataclass(slots=True)
+class TurnResult:
+    """How one ``session/prompt`` ended, with every update it produced, in order."""
+
+    stop_reason: schema.StopReason
+    updates: list[schema.SessionUpdate]
+    usage: dict[str, Any] | None = None
+
+    @property
+    def output(self) -> str:
+        """The final assistant message: see :func:`final_message`."""
+        return final_message(self.updates)
+
+
+@dataclass(eq=False)
+class _Turn:
+    on_update: UpdateCallback | None
+    updates: list[schema.SessionUpdate] = field(default_factory=list)
+    cancel_requested: bool = False
+
+
+# -- sessions -------------------------------------------------------------------------------------------
+
+
+class ClientSession:
+    """One ACP session with the agent. Created by :meth:`AcpClient.new_session` and friends.
+
+    ``last_activity`` (anyio clock) moves whenever the agent sends anything for this session;
+    ``pending_permissions`` counts questions awaiting the policy. Together they let an owner run
+    an inactivity timeout that does not count time spent waiting on a permission answer.
+    """
+
+    def __init__(self, client: AcpClient, session_id: str) -> None:
+        self._client = client
+        self.session_id = session_id
+        self.modes: schema.SessionModeState | None = None
+        self.config_options: list[schema.SessionConfigOption] | None = None
+        self.last_activity = anyio.current_time()
+        self.pending_permissions = 0
+        self.replayed: list[schema.SessionUpdate] = []
+        """Updates the agent sent while loading this session (its replayed history)."""
+        self._turn: _Turn | None = None
+        self._permission_scopes: set[anyio.CancelScope] = set()
+        self._listeners: list[UpdateCallback] = []
+        self._loading = False
+
+    def __repr__(self) -> str:
+        state = "in a turn" if self._turn is not None else "idle"
+        return f"<ClientSession {self.session_id!r} {state}>"
+
+    @property
+    def in_turn(self) -> bool:
+        """Whether a prompt is running."""
+        return self._turn is not None
+
+    def on_update(self, callback: UpdateCallback) -> Callable[[], None]:
+        """Receive every update of this session, inside turns or not; returns a disposer."""
+        self._listeners.append(callback)
+
+        def dispose() -> None:
+            if callback in self._listeners:
+                self._listeners.remove(callback)
+
+        return dispose
+
+    async def prompt(
+        self, prompt: str | Sequence[schema.ContentBlock], *, on_update: UpdateCallback | None = None
+    ) -> TurnResult:
+        """Run one turn and return how it ended, with all of its updates.
+
+        Cancelling the caller sends ``session/cancel`` (best effort) before the cancellation
+        propagates; to stop a turn and still get its result, call :meth:`cancel` instead.
+
+        Raises:
+            RuntimeError: a turn is already running in this session.
+            AgentExitedError: the agent died during the turn.
+            RequestError: the agent answered the prompt with a JSON-RPC error.
+        """
+        if self._turn is not None:
+            raise RuntimeError(f"session {self.session_id!r} is already running a turn")
+        blocks: list[schema.ContentBlock] = (
+            [schema.TextContent(text=prompt)] if isinstance(prompt, str) else list(prompt)
+        )
+        turn = _Turn(on_update)
+        self._turn = turn
+        try:
+            raw = await self._client._call(
+                schema.SESSION_PROMPT,
+                schema.PromptRequest(session_id=self.session_id, prompt=blocks),
+                courtesy_cancel=False,  # ACP cancels a turn with session/cancel, not $/cancel_request
+            )
+        except anyio.get_cancelled_exc_class():
+            with anyio.CancelScope(shield=True), anyio.move_on_after(CANCEL_NOTIFY_TIMEOUT):
+                await self._send_cancel(turn)
+            raise
+        finally:
+            self._turn = None
+        response = schema.decode(raw, type=schema.PromptResponse)
+        usage = _USAGE_DECODER.decode(raw).usage
+        return TurnResult(stop_reason=response.stop_reason, updates=turn.updates, usage=usage)
+
+    async def cancel(self) -> None:
+        """Ask the agent to stop the running turn; pending permission questions are answered
+        ``cancelled``. The turn's :meth:`prompt` then returns (normally with ``cancelled``)."""
+        turn = self._turn
+        if turn is None:
+            return
+        await self._send_cancel(turn)
+
+    async def _send_cancel(self, turn: _Turn) -> None:
+        turn.cancel_requested = True
+        for scope in tuple(self._permission_scopes):
+            scope.cancel()
+        with contextlib.suppress(AgentExitedError):  # a dead agent has nothing left to cancel
+            await self._client._notify(
+                schema.SESSION_CANCEL, schema.CancelNotification(session_id=self.session_id)
+            )
+
+    async def set_mode(self, mode_id: str) -> None:
+        """Switch the session to another of the agent's modes."""
+        await self._client._call(
+            schema.SESSION_SET_MODE, schema.SetSessionModeRequest(session_id=self.session_id, mode_id=mode_id)
+        )
+
+    # -- from the agent ------------------------------------------------------------------------------
+
+    async def _deliver(self, update: schema.SessionUpdate) -> None:
+        self.last_activity = anyio.current_time()
+        turn = self._turn
+        if self._loading:
+            self.replayed.append(update)
+        elif turn is not None:
+            turn.updates.append(update)
+        callbacks: list[UpdateCallback] = list(self._listeners)
+        if turn is not None and turn.on_update is not None:
+            callbacks.append(turn.on_update)
+        for callback in callbacks:
+            try:
+                outcome = callback(update)
+                if inspect.isawaitable(outcome):
+                    await outcome
+            except Exception:
+                # A display bug must not lose the rest of the turn.
+                logger.exception("update callback for session %r raised; ignored", self.session_id)
+
+    async def _ask(self, question: PermissionQuestion, policy: PermissionPolicy) -> PermissionOption | None:
+        turn = self._turn
+        if turn is not None and turn.cancel_requested:
+            return None  # the turn is being cancelled: every question is answered cancelled
+        self.pending_permissions += 1
+        decision: PermissionOption | Literal[PermissionOutcome.CANCELLED] = PermissionOutcome.CANCELLED
+        try:
+            with anyio.CancelScope() as scope:
+                self._permission_scopes.add(scope)
+                decision = await policy.decide(question)
+        finally:
+            self._permission_scopes.discard(scope)
+            self.pending_permissions -= 1
+            # The clock restarts when the answer goes out: waiting on the policy is not silence.
+            self.last_activity = anyio.current_time()
+        if scope.cancelled_caught or decision is PermissionOutcome.CANCELLED:
+            return None
+        if decision not in question.options:
+            logger.error("permission policy %r answered an option that was not offered; cancelling", policy)
+            return None
+        return decision
+
+
+# -- the client -----------------------------------------------------------------------------------------
+
+
+class AcpClient:
+    """An ACP client over a byte-stream pair. Use as an async context manager.
+
+    Args:
+        receive_stream: the agent's output (its stdout).
+        send_stream: the agent's input (its stdin).
+        permission: ``"allow"``, ``"deny"``, a :class:`PermissionPolicy` or an async callback.
+        fs: serve ``fs/*`` inside this sandbox; None (default) advertises no file-system access.
+        terminals: serve ``terminal/*`` with this host; None (default) advertises none.
+        client_info: the name and version sent in ``initialize``.
+        max_line_bytes: the longest line accepted from the agent.
+        on_protocol_error: told about every malformed line the agent sends (they are skipped).
+        exit_diagnosis: builds the error for a closed connection (a child-process owner passes one
+            that adds the exit status and stderr tail).
+    """
+
+    def __init__(
+        self,
+        receive_stream: anyio.abc.ByteReceiveStream,
+        send_stream: anyio.abc.ByteSendStream,
+        *,
+        permission: Literal["allow", "deny"] | PermissionPolicy | PermissionCallback = "deny",
+        fs: FsSandbox | None = None,
+        terminals: TerminalHost | None = None,
+        client_info: schema.Implementation | None = None,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        on_protocol_error: Callable[[ProtocolError], None] | None = None,
+        exit_diagnosis: Callable[[ConnectionClosedError], Awaitable[AgentExitedError]] | None = None,
+        name: str = "acp-client",
+    ) -> None:
+        self.permission = permission_policy(permission)
+        self.fs = fs
+        self.terminals = terminals
+        self.client_info = client_info or schema.Implementation(name=CLIENT_NAME, version=__version__)
+        self.agent: schema.InitializeResponse | None = None
+        """The agent's ``initialize`` answer, once :meth:`initialize` returned."""
+        self.connection = Connection(
+            receive_stream,
+            send_stream,
+            request_handler=self._serve_request,
+            notification_handler=self._serve_notification,
+            on_protocol_error=on_protocol_error,
+            max_line_bytes=max_line_bytes,
+            name=name,
+            value_encoder=schema.encode,
+        )
+        self._exit_diagnosis = exit_diagnosis
+        self._sessions: dict[str, ClientSession] = {}
+        self.process: AgentProcess | None = None
+        """The agent's child process, when :func:`spawn_agent` started it."""
+
+    async def __aenter__(self) -> Self:
+        await self.connection.__aenter__()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        return await self.connection.__aexit__(exc_type, exc, tb)
+
+    def session(self, session_id: str) -> ClientSession | None:
+        """A session this client created or loaded, by id."""
+        return self._sessions.get(session_id)
+
+    # -- client -> agent ---------------------------------------------------------------------------
+
+    async def initialize(self) -> schema.InitializeResponse:
+        """Negotiate protocol version 1 and exchange capabilities.
+
+        Raises:
+            ProtocolVersionError: the agent answered another version (the caller should close).
+        """
+        fs_access = self.fs is not None
+        request = schema.InitializeRequest(
+            protocol_version=schema.PROTOCOL_VERSION,
+            client_capabilities=schema.ClientCapabilities(
+                fs=schema.FileSystemCapabilities(read_text_file=fs_access, write_text_file=fs_access),
+                terminal=self.terminals is not None,
+            ),
+            client_info=self.client_info,
+        )
+        raw = await self._call(schema.INITIALIZE, request)
+        response = schema.decode(raw, type=schema.InitializeResponse)
+        if response.protocol_version != schema.PROTOCOL_VERSION:
+            raise ProtocolVersionError(response.protocol_version)
+        self.agent = response
+        return response
+
+    async def authenticate(self, method_id: str) -> None:
+        """Authenticate with one of the agent's advertised methods."""
+        await self._call(schema.AUTHENTICATE, schema.AuthenticateRequest(method_id=method_id))
+
+    async def new_session(
+        self, cwd: str | os.PathLike[str], *, mcp_servers: Sequence[schema.McpServer] = ()
+    ) -> ClientSession:
+        """Open a new session rooted at ``cwd`` (made absolute).
+
+        Raises:
+            AuthenticationRequiredError: the agent wants ``authenticate`` first.
+        """
+        request = schema.NewSessionRequest(cwd=_absolute(cwd), mcp_servers=list(mcp_servers))
+        raw = await self._call_authenticated(schema.SESSION_NEW, request)
+        response = schema.decode(raw, type=schema.NewSessionResponse)
+        session = self._sessions.setdefault(response.session_id, ClientSession(self, response.session_id))
+        session.modes = response.modes
+        session.config_options = response.config_options
+        return session
+
+    async def load_session(
+        self,
+        session_id: str,
+        cwd: str | os.PathLike[str],
+        *,
+        mcp_servers: Sequence[schema.McpServer] = (),
+    ) -> ClientSession:
+        """Load a past session; the history the agent replays is in ``session.replayed``.
+
+        Raises:
+            AgentCapabilityError: the agent does not advertise ``loadSession``.
+        """
+        agent = self._require_initialized()
+        if not agent.agent_capabilities.load_session:
+            raise AgentCapabilityError("the agent does not support session/load (loadSession)")
+        session = self._sessions.setdefault(session_id, ClientSession(self, session_id))
+        session._loading = True
+        try:
+            request = schema.LoadSessionRequest(
+                session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers)
+            )
+            raw = await self._call_authenticated(schema.SESSION_LOAD, request)
+        except BaseException:
+            self._sessions.pop(session_id, None)
+            raise
+        finally:
+            session._loading = False
+        response = schema.decode(raw, type=schema.LoadSessionResponse | None)
+        if response is not None:
+            session.modes = response.modes
+            session.config_options = response.config_options
+        return session
+
+    async def resume_session(
+        self,
+        session_id: str,
+        cwd: str | os.PathLike[str],
+        *,
+        mcp_servers: Sequence[schema.McpServer] = (),
+    ) -> ClientSession:
+        """Resume a past session without a replay of its history.
+
+        Raises:
+            AgentCapabilityError: the agent does not advertise ``sessionCapabilities.resume``.
+        """
+        agent = self._require_initialized()
+        if agent.agent_capabilities.session_capabilities.resume is None:
+            raise AgentCapabilityError("the agent does not support session/resume")
+        request = schema.ResumeSessionRequest(
+            session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers)
+        )
+        raw = await self._call_authenticated(schema.SESSION_RESUME, request)
+        response = schema.decode(raw, type=schema.ResumeSessionResponse | None)
+        session = self._sessions.setdefault(session_id, ClientSession(self, session_id))
+        if response is not None:
+            session.modes = response.modes
+            session.config_options = response.config_options
+        return session
+
+    def _require_initialized(self) -> schema.InitializeResponse:
+        if self.agent is None:
+            raise RuntimeError("call initialize() first")
+        return self.agent
+
+    async def _call_authenticated(self, method: str, params: Any) -> msgspec.Raw:
+        try:
+            return await self._call(method, params)
+        except RequestError as exc:
+            if exc.code != schema.AUTHENTICATION_REQUIRED:
+                raise
+            methods = self.agent.auth_methods if self.agent is not None else []
+            offered = ", ".join(_describe_auth_method(m) for m in methods) or "none advertised"
+            raise AuthenticationRequiredError(
+                f"the agent requires authentication before {method} (auth methods: {offered})", methods
+            ) from exc
+
+    async def _call(self, method: str, params: Any, *, courtesy_cancel: bool = True) -> msgspec.Raw:
+        try:
+            return await self.connection.request(method, params, courtesy_cancel=courtesy_cancel)
+        except ConnectionClosedError as exc:
+            raise await self._diagnose(exc) from exc
+
+    async def _notify(self, method: str, params: Any) -> None:
+        try:
+            await self.connection.notify(method, params)
+        except ConnectionClosedError as exc:
+            raise await self._diagnose(exc) from exc
+
+    async def _diagnose(self, closed: ConnectionClosedError) -> AgentExitedError:
+        if isinstance(closed.cause, AgentExitedError):
+            return closed.cause
+        if self._exit_diagnosis is not None:
+            return await self._exit_diagnosis(closed)
+        return AgentExitedError(f"the connection to the agent closed: {closed}")
+
+    # -- agent -> client ---------------------------------------------------------------------------
+
+    def _session_for(self, session_id: str) -> ClientSession:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise RequestError.invalid_params({"sessionId": session_id, "reason": "unknown session"})
+        return session
+
+    async def _serve_request(self, method: str, params: msgspec.Raw | None) -> Any:
+        data = params if params is not None else b"null"
+        if method == schema.SESSION_REQUEST_PERMISSION:
+            return await self._on_permission(schema.decode(data, type=schema.RequestPermissionRequest))
+        if method == schema.FS_READ_TEXT_FILE and self.fs is not None:
+            read = schema.decode(data, type=schema.ReadTextFileRequest)
+            self._touch(read.session_id)
+            content = await self.fs.read_text(read.path, line=read.line, limit=read.limit)
+            return schema.ReadTextFileResponse(content=content)
+        if method == schema.FS_WRITE_TEXT_FILE and self.fs is not None:
+            write = schema.decode(data, type=schema.WriteTextFileRequest)
+            self._touch(write.session_id)
+            await self.fs.write_text(write.path, write.content)
+            return schema.WriteTextFileResponse()
+        if method.startswith("terminal/") and self.terminals is not None:
+            return await self.terminals.serve(method, data)
+        raise RequestError.method_not_found(method)
+
+    def _touch(self, session_id: str) -> None:
+        self._session_for(session_id).last_activity = anyio.current_time()
+
+    async def _on_permission(
+        self, request: schema.RequestPermissionRequest
+    ) -> schema.RequestPermissionResponse:
+        session = self._session_for(request.session_id)
+        session.last_activity = anyio.current_time()
+        tool_call = request.tool_call
+        question = PermissionQuestion(
+            session_id=request.session_id,
+            tool_call_id=tool_call.tool_call_id,
+            title=tool_call.title,
+            kind=tool_call.kind,
+            raw_input=freeze_json(tool_call.raw_input),
+            options=tuple(PermissionOption(o.option_id, o.name, o.kind) for o in request.options),
+        )
+        chosen = await session._ask(question, self.permission)
+        outcome: schema.RequestPermissionOutcome = (
+            schema.CancelledPermissionOutcome()
+            if chosen is None
+            else schema.SelectedPermissionOutcome(option_id=chosen.option_id)
+        )
+        return schema.RequestPermissionResponse(outcome=outcome)
+
+    async def _serve_notification(self, method: str, params: msgspec.Raw | None) -> None:
+        if method != schema.SESSION_UPDATE or params is None:
+            logger.debug("ignoring notification %s from the agent", method)
+            return
+        try:
+            notification = schema.decode(params, type=schema.SessionNotification)
+        except msgspec.ValidationError:
+            logger.warning("skipping a malformed session/update from the agent", exc_info=True)
+            return
+        session = self._sessions.get(notification.session_id)
+        if session is None:
+            logger.warning("ignoring an update for unknown session %r", notification.session_id)
+            return
+        await session._deliver(notification.update)
+
+
+def _absolute(path: str | os.PathLike[str]) -> str:
+    # ACP requires absolute session paths; this touches no file.
+    return os.path.abspath(path)
+
+
+def _describe_auth_method(method: schema.AuthMethod) -> str:
+    if isinstance(method, schema.UnknownVariant):
+        described = f"{method.raw.get('id')!r} ({method.raw.get('type')})"
+        return described
+    return f"{method.id!r} ({method.name})"
+
+
+# -- a child-process agent ------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def spawn_agent(
+    argv: Sequence[str | os.PathLike[str]],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    permission: Literal["allow", "deny"] | PermissionPolicy | PermissionCallback = "deny",
+    fs: FsSandbox | None = None,
+    terminals: TerminalHost | None = None,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    on_protocol_error: Callable[[ProtocolError], None] | None = None,
+    on_stderr_line: Callable[[str], object] | None = None,
+    process_options: Mapping[str, Any] | None = None,
+) -> AsyncIterator[AcpClient]:
+    """Run ``argv`` as an ACP agent we own and yield a connected (not yet initialized) client.
+
+    The client's ``process`` attribute is the :class:`~subagent.acp.process.AgentProcess`.
+    Leaving the block closes the connection and tears the process group down (close stdin, wait,
+    SIGTERM, wait, SIGKILL, reap), whatever the exit path.
+
+    Raises:
+        AgentSpawnError: the command cannot be started (missing, not executable, bad cwd).
+    """
+    async with open_agent_process(
+        argv, env=env, cwd=cwd, on_stderr_line=on_stderr_line, **dict(process_options or {})
+    ) as process:
+        client = AcpClient(
+            process.stdout,
+            process.stdin,
+            permission=permission,
+            fs=fs,
+            terminals=terminals,
+            max_line_bytes=max_line_bytes,
+            on_protocol_error=on_protocol_error,
+            exit_diagnosis=lambda closed: _diagnose_exit(process, closed),
+            name=f"acp:{process.pid}",
+        )
+        client.process = process
+        body_error: BaseException | None = None
+        async with anyio.create_task_group() as task_group:
+            connection_done = anyio.Event()
+
+            async def run_connection(*, task_status: anyio.abc.TaskStatus[None]) -> None:
+                try:
+                    await client.connection.run(task_status=task_status)
+                finally:
+                    connection_done.set()
+
+            await task_group.start(run_connection)
+            task_group.start_soon(_close_on_exit, process, client.connection, connection_done)
+            try:
+                yield client
+            except BaseException as exc:
+                # Re-raised after the task group exits, so the caller sees its own exception rather
+                # than an exception group wrapping it.
+                body_error = exc
+            finally:
+                client.connection.close()
+                task_group.cancel_scope.cancel()
+        if body_error is not None:
+            raise body_error
+
+
+async def _close_on_exit(process: AgentProcess, connection: Connection, connection_done: anyio.Event) -> None:
+    """Fail pending calls as soon as the agent exits, even if a grandchild holds its stdout open."""
+    info = await process.wait_exit()
+    with anyio.move_on_after(STDOUT_DRAIN_GRACE):
+        await connection_done.wait()  # EOF normally follows the exit: let the reader finish first
+    connection.close(cause=AgentExitedError(str(info), exit_info=info))
+
+
+async def _diagnose_exit(process: AgentProcess, closed: ConnectionClosedError) -> AgentExitedError:
+    with anyio.move_on_after(EXIT_DIAGNOSIS_TIMEOUT):
+        info = await process.wait_exit()
+        return AgentExitedError(str(info), exit_info=info)
+    command = " ".join(process.command)
+    tail = process.stderr_tail().strip()
+    message = f"agent `{command}` (pid {process.pid}) closed its stdout but is still running"
+    if closed.cause is not None:
+        message += f" ({closed.cause})"
+    if tail:
+        message += f"; last stderr: {tail[-2000:]}"
+    return AgentExitedError(message)
