@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install test lint format demo bench schema
+.PHONY: help install interop test lint format demo bench schema
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -19,7 +19,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install the package with its test and lint tools
 
-test: $(STAMP) ## run the test suite on asyncio and trio
+# The official TypeScript ACP SDK's example agent, driven by the interop tests (1.9.0 is the last
+# release that ships dist/examples). Skipped quietly where npm is missing; CI requires it.
+INTEROP_AGENT := .interop/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js
+$(INTEROP_AGENT):
+	@if command -v npm >/dev/null 2>&1; then \
+		npm install --silent --no-audit --no-fund --prefix .interop @agentclientprotocol/sdk@1.9.0; \
+	else echo "npm not found: the interop tests will be skipped"; fi
+
+interop: $(INTEROP_AGENT) ## install the third-party ACP agent the interop tests drive
+
+test: $(STAMP) interop ## run the test suite on asyncio and trio
 	$(BIN)/python -m pytest
 
 lint: $(STAMP) ## ruff (lint and format check) and mypy --strict
