@@ -1,0 +1,732 @@
+"""The model-facing ``subagent`` tool: a tool definition for an LLM tool loop, over a service.
+
+The tool's wording is derived from the registry, never written by hand: the description lists the
+providers registered now, says for each whether its child sees the parent conversation and which
+optional parameters it accepts, and the input schema offers only what some registered provider can
+honour. It follows registration and removal through the service's events; a version counter and an
+``on_change`` callback tell the host that it must send the tool list to the model again.
+
+Execution never raises for bad model input: unknown providers, wrong types, unsupported features
+and failed starts all come back as an error result that names what was wrong and the valid choices,
+so the model can correct itself. The run is disposed on every path, cancellation included.
+
+```python
+async with SubagentService() as subagents:
+    subagents.register_provider(provider)
+    with SubagentTool(subagents, parent_id="agent-1", timeout=300) as tool:
+        tools = [tool.definition.to_openai()]
+        ...  # the model calls the tool
+        result = await tool.execute(call.arguments)
+        messages.append(result.to_openai(call.id))
+```
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, Self
+
+from subagent.service import SubagentService
+from subagent.types import (
+    START_TIME_FEATURES,
+    Disposer,
+    ErrorCode,
+    ProviderSnapshot,
+    StartTimeFeature,
+    StopReason,
+    SubagentError,
+    SubagentRequest,
+    SubagentResult,
+    ToolFilter,
+    Usage,
+)
+
+__all__ = ["DEFAULT_TOOL_NAME", "SubagentTool", "SubagentToolResult", "ToolDefinition"]
+
+DEFAULT_TOOL_NAME = "subagent"
+"""The name the tool has unless the host picks another."""
+
+# What OpenAI and Anthropic both accept as a function/tool name; checked at construction so a bad
+# name fails in the host's code, not as an API error in the middle of a conversation.
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+_ARGUMENTS = ("prompt", "provider", *START_TIME_FEATURES)
+
+# -- wording ----------------------------------------------------------------------------------------
+
+_INTRO = (
+    "Delegate a task to a subagent: another agent that works on `prompt` by itself and returns its final "
+    "answer as this tool's result. It cannot ask you questions while it works, so state the task "
+    "completely, including the form of the answer you want."
+)
+_NO_PROVIDER_NOTE = (
+    "No subagent provider is registered right now, so this tool cannot start a subagent; a call returns "
+    "an error."
+)
+_ERROR_NOTE = (
+    'If the subagent does not finish its task, the result starts with "Error:", says why, and includes '
+    "any partial output."
+)
+_FRESH_CONTEXT = (
+    "starts fresh and does not see this conversation, so `prompt` must carry everything it needs."
+)
+_INHERITED_CONTEXT = "sees this conversation's earlier turns, so `prompt` may refer to them."
+
+_PROMPT_PROPERTY: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "description": "The complete task for the subagent, including the form of the answer you want.",
+}
+_FEATURE_PROPERTIES: dict[StartTimeFeature, dict[str, Any]] = {
+    "output_schema": {
+        "type": "object",
+        "description": (
+            "A JSON Schema the subagent's final answer must satisfy; the answer comes back as the "
+            "validated JSON value."
+        ),
+    },
+    "depth_limit": {
+        "type": "integer",
+        "minimum": 0,
+        "description": (
+            "How many levels of subagents the subagent may start below itself; 0 forbids it to delegate."
+        ),
+    },
+    "tool_filter": {
+        "type": "object",
+        "description": (
+            "Narrows the subagent's tools, which are otherwise yours; it can never gain a tool you lack."
+        ),
+        "properties": {
+            "allow": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Only these of your tools (default: all of them).",
+            },
+            "deny": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Tools to take away.",
+            },
+        },
+        "additionalProperties": False,
+    },
+    "persona": {
+        "type": "string",
+        "description": 'A system prompt giving the subagent its role, e.g. "a meticulous code reviewer".',
+    },
+}
+
+_STOP_EXPLANATIONS: dict[StopReason, str] = {
+    "cancelled": "it was cancelled.",
+    "error": "it failed.",
+    "timeout": "it was silent for longer than the inactivity timeout and was stopped.",
+    "max_tokens": "it reached its output token limit.",
+    "max_turns": "it reached its limit on turns.",
+    "refusal": "it refused the task.",
+}
+
+
+def _quoted(names: Sequence[str]) -> str:
+    # JSON quoting: unambiguous for the model whatever characters a provider name holds.
+    return ", ".join(json.dumps(name) for name in names)
+
+
+def _code_names(names: Sequence[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names)
+
+
+def _json_type(value: object) -> str:
+    """The JSON type name of a decoded value, as the model knows it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "object"
+    if isinstance(value, list | tuple):
+        return "array"
+    return type(value).__name__
+
+
+def _supported(snapshot: ProviderSnapshot) -> list[StartTimeFeature]:
+    return [feature for feature in START_TIME_FEATURES if snapshot.capabilities.supports(feature)]
+
+
+# -- the definition ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    """The tool as a provider-neutral record: ``name``, ``description``, ``input_schema`` (JSON Schema).
+
+    The ``to_*`` methods render it for the common tool-calling formats; each returns fresh plain
+    dicts (JSON-serialisable), so the host may add to them (``strict``, ``cache_control``) freely.
+    """
+
+    name: str
+    description: str
+    input_schema: dict[str, Any] = field(hash=False)
+
+    def to_openai(self) -> dict[str, Any]:
+        """OpenAI chat completions: ``{"type": "function", "function": {name, description, parameters}}``."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": copy.deepcopy(self.input_schema),
+            },
+        }
+
+    def to_openai_responses(self) -> dict[str, Any]:
+        """OpenAI Responses API: ``{"type": "function", name, description, parameters}``."""
+        return {
+            "type": "function",
+            "name": self.name,
+            "description": self.description,
+            "parameters": copy.deepcopy(self.input_schema),
+        }
+
+    def to_anthropic(self) -> dict[str, Any]:
+        """Anthropic Messages API: ``{name, description, input_schema}``."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "input_schema": copy.deepcopy(self.input_schema),
+        }
+
+    def to_mcp(self) -> dict[str, Any]:
+        """Model Context Protocol ``tools/list`` entry: ``{name, description, inputSchema}``."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "inputSchema": copy.deepcopy(self.input_schema),
+        }
+
+
+# -- the result -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentToolResult:
+    """What one call of the tool came to, for the model (:meth:`render`) and for the host (the fields).
+
+    ``is_error`` is False only for a run that completed. ``output`` is the child's final message,
+    partial when it stopped early, empty when no child ran. ``stop_reason`` is the child's, None when
+    no child got as far as a result. ``error`` says what went wrong, phrased for the model.
+    ``error_code`` is the seam's code when the seam refused or failed the call (``NO_PROVIDER``,
+    ``UNSUPPORTED_CAPABILITY``, ``START_FAILED``, ``DISPOSED``); it is None for invalid arguments and
+    for a child that stopped early. ``structured`` is the validated JSON value when the call asked for
+    ``output_schema``. ``run_id`` and ``provider`` name the run when one was started.
+    """
+
+    is_error: bool
+    output: str = ""
+    error: str | None = None
+    stop_reason: StopReason | None = None
+    structured: Any = None
+    error_code: ErrorCode | None = None
+    run_id: str | None = None
+    provider: str | None = None
+    usage: Usage | None = None
+
+    @property
+    def text(self) -> str:
+        """The model-facing text; the same as :meth:`render`."""
+        return self.render()
+
+    def render(self) -> str:
+        """The text to send to the model as the tool's result.
+
+        Success: the structured value as JSON when one was asked for, else the child's output. Error:
+        ``Error: `` and the explanation, then, when a child ran, its partial output. The ``Error:``
+        prefix carries the outcome in formats that have no error flag (OpenAI's tool messages).
+        """
+        if not self.is_error:
+            if self.structured is not None:
+                try:
+                    return json.dumps(self.structured, ensure_ascii=False)
+                except (TypeError, ValueError):
+                    pass  # a provider handed back a non-JSON value: its text output still says it
+            return self.output or "(the subagent finished without output)"
+        text = f"Error: {self.error}"
+        if self.stop_reason is not None:
+            text += f"\n\nPartial output:\n{self.output}" if self.output else "\n\nIt produced no output."
+        return text
+
+    def to_openai(self, tool_call_id: str) -> dict[str, Any]:
+        """An OpenAI chat-completions tool message answering ``tool_call_id``."""
+        return {"role": "tool", "tool_call_id": tool_call_id, "content": self.render()}
+
+    def to_anthropic(self, tool_use_id: str) -> dict[str, Any]:
+        """An Anthropic ``tool_result`` content block answering ``tool_use_id``."""
+        return {
+            "type": "tool_result",
+            "tool_use_id": tool_use_id,
+            "content": self.render(),
+            "is_error": self.is_error,
+        }
+
+
+def _invalid(problems: Sequence[str]) -> SubagentToolResult:
+    lines = "\n".join(f"- {problem}" for problem in problems)
+    return SubagentToolResult(is_error=True, error=f"invalid arguments, no subagent was started:\n{lines}")
+
+
+def _seam_failure(
+    error: SubagentError, *, lead: str, provider: str, run_id: str | None = None
+) -> SubagentToolResult:
+    return SubagentToolResult(
+        is_error=True,
+        error=f"{lead} ({error.code.value}): {error.message}",
+        error_code=error.code,
+        run_id=run_id,
+        provider=provider,
+    )
+
+
+# -- the tool ---------------------------------------------------------------------------------------
+
+
+class SubagentTool:
+    """The ``subagent`` tool over a :class:`~subagent.service.SubagentService`.
+
+    Args:
+        service: the registry the tool lists and starts runs on.
+        name: the tool's name as the model sees it (letters, digits, ``_``, ``-``; at most 64).
+        parent_id: the id of the agent this tool belongs to; every request carries it, so the seam
+            can count depth along the parent chain.
+        timeout: the inactivity timeout (seconds) every run gets. Timeouts are the host's policy, so
+            the model is not offered one.
+        cwd: the working directory every run gets, when the host fixes one.
+        on_change: called with the new definition each time the registry changes it (the host then
+            sends the tool list again). Runs inside the registry's event; one that raises is logged.
+
+    The tool follows the registry from construction until :meth:`close` (or the end of its ``with``
+    block). Raises ``ValueError`` for a name the tool-calling APIs would refuse or a timeout <= 0.
+    """
+
+    def __init__(
+        self,
+        service: SubagentService,
+        *,
+        name: str = DEFAULT_TOOL_NAME,
+        parent_id: str | None = None,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        on_change: Callable[[ToolDefinition], object] | None = None,
+    ) -> None:
+        if not _TOOL_NAME.match(name):
+            raise ValueError(f"a tool name must match {_TOOL_NAME.pattern}, got {name!r}")
+        if timeout is not None and not timeout > 0:  # `not >` also refuses NaN
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        self._service = service
+        self._name = name
+        self._parent_id = parent_id
+        self._timeout = timeout
+        self._cwd = cwd
+        self._on_change = on_change
+        self._version = 0
+        self._closed = False
+        self._definition = self._build_definition()
+        # The listeners re-read the registry rather than the payload: the registry is the truth, and
+        # a removal's payload (a name) could not say what a remaining provider supports.
+        self._disposers: list[Disposer] = [
+            service.events.on("subagent/provider-added", lambda _snapshot: self._refresh()),
+            service.events.on("subagent/provider-removed", lambda _name: self._refresh()),
+        ]
+
+    # -- the definition ----------------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The tool's name."""
+        return self._name
+
+    @property
+    def parent_id(self) -> str | None:
+        """The parent id every request carries."""
+        return self._parent_id
+
+    @property
+    def timeout(self) -> float | None:
+        """The inactivity timeout every run gets, in seconds (None: the provider's default)."""
+        return self._timeout
+
+    @property
+    def definition(self) -> ToolDefinition:
+        """The definition as of now: a copy, the caller may change it."""
+        current = self._definition
+        return ToolDefinition(current.name, current.description, copy.deepcopy(current.input_schema))
+
+    @property
+    def version(self) -> int:
+        """Starts at 0 and goes up by one each time the definition changes."""
+        return self._version
+
+    @property
+    def available(self) -> bool:
+        """Whether a provider is registered, so that a call can start a subagent at all."""
+        return bool(self._service.list())
+
+    @property
+    def closed(self) -> bool:
+        """Whether the tool has stopped following the registry."""
+        return self._closed
+
+    def close(self) -> None:
+        """Stop following the registry: the definition and version stay as they are. Idempotent.
+
+        :meth:`execute` keeps working and validates against the registry as it is at the call.
+        """
+        self._closed = True
+        disposers, self._disposers = self._disposers, []
+        for dispose in disposers:
+            dispose()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _snapshots(self) -> list[ProviderSnapshot]:
+        snapshots = (self._service.get_provider(name) for name in self._service.list())
+        return [snapshot for snapshot in snapshots if snapshot is not None]
+
+    def _refresh(self) -> None:
+        if self._closed:
+            return
+        definition = self._build_definition()
+        if definition == self._definition:
+            return
+        self._definition = definition
+        self._version += 1
+        if self._on_change is not None:
+            self._on_change(self.definition)
+
+    def _build_definition(self) -> ToolDefinition:
+        snapshots = self._snapshots()
+        names = [snapshot.name for snapshot in snapshots]
+        supporters = {
+            feature: [s.name for s in snapshots if s.capabilities.supports(feature)]
+            for feature in START_TIME_FEATURES
+        }
+
+        paragraphs = [_INTRO]
+        if snapshots:
+            lines = ["Providers (set `provider` to one of them):"]
+            for snapshot in snapshots:
+                context = _INHERITED_CONTEXT if snapshot.inherits_parent_context else _FRESH_CONTEXT
+                optional = _code_names(_supported(snapshot)) or "none"
+                lines.append(f"- {json.dumps(snapshot.name)}: {context} Optional parameters: {optional}.")
+            paragraphs += ["\n".join(lines), _ERROR_NOTE]
+        else:
+            paragraphs.append(_NO_PROVIDER_NOTE)
+
+        provider_property: dict[str, Any] = {"type": "string"}
+        if names:
+            provider_property["enum"] = names
+            provider_property["description"] = (
+                "Which provider runs the subagent; the tool description says what each one sees and accepts."
+            )
+        else:
+            # An empty enum is invalid JSON Schema, and some APIs reject it; say it in words instead.
+            provider_property["description"] = "No provider is registered now; the tool cannot run."
+        properties: dict[str, Any] = {"prompt": dict(_PROMPT_PROPERTY), "provider": provider_property}
+        for feature in START_TIME_FEATURES:
+            # Offered only when some provider can honour it: the model is never shown a choice that
+            # every provider would refuse.
+            if not supporters[feature]:
+                continue
+            feature_property = copy.deepcopy(_FEATURE_PROPERTIES[feature])
+            if len(supporters[feature]) < len(names):
+                feature_property["description"] += f" Supported only by {_quoted(supporters[feature])}."
+            properties[feature] = feature_property
+
+        return ToolDefinition(
+            name=self._name,
+            description="\n\n".join(paragraphs),
+            input_schema={
+                "type": "object",
+                "properties": properties,
+                "required": ["prompt", "provider"],
+                "additionalProperties": False,
+            },
+        )
+
+    # -- execution ---------------------------------------------------------------------------------
+
+    async def execute(self, arguments: Mapping[str, Any] | str | bytes) -> SubagentToolResult:
+        """Run one call of the tool, with ``arguments`` as the model produced them.
+
+        ``arguments`` is the decoded JSON object, or its JSON text. Bad input from the model (not an
+        object, missing or empty ``prompt``, an unknown provider, a wrong type, an unknown parameter,
+        a feature the chosen provider lacks) gives an error result and starts nothing. Otherwise the
+        run is started, awaited and mapped: ``completed`` is a success, any other stop reason an
+        error result with the partial output, a ``SubagentError`` an error result with its code.
+
+        The run is disposed before this returns, on every path; when the caller is cancelled, the
+        run is disposed and the cancellation propagates.
+
+        Raises:
+            RuntimeError: the service was never opened (a host bug, not the model's).
+            Exception: whatever a faulty provider's result raised other than a ``SubagentError``.
+        """
+        prepared = self._prepare(arguments)
+        if isinstance(prepared, SubagentToolResult):
+            return prepared
+        provider, request = prepared
+        try:
+            run = self._service.start(provider, request)
+        except SubagentError as exc:
+            return _seam_failure(exc, lead="the subagent could not be started", provider=provider)
+        # Leaving the block disposes the run, shielded, whatever the exit: return, exception, cancel.
+        async with run:
+            try:
+                await run.started()
+            except SubagentError as exc:
+                return _seam_failure(
+                    exc, lead="the subagent could not be started", provider=provider, run_id=run.id
+                )
+            try:
+                result = await run.result()
+            except SubagentError as exc:
+                return _seam_failure(exc, lead="the subagent run failed", provider=provider, run_id=run.id)
+        return self._map_result(result, request, provider=provider, run_id=run.id)
+
+    def _map_result(
+        self, result: SubagentResult, request: SubagentRequest, *, provider: str, run_id: str
+    ) -> SubagentToolResult:
+        structured = result.structured if request.output_schema is not None else None
+        if result.stop_reason == "completed":
+            return SubagentToolResult(
+                is_error=False,
+                output=result.output,
+                stop_reason="completed",
+                structured=structured,
+                run_id=run_id,
+                provider=provider,
+                usage=result.usage,
+            )
+        explanation = _STOP_EXPLANATIONS.get(result.stop_reason, "it stopped early.")
+        if result.stop_reason == "error" and result.error:
+            explanation = f"it failed: {result.error}"
+        elif result.stop_reason == "timeout" and request.timeout is not None:
+            explanation = (
+                f"it was silent for longer than the inactivity timeout ({request.timeout:g} s) "
+                "and was stopped."
+            )
+        return SubagentToolResult(
+            is_error=True,
+            output=result.output,
+            error=f"the subagent stopped before finishing (stop reason: {result.stop_reason}): {explanation}",
+            stop_reason=result.stop_reason,
+            run_id=run_id,
+            provider=provider,
+            usage=result.usage,
+        )
+
+    def _prepare(
+        self, arguments: Mapping[str, Any] | str | bytes
+    ) -> tuple[str, SubagentRequest] | SubagentToolResult:
+        """Validate the model's arguments into ``(provider, request)``, or an error result."""
+        if not self._service.list():
+            return SubagentToolResult(
+                is_error=True,
+                error="no subagent provider is registered right now, so no subagent can be started.",
+                error_code=ErrorCode.NO_PROVIDER,
+            )
+        decoded = _decode(arguments)
+        if isinstance(decoded, str):
+            return _invalid([decoded])
+        parsed = _Parsed()
+        problems = self._check_arguments(decoded, parsed)
+        if problems:
+            return _invalid(problems)
+        # No problems means both required arguments were set.
+        assert parsed.prompt is not None
+        assert parsed.provider is not None
+        request = SubagentRequest(
+            prompt=parsed.prompt,
+            cwd=self._cwd,
+            output_schema=parsed.output_schema,
+            depth_limit=parsed.depth_limit,
+            tool_filter=parsed.tool_filter,
+            persona=parsed.persona,
+            timeout=self._timeout,
+            parent_id=self._parent_id,
+        )
+        unsupported = self._unsupported(parsed.provider, request)
+        if unsupported is not None:
+            return unsupported
+        return parsed.provider, request
+
+    def _check_arguments(self, arguments: Mapping[str, Any], parsed: _Parsed) -> list[str]:
+        names = self._service.list()
+        problems: list[str] = []
+
+        unknown = [str(key) for key in arguments if key not in _ARGUMENTS]
+        if unknown:
+            offered = list(self._definition.input_schema["properties"])
+            problems.append(
+                f"unknown parameter{'s' if len(unknown) > 1 else ''} {_code_names(unknown)}; "
+                f"this tool takes {_code_names(offered)}."
+            )
+
+        # Models often send null for a parameter they mean to leave out: null counts as absent.
+        prompt = arguments.get("prompt")
+        if prompt is None:
+            problems.append("`prompt` is required: a non-empty string stating the task.")
+        elif not isinstance(prompt, str):
+            problems.append(f"`prompt` must be a string, got {_json_type(prompt)}.")
+        elif not prompt.strip():
+            problems.append("`prompt` must not be empty.")
+        else:
+            parsed.prompt = prompt
+
+        provider = arguments.get("provider")
+        if provider is None:
+            problems.append(f"`provider` is required: one of {_quoted(names)}.")
+        elif not isinstance(provider, str):
+            problems.append(
+                f"`provider` must be a string, one of {_quoted(names)}; got {_json_type(provider)}."
+            )
+        elif provider not in names:
+            problems.append(
+                f"`provider` {json.dumps(provider)} is not registered; choose one of {_quoted(names)}."
+            )
+        else:
+            parsed.provider = provider
+
+        output_schema = arguments.get("output_schema")
+        if output_schema is not None:
+            if isinstance(output_schema, Mapping):
+                parsed.output_schema = output_schema
+            else:
+                problems.append(
+                    f"`output_schema` must be an object (a JSON Schema), got {_json_type(output_schema)}."
+                )
+
+        depth_limit = arguments.get("depth_limit")
+        if depth_limit is not None:
+            if isinstance(depth_limit, int) and not isinstance(depth_limit, bool) and depth_limit >= 0:
+                parsed.depth_limit = depth_limit
+            else:
+                shown = (
+                    depth_limit
+                    if isinstance(depth_limit, int | float) and not isinstance(depth_limit, bool)
+                    else _json_type(depth_limit)
+                )
+                problems.append(f"`depth_limit` must be a whole number >= 0, got {shown}.")
+
+        tool_filter = arguments.get("tool_filter")
+        if tool_filter is not None:
+            problems += _check_tool_filter(tool_filter, parsed)
+
+        persona = arguments.get("persona")
+        if persona is not None:
+            if isinstance(persona, str):
+                parsed.persona = persona
+            else:
+                problems.append(f"`persona` must be a string, got {_json_type(persona)}.")
+        return problems
+
+    def _unsupported(self, provider: str, request: SubagentRequest) -> SubagentToolResult | None:
+        snapshot = self._service.get_provider(provider)
+        assert snapshot is not None  # validated against the registry just before, with no await between
+        snapshots = self._snapshots()
+        # Every unmet feature at once, so the model can fix its call in one retry.
+        problems = []
+        for feature in request.requested_features():
+            if snapshot.capabilities.supports(feature):
+                continue
+            others = [s.name for s in snapshots if s.capabilities.supports(feature)]
+            where = (
+                f"providers that support it: {_quoted(others)}."
+                if others
+                else "no registered provider supports it, so leave it out."
+            )
+            problems.append(f"`{feature}` is not supported by {json.dumps(provider)}; {where}")
+        if not problems:
+            return None
+        lines = "\n".join(f"- {problem}" for problem in problems)
+        return SubagentToolResult(
+            is_error=True,
+            error=(
+                f"unsupported parameters for provider {json.dumps(provider)}, "
+                f"no subagent was started:\n{lines}"
+            ),
+            error_code=ErrorCode.UNSUPPORTED_CAPABILITY,
+            provider=provider,
+        )
+
+
+@dataclass(slots=True)
+class _Parsed:
+    prompt: str | None = None
+    provider: str | None = None
+    output_schema: Mapping[str, Any] | None = None
+    depth_limit: int | None = None
+    tool_filter: ToolFilter | None = None
+    persona: str | None = None
+
+
+def _decode(arguments: Mapping[str, Any] | str | bytes) -> Mapping[str, Any] | str:
+    """The arguments as a mapping, or the problem with them as a sentence."""
+    if isinstance(arguments, str | bytes):
+        # Some models send an empty string for "no arguments"; treat it as {} so the answer lists
+        # what is required instead of a JSON syntax error.
+        if not arguments.strip():
+            return {}
+        try:
+            arguments = json.loads(arguments)
+        except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bad bytes
+            return f"the arguments are not valid JSON: {exc}."
+        except RecursionError:
+            return "the arguments are nested too deeply to decode."
+    if not isinstance(arguments, Mapping):
+        return f"the arguments must be a JSON object, got {_json_type(arguments)}."
+    return arguments
+
+
+def _check_tool_filter(value: object, parsed: _Parsed) -> list[str]:
+    shape = "an object with optional `allow` and `deny` lists of tool names"
+    if not isinstance(value, Mapping):
+        return [f"`tool_filter` must be {shape}, got {_json_type(value)}."]
+    problems = []
+    unknown = [str(key) for key in value if key not in ("allow", "deny")]
+    if unknown:
+        problems.append(f"`tool_filter` must be {shape}; unknown key {_code_names(unknown)}.")
+    lists: dict[str, list[str] | None] = {}
+    for key in ("allow", "deny"):
+        names = value.get(key)
+        if names is None:
+            lists[key] = None
+        elif isinstance(names, list | tuple) and all(isinstance(name, str) for name in names):
+            lists[key] = list(names)
+        else:
+            problems.append(f"`tool_filter.{key}` must be a list of tool names (strings).")
+    if not problems:
+        allow, deny = lists["allow"], lists["deny"]
+        parsed.tool_filter = ToolFilter(
+            allow=None if allow is None else frozenset(allow), deny=frozenset(deny or ())
+        )
+    return problems
