@@ -576,7 +576,10 @@ async def test_notifications_are_delivered_in_order_while_a_slow_request_handler
     assert outcome == ["done"]
 
 
-async def test_a_response_is_returned_only_after_the_notifications_that_preceded_it_were_handled() -> None:
+@pytest.mark.parametrize("answer", ["result", "error"])
+async def test_a_response_is_returned_only_after_the_notifications_that_preceded_it_were_handled(
+    answer: str,
+) -> None:
     first_started = anyio.Event()
     release = anyio.Event()
     handled: list[int] = []
@@ -603,7 +606,10 @@ async def test_a_response_is_returned_only_after_the_notifications_that_preceded
         async with connection:
 
             async def prompt() -> None:
-                outcome["result"] = await connection.request("session/prompt", result_type=object)
+                try:
+                    outcome["result"] = await connection.request("session/prompt", result_type=object)
+                except RequestError as exc:
+                    outcome["error"] = exc.to_wire()
                 outcome["handled_by_then"] = list(handled)
 
             with anyio.fail_after(5):
@@ -612,7 +618,12 @@ async def test_a_response_is_returned_only_after_the_notifications_that_preceded
                     assert (await peer.receive())["method"] == "session/prompt"
                     await peer.send(notification("session/update", {"n": 1}))
                     await peer.send(notification("session/update", {"n": 2}))
-                    await peer.send(result(0, {"stopReason": "end_turn"}))
+                    if answer == "result":
+                        await peer.send(result(0, {"stopReason": "end_turn"}))
+                    else:
+                        await peer.send(
+                            {"jsonrpc": "2.0", "id": 0, "error": {"code": -32603, "message": "boom"}}
+                        )
                     await peer.send_raw(b"a marker line: the reader reports it after handling the response\n")
                     await reader_got_past_the_response.wait()
                     await first_started.wait()
@@ -620,7 +631,12 @@ async def test_a_response_is_returned_only_after_the_notifications_that_preceded
                     assert outcome == {}  # ...but is held back behind the notifications before it
                     release.set()
 
-    assert outcome == {"result": {"stopReason": "end_turn"}, "handled_by_then": [1, 2]}
+    answered = (
+        {"result": {"stopReason": "end_turn"}}
+        if answer == "result"
+        else {"error": {"code": -32603, "message": "boom"}}
+    )
+    assert outcome == {**answered, "handled_by_then": [1, 2]}
 
 
 async def test_a_notification_handler_may_itself_await_a_request_without_deadlocking() -> None:

@@ -459,10 +459,14 @@ class Connection:
         finally:
             self._pending.pop(request_id, None)
 
+        # Whatever the peer answered (result or error object), the notifications it sent before the
+        # answer are handled first; only a closed connection fails at once.
+        if not isinstance(pending.error, ConnectionClosedError) and (
+            pending.notifications_before > self._notifications_handled and not _in_notification_handler.get()
+        ):
+            await self._wait_notifications_handled(pending.notifications_before)
         if pending.error is not None:
             raise pending.error
-        if pending.notifications_before > self._notifications_handled and not _in_notification_handler.get():
-            await self._wait_notifications_handled(pending.notifications_before)
         if result_type is msgspec.Raw:
             return pending.result
         try:
