@@ -43,6 +43,8 @@ __all__ = [
     "SubagentRunInfo",
     "ToolFilter",
     "Usage",
+    "freeze_json",
+    "thaw_json",
 ]
 
 StopReason = Literal["completed", "cancelled", "error", "timeout", "max_tokens", "max_turns", "refusal"]
@@ -120,8 +122,27 @@ class ToolFilter:
         return tool not in self.deny and (self.allow is None or tool in self.allow)
 
 
+def freeze_json(value: Any) -> Any:
+    """A deep, immutable copy of a JSON value: objects become read-only mappings, arrays tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({str(key): freeze_json(item) for key, item in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(freeze_json(item) for item in value)
+    return value
+
+
+def thaw_json(value: Any) -> Any:
+    """A plain, mutable copy of a (possibly frozen) JSON value: dicts and lists, for encoders."""
+    if isinstance(value, Mapping):
+        return {str(key): thaw_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [thaw_json(item) for item in value]
+    return value
+
+
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    return None if value is None else MappingProxyType(dict(value))
+    frozen: Mapping[str, Any] | None = None if value is None else freeze_json(value)
+    return frozen
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +152,8 @@ class SubagentRequest:
     ``timeout`` is an inactivity timeout in seconds: it counts silence from the child, not the
     turn's total length. ``output_schema``, ``depth_limit``, ``tool_filter`` and ``persona`` are
     start-time features: a provider that lacks one refuses the request before any child exists.
-    Mappings are copied on construction, so a caller changing its dict later changes nothing here.
+    Mappings are deep-copied and frozen on construction, so a caller changing its dicts later
+    changes nothing here; :func:`thaw_json` gives plain copies for encoders.
     """
 
     prompt: str

@@ -27,6 +27,7 @@ from subagent import (
     SubagentService,
     ToolFilter,
 )
+from subagent.types import thaw_json
 from tests.fakes import FakeProvider, FakeRun, ResumableFakeRun, SteerableFakeRun
 
 pytestmark = pytest.mark.anyio
@@ -667,6 +668,20 @@ def test_a_request_copies_its_mappings_so_later_changes_to_the_callers_dicts_cha
     assert request.metadata == {"ticket": 7}
     with pytest.raises(TypeError):
         request.metadata["ticket"] = 9  # type: ignore[index]
+
+
+def test_a_requests_nested_schema_is_deep_frozen_and_thaws_to_plain_json() -> None:
+    schema: dict[str, Any] = {"type": "object", "properties": {"tags": {"type": "array", "items": ["a"]}}}
+    request = SubagentRequest(prompt="p", output_schema=schema)
+    schema["properties"]["tags"]["items"].append("b")
+    assert request.output_schema is not None
+    assert request.output_schema["properties"]["tags"]["items"] == ("a",)
+    with pytest.raises(TypeError):
+        request.output_schema["properties"]["x"] = {}
+    assert thaw_json(request.output_schema) == {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": ["a"]}},
+    }
 
 
 def test_a_tool_filter_denies_over_allows_and_stores_frozen_sets() -> None:

@@ -21,15 +21,15 @@ import logging
 import os
 import secrets
 import stat
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import anyio
 
 from subagent.acp.errors import RequestError
+from subagent.types import freeze_json
 
 __all__ = [
     "DEFAULT_MAX_READ_BYTES",
@@ -267,15 +267,6 @@ class FsSandbox:
 # -- permission ----------------------------------------------------------------------------------------
 
 PermissionOptionKind = Literal["allow_once", "allow_always", "reject_once", "reject_always"]
-
-
-def freeze_json(value: Any) -> Any:
-    """A deep, immutable copy of a JSON value: objects become read-only mappings, arrays tuples."""
-    if isinstance(value, Mapping):
-        return MappingProxyType({str(key): freeze_json(item) for key, item in value.items()})
-    if isinstance(value, list | tuple):
-        return tuple(freeze_json(item) for item in value)
-    return value
 
 
 @dataclass(frozen=True, slots=True)
