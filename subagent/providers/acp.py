@@ -1,0 +1,620 @@
+"""The ACP provider: each run is a child agent process driven over the Agent Client Protocol.
+
+Readiness means a real, ready child session: the agent answered ``initialize`` (protocol version
+1), ``authenticate`` when it demanded it, and ``session/new``. Until then nothing is announced; if
+the child exits, fails or times out first, ``started()`` raises ``START_FAILED`` with the agent
+command, its exit status and the tail of its stderr, and the process is already gone.
+
+The run's result is the first turn (``session/prompt``) mapped onto the seam's stop reasons:
+
+=========================  ==============================================================
+ACP                        result
+=========================  ==============================================================
+``end_turn``               ``completed``
+``cancelled``              ``cancelled``
+``max_tokens``             ``max_tokens``
+``max_turn_requests``      ``max_turns``
+``refusal``                ``refusal``
+child death                ``error``, with exit status and stderr tail
+JSON-RPC error answer      ``error``, with the agent's error code and message
+silence past ``timeout``   ``timeout`` (the clock pauses while a permission question waits)
+=========================  ==============================================================
+
+``output`` is the agent's final message (its text after the turn's last tool call); every update
+of every turn stays readable as ``run.updates``. The child stays alive after the first turn so
+that ``resume()`` can run more turns in the same session, until the run is disposed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import anyio
+import anyio.abc
+
+from subagent.acp import schema
+from subagent.acp.client import (
+    AcpClient,
+    AgentExitedError,
+    AuthenticationRequiredError,
+    ClientSession,
+    TurnResult,
+    final_message,
+    spawn_agent,
+)
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
+from subagent.acp.errors import AcpError, RequestError
+from subagent.acp.handlers import FsSandbox, PermissionCallback, PermissionPolicy
+from subagent.acp.process import AgentSpawnError, ExitInfo
+from subagent.types import (
+    ErrorCode,
+    StopReason,
+    SubagentCapabilities,
+    SubagentError,
+    SubagentRequest,
+    SubagentResult,
+    Usage,
+    thaw_json,
+)
+
+if TYPE_CHECKING:
+    from subagent.acp.terminals import TerminalHost
+
+__all__ = ["DEFAULT_CANCEL_GRACE", "DEFAULT_READY_TIMEOUT", "AcpProvider", "AcpRun"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_READY_TIMEOUT: float = 60.0
+"""Spawn to a ready session. Generous: ``npx`` may install the agent on first use."""
+
+DEFAULT_CANCEL_GRACE: float = 5.0
+"""How long a cancelled turn may take to answer ``cancelled`` before the child is torn down."""
+
+_IDLE_POLL_WHILE_ASKING: float = 0.5
+"""While a permission question waits, how often the inactivity watchdog looks again (the clock is
+paused then, so this only bounds how late it notices the answer)."""
+
+_STOP_REASONS: dict[str, StopReason] = {
+    "end_turn": "completed",
+    "cancelled": "cancelled",
+    "max_tokens": "max_tokens",
+    "max_turn_requests": "max_turns",
+    "refusal": "refusal",
+}
+
+_run_ids = itertools.count(1)
+
+
+class AcpProvider:
+    """Runs each child as an ACP agent process (``command``), one session per run.
+
+    Args:
+        command: the agent's argv, e.g. ``["npx", "@agentclientprotocol/claude-agent-acp"]``.
+        name: the registry name.
+        env: variables merged over this process's environment for the child.
+        cwd: the session's working directory when the request gives none (default: ours).
+        permission: ``"allow"``, ``"deny"`` (default), a policy, or an async callback.
+        fs_roots: where the agent may read and write through the client (default: the session cwd).
+        terminal: serve ``terminal/*`` (off by default); commands run confined to the same roots.
+        auth_method: the auth method id to use when the agent demands authentication.
+        ready_timeout: spawn to a ready session, in seconds.
+        idle_timeout: default inactivity timeout of a turn (a request's ``timeout`` overrides it).
+        structured_output: offer ``output_schema`` (the answer is parsed and validated as JSON).
+        cancel_grace: how long a cancelled turn may take before the child is torn down.
+    """
+
+    inherits_parent_context = False
+
+    def __init__(
+        self,
+        command: Sequence[str | os.PathLike[str]],
+        *,
+        name: str = "acp",
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        permission: Literal["allow", "deny"] | PermissionPolicy | PermissionCallback = "deny",
+        fs_roots: Sequence[str | os.PathLike[str]] | None = None,
+        terminal: bool = False,
+        auth_method: str | None = None,
+        ready_timeout: float = DEFAULT_READY_TIMEOUT,
+        idle_timeout: float | None = None,
+        structured_output: bool = False,
+        cancel_grace: float = DEFAULT_CANCEL_GRACE,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        process_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if isinstance(command, str) or not command:
+            raise ValueError("command must be a non-empty argv list, e.g. ['npx', 'some-acp-agent']")
+        self.command = [os.fspath(part) for part in command]
+        self.name = name
+        self.env = dict(env) if env is not None else None
+        self.cwd = os.fspath(cwd) if cwd is not None else None
+        self.permission = permission
+        self.fs_roots = [os.fspath(root) for root in fs_roots] if fs_roots is not None else None
+        self.terminal = terminal
+        self.auth_method = auth_method
+        self.ready_timeout = ready_timeout
+        self.idle_timeout = idle_timeout
+        self.cancel_grace = cancel_grace
+        self.max_line_bytes = max_line_bytes
+        self.process_options = dict(process_options or {})
+        self.capabilities = SubagentCapabilities(output_schema=structured_output)
+
+    def __repr__(self) -> str:
+        return f"AcpProvider(name={self.name!r}, command={shlex.join(self.command)!r})"
+
+    def start(self, request: SubagentRequest, task_group: anyio.abc.TaskGroup) -> AcpRun:
+        """Create the run and start its child in ``task_group``; readiness comes later."""
+        if request.output_schema is not None:
+            _check_schema(request.output_schema)
+        run = AcpRun(self, request)
+        task_group.start_soon(run._main, name=f"acp run {run.id}")
+        return run
+
+
+class AcpRun:
+    """One ACP child: its process, its session, its turns. Offers ``resume`` (no ``send_message``:
+    ACP has no way to inject a message into a running turn)."""
+
+    def __init__(self, provider: AcpProvider, request: SubagentRequest) -> None:
+        self.id = f"{provider.name}-{next(_run_ids)}"
+        self.provider = provider
+        self.request = request
+        self.command_line = shlex.join(provider.command)
+        self.updates: list[schema.SessionUpdate] = []
+        """Every session update of every turn, in order."""
+        self.agent: schema.InitializeResponse | None = None
+        """The agent's ``initialize`` answer, once it arrived."""
+        self.session_id: str | None = None
+        self.exit_info: ExitInfo | None = None
+        """How the child process ended, once it did."""
+        self._client: AcpClient | None = None
+        self._session: ClientSession | None = None
+        self._ready = anyio.Event()
+        self._ready_error: SubagentError | None = None
+        self._settled = anyio.Event()
+        self._result: SubagentResult | SubagentError | None = None
+        self._stop = anyio.Event()
+        self._done = anyio.Event()
+        self._main_scope = anyio.CancelScope()
+        self._turn_lock = anyio.Lock()
+        self._turn_scope: anyio.CancelScope | None = None
+        self._turn_done: anyio.Event | None = None
+        self._cancelling = False
+        self._child_lost: str | None = None
+        self._listeners: list[Callable[[schema.SessionUpdate], object]] = []
+
+    def __repr__(self) -> str:
+        state = "disposed" if self._done.is_set() else "settled" if self._settled.is_set() else "running"
+        return f"<AcpRun {self.id!r} {self.command_line!r} session={self.session_id!r} {state}>"
+
+    def on_update(self, listener: Callable[[schema.SessionUpdate], object]) -> Callable[[], None]:
+        """Call ``listener`` with each session update as it arrives (for live progress); returns a
+        disposer. Listeners run in order on the connection's task; one that raises is logged."""
+        self._listeners.append(listener)
+
+        def dispose() -> None:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+        return dispose
+
+    @property
+    def last_activity(self) -> float | None:
+        """When the agent last sent anything for this run's session (anyio clock), if it has one."""
+        return None if self._session is None else self._session.last_activity
+
+    # -- the SubagentRun protocol ------------------------------------------------------------------
+
+    async def started(self) -> None:
+        """Return once the child answered initialize and session/new.
+
+        Raises:
+            SubagentError: ``START_FAILED`` (with exit status and stderr tail) or ``DISPOSED``.
+        """
+        await self._ready.wait()
+        if self._ready_error is not None:
+            raise self._ready_error
+
+    async def result(self) -> SubagentResult:
+        """The first turn's outcome; child-level failures are ``error`` results, not exceptions."""
+        await self._settled.wait()
+        outcome = self._result
+        if isinstance(outcome, SubagentError):
+            raise outcome
+        assert outcome is not None
+        return outcome
+
+    async def cancel(self) -> None:
+        """Ask the agent to stop the running turn (``session/cancel``; pending permission questions
+        are answered ``cancelled``) and wait up to the grace for it; tear the child down if it does
+        not comply. Before readiness, abandons the start instead."""
+        if self._done.is_set():
+            return
+        if not self._ready.is_set():
+            self._cancelling = True
+            self._main_scope.cancel()
+            await self._done.wait()
+            return
+        session, turn_done = self._session, self._turn_done
+        if session is None or turn_done is None or turn_done.is_set():
+            return  # no turn is running
+        self._cancelling = True
+        await session.cancel()
+        with anyio.move_on_after(self.provider.cancel_grace):
+            await turn_done.wait()
+            return
+        logger.warning(
+            "agent `%s` did not stop within %.1f s of session/cancel; tearing it down",
+            self.command_line,
+            self.provider.cancel_grace,
+        )
+        self._child_lost = "the agent ignored session/cancel and was torn down"
+        if self._turn_scope is not None:
+            self._turn_scope.cancel()
+        self._stop.set()
+        await self._done.wait()
+
+    async def dispose(self) -> None:
+        """Tear the child down (close stdin, wait, SIGTERM the group, wait, SIGKILL, reap) and
+        return once nothing of the run is left. Idempotent."""
+        self._stop.set()
+        if not self._ready.is_set() or (self._turn_done is not None and not self._turn_done.is_set()):
+            self._main_scope.cancel()  # do not wait for a handshake or a turn to finish first
+        with anyio.CancelScope(shield=True):
+            await self._done.wait()
+
+    async def resume(self, prompt: str) -> SubagentResult:
+        """Run another turn in the same session and return how it ended.
+
+        Raises:
+            SubagentError: ``DISPOSED`` once the run is disposed; ``START_FAILED`` if it never started.
+        """
+        await self.started()
+        await self._settled.wait()
+        if self._stop.is_set() or self._done.is_set():
+            raise SubagentError(
+                ErrorCode.DISPOSED, f"run {self.id!r} is disposed", provider=self.provider.name
+            )
+        session = self._session
+        assert session is not None
+        if self._child_lost is not None:
+            return SubagentResult(output="", stop_reason="error", error=self._child_lost)
+        return await self._run_turn(session, prompt, structured=False)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.dispose()
+
+    # -- the child's life, in the service's task group ---------------------------------------------
+
+    async def _main(self) -> None:
+        try:
+            with self._main_scope:
+                await self._live()
+        except AgentSpawnError as exc:
+            self._fail_start(f"{exc}")
+        except Exception as exc:
+            # This task runs in the service's task group: a bug here must fail this run, not the service.
+            logger.exception("run %r of agent `%s` failed unexpectedly", self.id, self.command_line)
+            message = f"internal error in the ACP provider: {type(exc).__name__}: {exc}"
+            self._fail_start(message)
+            self._settle(
+                SubagentResult(output=final_message(self.updates), stop_reason="error", error=message)
+            )
+        finally:
+            if not self._ready.is_set() and self._cancelling and not self._stop.is_set():
+                # cancel() before readiness abandons the start: no child, and a cancelled result.
+                self._settle(SubagentResult(output="", stop_reason="cancelled"))
+                self._fail_start("the start was cancelled before the agent was ready")
+            elif not self._ready.is_set():
+                self._fail_start(
+                    f"run {self.id!r} was disposed before the agent was ready", code=ErrorCode.DISPOSED
+                )
+            if not self._settled.is_set():
+                self._settle(
+                    SubagentError(
+                        ErrorCode.DISPOSED,
+                        f"run {self.id!r} was disposed before its turn ended",
+                        provider=self.provider.name,
+                    )
+                )
+            self._done.set()
+
+    async def _live(self) -> None:
+        provider = self.provider
+        cwd = self.request.cwd or provider.cwd or os.getcwd()
+        fs = FsSandbox(provider.fs_roots or [cwd])
+        terminals: TerminalHost | None = None
+        if provider.terminal:
+            from subagent.acp.terminals import TerminalHost
+
+            terminals = TerminalHost(sandbox=fs, cwd=cwd)
+            await terminals.__aenter__()
+        try:
+            async with spawn_agent(
+                provider.command,
+                env=provider.env,
+                cwd=cwd,
+                permission=provider.permission,
+                fs=fs,
+                terminals=terminals,
+                max_line_bytes=provider.max_line_bytes,
+                process_options=provider.process_options,
+            ) as client:
+                self._client = client
+                session = await self._handshake(client, cwd)
+                if session is None:
+                    return
+                self._session = session
+                self._ready.set()
+                self._settle(await self._run_turn(session, self.request.prompt, structured=True))
+                await self._stop.wait()
+        finally:
+            if self._client is not None:
+                self._record_exit(self._client)
+            if terminals is not None:
+                # Not handed our exception: its task group would wrap it in an exception group.
+                await terminals.__aexit__(None, None, None)
+
+    async def _handshake(self, client: AcpClient, cwd: str) -> ClientSession | None:
+        """initialize, session/new (authenticating once when demanded); None after a failure."""
+        provider = self.provider
+        try:
+            with anyio.fail_after(provider.ready_timeout):
+                self.agent = await client.initialize()
+                try:
+                    session = await client.new_session(cwd)
+                except AuthenticationRequiredError as exc:
+                    if provider.auth_method is None:
+                        raise
+                    logger.info(
+                        "agent `%s` asks for authentication: using %r",
+                        self.command_line,
+                        provider.auth_method,
+                    )
+                    await client.authenticate(provider.auth_method)
+                    session = await client.new_session(cwd)
+                    del exc
+        except TimeoutError:
+            self._fail_start(
+                f"agent `{self.command_line}` was not ready within {provider.ready_timeout:g} s"
+                f"{_stderr_suffix(client)}"
+            )
+            return None
+        except AuthenticationRequiredError as exc:
+            advice = (
+                "configure auth_method with one of them" if provider.auth_method is None else "it was refused"
+            )
+            self._fail_start(f"agent `{self.command_line}`: {exc}; {advice}{_stderr_suffix(client)}")
+            return None
+        except AgentExitedError as exc:
+            self._fail_start(str(exc))
+            return None
+        except AcpError as exc:
+            self._fail_start(
+                f"agent `{self.command_line}` failed its handshake: {exc}{_stderr_suffix(client)}"
+            )
+            return None
+        self.session_id = session.session_id
+        return session
+
+    async def _run_turn(self, session: ClientSession, prompt: str, *, structured: bool) -> SubagentResult:
+        async with self._turn_lock:
+            schema_wanted = self.request.output_schema if structured else None
+            text = prompt if schema_wanted is None else _ask_for_json(prompt, schema_wanted)
+            result = await self._one_turn(session, text)
+            if schema_wanted is None or result.stop_reason != "completed":
+                return result
+            return await self._validate_structured(session, result, schema_wanted)
+
+    async def _one_turn(self, session: ClientSession, text: str) -> SubagentResult:
+        turn_updates: list[schema.SessionUpdate] = []
+
+        def record(update: schema.SessionUpdate) -> None:
+            turn_updates.append(update)
+            self.updates.append(update)
+            for listener in tuple(self._listeners):
+                try:
+                    listener(update)
+                except Exception:
+                    logger.exception("update listener of run %r raised; ignored", self.id)
+
+        timeout = self.request.timeout if self.request.timeout is not None else self.provider.idle_timeout
+        timed_out = False
+        failure: AgentExitedError | RequestError | None = None
+        turn: TurnResult | None = None
+        self._cancelling = False
+        self._turn_done = turn_done = anyio.Event()
+        async with anyio.create_task_group() as watchers:
+            if timeout is not None:
+
+                async def on_timeout() -> None:
+                    nonlocal timed_out
+                    timed_out = True
+                    await self.cancel()
+
+                watchers.start_soon(_watch_idle, session, timeout, on_timeout)
+            with anyio.CancelScope() as self._turn_scope:
+                try:
+                    turn = await session.prompt(text, on_update=record)
+                except (AgentExitedError, RequestError) as exc:
+                    # Caught here, inside the task group, so it is not wrapped in an exception group.
+                    failure = exc
+                finally:
+                    turn_done.set()
+                    watchers.cancel_scope.cancel()
+        if isinstance(failure, AgentExitedError):
+            self._child_lost = str(failure)
+            return SubagentResult(output=final_message(turn_updates), stop_reason="error", error=str(failure))
+        if isinstance(failure, RequestError):
+            detail = f" ({json.dumps(failure.data)})" if failure.data is not None else ""
+            return SubagentResult(
+                output=final_message(turn_updates),
+                stop_reason="error",
+                error=f"agent `{self.command_line}` answered session/prompt with error {failure.code}: "
+                f"{failure.message}{detail}",
+            )
+        if turn is None:
+            # The agent ignored session/cancel and was torn down.
+            reason: StopReason = "timeout" if timed_out else "cancelled"
+            return SubagentResult(
+                output=final_message(turn_updates), stop_reason=reason, error=self._child_lost
+            )
+        stop = _STOP_REASONS.get(turn.stop_reason, "error")
+        if timed_out and stop == "cancelled":
+            stop = "timeout"
+        return SubagentResult(
+            output=turn.output,
+            stop_reason=stop,
+            error=f"inactive for more than {timeout:g} s"
+            if stop == "timeout" and timeout is not None
+            else None,
+            usage=_usage(turn.usage),
+        )
+
+    async def _validate_structured(
+        self, session: ClientSession, result: SubagentResult, wanted: Mapping[str, Any]
+    ) -> SubagentResult:
+        value, problem = _parse_and_validate(result.output, wanted)
+        if problem is None:
+            result.structured = value
+            return result
+        logger.info(
+            "agent `%s`: answer is not valid JSON for the schema (%s); one repair turn",
+            self.command_line,
+            problem,
+        )
+        repaired = await self._one_turn(session, _repair_request(problem, wanted))
+        if repaired.stop_reason != "completed":
+            return repaired
+        value, problem = _parse_and_validate(repaired.output, wanted)
+        if problem is None:
+            repaired.structured = value
+            return repaired
+        return SubagentResult(
+            output=repaired.output,
+            stop_reason="error",
+            error=f"the answer does not match the output schema after one repair turn: {problem}",
+            usage=repaired.usage,
+        )
+
+    # -- bookkeeping ---------------------------------------------------------------------------------
+
+    def _fail_start(self, message: str, *, code: ErrorCode = ErrorCode.START_FAILED) -> None:
+        if self._ready.is_set():
+            return
+        self._ready_error = SubagentError(code, message, provider=self.provider.name)
+        self._ready.set()
+        # A run that never started has no turn: its result fails the same way.
+        self._settle(self._ready_error)
+
+    def _settle(self, outcome: SubagentResult | SubagentError) -> None:
+        if not self._settled.is_set():
+            self._result = outcome
+            self._settled.set()
+
+    def _record_exit(self, client: AcpClient) -> None:
+        if client.process is not None and self.exit_info is None:
+            self.exit_info = client.process.exit_info()
+
+
+async def _watch_idle(session: ClientSession, timeout: float, on_timeout: Any) -> None:
+    """Call ``on_timeout`` after ``timeout`` seconds of silence; waiting on a permission answer is
+    not silence."""
+    while True:
+        if session.pending_permissions:
+            await anyio.sleep(min(timeout, _IDLE_POLL_WHILE_ASKING))
+            continue
+        remaining = session.last_activity + timeout - anyio.current_time()
+        if remaining <= 0:
+            await on_timeout()
+            return
+        await anyio.sleep(remaining)
+
+
+def _stderr_suffix(client: AcpClient) -> str:
+    process = client.process
+    if process is None:
+        return ""
+    status = process.exit_info()
+    if status is not None:
+        return f" ({status})"
+    tail = process.stderr_tail().strip()
+    return f"; last stderr: {tail[-2000:]}" if tail else ""
+
+
+def _usage(raw: Mapping[str, Any] | None) -> Usage | None:
+    if not raw:
+        return None
+
+    def count(key: str) -> int | None:
+        value = raw.get(key)
+        return value if isinstance(value, int) else None
+
+    return Usage(
+        input_tokens=count("inputTokens"),
+        output_tokens=count("outputTokens"),
+        total_tokens=count("totalTokens"),
+        thought_tokens=count("thoughtTokens"),
+        cached_read_tokens=count("cachedReadTokens"),
+        cached_write_tokens=count("cachedWriteTokens"),
+    )
+
+
+# -- structured output ----------------------------------------------------------------------------------
+
+
+def _check_schema(output_schema: Mapping[str, Any]) -> None:
+    import jsonschema
+
+    plain = thaw_json(output_schema)
+    jsonschema.validators.validator_for(plain).check_schema(plain)
+
+
+def _ask_for_json(prompt: str, wanted: Mapping[str, Any]) -> str:
+    return (
+        f"{prompt}\n\nAnswer with a single JSON value that matches this JSON Schema, and nothing else: "
+        f"no prose, no code fences.\n\n{json.dumps(thaw_json(wanted), indent=2)}"
+    )
+
+
+def _repair_request(problem: str, wanted: Mapping[str, Any]) -> str:
+    return (
+        f"Your previous answer cannot be used: {problem}\n\nReply again with only the corrected JSON "
+        f"value matching this JSON Schema, and nothing else:\n\n{json.dumps(thaw_json(wanted), indent=2)}"
+    )
+
+
+_FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(?P<body>.*?)\n\s*```\s*$", re.DOTALL)
+
+
+def _parse_and_validate(text: str, wanted: Mapping[str, Any]) -> tuple[Any, str | None]:
+    """The JSON value in ``text`` and None, or None and what is wrong with it."""
+    import jsonschema
+
+    fenced = _FENCE.match(text)
+    candidate = fenced.group("body") if fenced else text
+    try:
+        value = json.loads(candidate)
+    except json.JSONDecodeError as exc:
+        return None, f"it is not valid JSON ({exc})"
+    plain = thaw_json(wanted)
+    validator_class = jsonschema.validators.validator_for(plain)
+    error = jsonschema.exceptions.best_match(validator_class(plain).iter_errors(value))
+    if error is not None:
+        where = "/".join(str(part) for part in error.absolute_path) or "the top level"
+        return None, f"at {where}: {error.message}"
+    return value, None
