@@ -22,6 +22,7 @@ from subagent import (
     Usage,
 )
 from subagent.tool import DEFAULT_TOOL_NAME, SubagentTool, SubagentToolResult, ToolDefinition
+from subagent.types import thaw_json
 from tests.fakes import FakeProvider, FakeRun
 
 pytestmark = pytest.mark.anyio
@@ -522,7 +523,7 @@ async def test_a_completed_run_with_an_output_schema_returns_the_structured_valu
                 )
             ),
         )
-        assert provider.runs[0].request.output_schema == schema
+        assert thaw_json(provider.runs[0].request.output_schema) == schema
         assert_disposed(service, provider.runs[0])
 
     assert result.structured == {"count": 3, "note": "café"}
