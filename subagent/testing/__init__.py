@@ -1,1 +1,49 @@
-"""Test support shipped to users: stub ACP agents and a pytest plugin."""
+"""Test support shipped to users: a scriptable stub ACP agent and a pytest plugin.
+
+* `subagent.testing.scenario`: the scenario format (what the stub agent answers, streams, asks, breaks).
+* ``python -m subagent.testing.stub_agent --scenario FILE``: the stub agent itself; `stub_agent_argv`
+  builds that command line.
+* `subagent.testing.pytest_plugin`: the ``stub_agent_command`` fixture, registered with pytest on install.
+
+This package deliberately does not import the stub agent or pytest, so importing it stays cheap.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from subagent.testing.scenario import (
+    DEFAULT_SCENARIO_PATH,
+    Scenario,
+    ScenarioError,
+    Step,
+    dump_scenario,
+    load_scenario,
+    parse_scenario,
+)
+
+__all__ = [
+    "DEFAULT_SCENARIO_PATH",
+    "STUB_AGENT_MODULE",
+    "Scenario",
+    "ScenarioError",
+    "Step",
+    "dump_scenario",
+    "load_scenario",
+    "parse_scenario",
+    "stub_agent_argv",
+]
+
+STUB_AGENT_MODULE = "subagent.testing.stub_agent"
+"""The module that runs the stub agent (``python -m``)."""
+
+
+def stub_agent_argv(
+    scenario_path: str | os.PathLike[str] | None = None, *, python: str = sys.executable
+) -> list[str]:
+    """The command that runs the stub agent on ``scenario_path`` (the bundled default scenario if None)."""
+    argv = [python, "-m", STUB_AGENT_MODULE]
+    if scenario_path is not None:
+        argv += ["--scenario", os.fspath(scenario_path)]
+    return argv

@@ -1,0 +1,744 @@
+"""The agent side of ACP: serve a client's requests with a typed handler, and talk back to the client.
+
+The client spawns the agent and sends it `initialize`, `session/new`, `session/prompt`...; the agent answers,
+streams `session/update` notifications while a prompt runs, and may itself ask the client things
+(`session/request_permission`, `fs/*`, `terminal/*`). `AgentSideConnection` does the protocol part over
+the same JSON-RPC `Connection` the client uses; an `AgentHandler` does the agent's part::
+
+    class EchoAgent(AgentHandler):
+        async def initialize(self, params, client):
+            version = negotiate_protocol_version(params.protocol_version)
+            return schema.InitializeResponse(protocol_version=version)
+
+        async def new_session(self, params, client):
+            return schema.NewSessionResponse(session_id="session-1")
+
+        async def prompt(self, params, turn):
+            with turn.abort_on_cancel():
+                await turn.send_text("you said: " + turn.prompt_text())
+            return schema.PromptResponse(stop_reason="cancelled" if turn.cancel_requested else "end_turn")
+
+    anyio.run(serve_stdio, EchoAgent())      # an agent process speaking ACP on its stdin/stdout
+
+Dispatch
+    Each client request is decoded with `schema.decode` into its wire type (a mismatch answers -32602) and
+    passed to the handler method of the same meaning. A handler that lacks an optional method (or inherits
+    the default from `AgentHandler`) answers -32601. Methods whose name starts with `_` (ACP extensions) go
+    to `ext_method` / `ext_notification`; other unknown requests get -32601 and unknown notifications are
+    ignored. A handler raises `RequestError` to choose the error object; any other exception is logged and
+    answered as a bare -32603 that says nothing about its cause.
+
+Results
+    A handler returns the method's schema response type, encoded with `schema.encode`. To send exactly
+    some JSON instead (e.g. a field newer than this schema, like the unstable `usage` of a prompt response),
+    return `msgspec.Raw`.
+
+Cancellation
+    `session/cancel` marks every prompt turn in flight for that session as cancelled: `PromptTurn`'s event
+    fires, scopes opened with `PromptTurn.abort_on_cancel` are cancelled, and the handler's optional
+    `cancel` hook runs. The spec says the prompt must then answer `stopReason: "cancelled"` (never an
+    error); with ``strict_cancel`` (the default) this class enforces it, replacing another stop reason or an
+    exception raised after the cancel. `session/close` cancels the session's turns the same way first.
+
+Stdio
+    `FdReceiveStream` and `FdSendStream` turn file descriptors into anyio byte streams on any backend
+    (non-blocking fds, `anyio.wait_readable`/`wait_writable`), and `stdio_streams` opens the process's
+    stdin/stdout as the protocol channel, pointing fd 1 at stderr meanwhile so that a stray ``print`` can
+    never corrupt the protocol. `serve_stdio` puts it together.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable, Iterator
+from types import TracebackType
+from typing import Any, Final, Protocol, TypeVar
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import msgspec
+
+from subagent.acp import schema
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection, ProtocolErrorCallback
+from subagent.acp.errors import ConnectionClosedError, InvalidResponseError, RequestError
+
+__all__ = [
+    "SUPPORTED_PROTOCOL_VERSIONS",
+    "AgentHandler",
+    "AgentSideConnection",
+    "ClientPeer",
+    "FdReceiveStream",
+    "FdSendStream",
+    "PromptTurn",
+    "negotiate_protocol_version",
+    "serve_stdio",
+    "stdio_streams",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+SUPPORTED_PROTOCOL_VERSIONS: Final = (schema.PROTOCOL_VERSION,)
+"""The ACP protocol versions this implementation speaks."""
+
+_READ_SIZE: Final = 64 * 1024  # one pipe buffer
+_NULL: Final = b"null"
+
+
+def negotiate_protocol_version(requested: int) -> int:
+    """The version an agent answers `initialize` with: the client's if supported, else our latest (spec)."""
+    return requested if requested in SUPPORTED_PROTOCOL_VERSIONS else max(SUPPORTED_PROTOCOL_VERSIONS)
+
+
+# -- talking back to the client --------------------------------------------------------------------------
+
+
+class ClientPeer:
+    """The client, as the agent sees it: send it session updates and ask it things.
+
+    Every method is a thin typed wrapper over `request`/`notify`: params are encoded with `schema.encode`
+    and results decoded with the tolerant `schema.decode`. Nothing here checks the client's capabilities
+    first (a real agent should look at `capabilities` before calling `fs/*` or `terminal/*`; a test agent
+    may want to call them regardless).
+
+    Raises (every request method):
+        RequestError: the client answered with an error object.
+        ConnectionClosedError: the connection closed first.
+        InvalidResponseError: the result does not fit the method's response type.
+    """
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self.capabilities: schema.ClientCapabilities | None = None
+        """What the client advertised in `initialize` (None before it)."""
+        self.client_info: schema.Implementation | None = None
+        """The client's name and version from `initialize`, if it sent them."""
+        self.protocol_version: int | None = None
+        """The protocol version the agent answered `initialize` with (None before it)."""
+
+    async def request(self, method: str, params: Any = None, *, result_type: type[T]) -> T:
+        """Send any request; `params` is a schema struct, plain JSON data, `msgspec.Raw`, or None.
+
+        A `null` result reads as ``result_type()`` when that type has no required field (the spec lets
+        clients answer `fs/write_text_file` with `null`). Pass ``result_type=msgspec.Raw`` for the raw JSON.
+        """
+        raw = await self._connection.request(method, params)
+        if result_type is msgspec.Raw:
+            return raw  # type: ignore[return-value]  # checked just above: T is msgspec.Raw
+        try:
+            return schema.decode(memoryview(raw), type=result_type)
+        except msgspec.ValidationError as exc:
+            if bytes(raw) == _NULL and issubclass(result_type, msgspec.Struct):
+                with contextlib.suppress(TypeError):
+                    return result_type()
+            raise InvalidResponseError(method, str(exc)) from exc
+        except msgspec.DecodeError as exc:
+            raise InvalidResponseError(method, str(exc)) from exc
+
+    async def notify(self, method: str, params: Any = None) -> None:
+        """Send any notification; `params` as for `request`."""
+        await self._connection.notify(method, params)
+
+    async def session_update(
+        self, session_id: str, update: schema.SessionUpdate, *, meta: dict[str, Any] | None = None
+    ) -> None:
+        """Send one `session/update` notification for `session_id`."""
+        await self.notify(
+            schema.SESSION_UPDATE, schema.SessionNotification(session_id=session_id, update=update, meta=meta)
+        )
+
+    async def request_permission(
+        self, request: schema.RequestPermissionRequest
+    ) -> schema.RequestPermissionResponse:
+        """Ask `session/request_permission`; the outcome is `selected` (with an option id) or `cancelled`."""
+        return await self.request(
+            schema.SESSION_REQUEST_PERMISSION, request, result_type=schema.RequestPermissionResponse
+        )
+
+    async def read_text_file(self, request: schema.ReadTextFileRequest) -> schema.ReadTextFileResponse:
+        """`fs/read_text_file` (a missing file is usually answered -32002)."""
+        return await self.request(schema.FS_READ_TEXT_FILE, request, result_type=schema.ReadTextFileResponse)
+
+    async def write_text_file(self, request: schema.WriteTextFileRequest) -> schema.WriteTextFileResponse:
+        """`fs/write_text_file`."""
+        return await self.request(
+            schema.FS_WRITE_TEXT_FILE, request, result_type=schema.WriteTextFileResponse
+        )
+
+    async def create_terminal(self, request: schema.CreateTerminalRequest) -> schema.CreateTerminalResponse:
+        """`terminal/create`: the command starts in the background; the answer holds its terminal id."""
+        return await self.request(schema.TERMINAL_CREATE, request, result_type=schema.CreateTerminalResponse)
+
+    async def terminal_output(self, request: schema.TerminalOutputRequest) -> schema.TerminalOutputResponse:
+        """`terminal/output`: the output so far, and the exit status once it exited."""
+        return await self.request(schema.TERMINAL_OUTPUT, request, result_type=schema.TerminalOutputResponse)
+
+    async def wait_for_terminal_exit(
+        self, request: schema.WaitForTerminalExitRequest
+    ) -> schema.WaitForTerminalExitResponse:
+        """`terminal/wait_for_exit`."""
+        return await self.request(
+            schema.TERMINAL_WAIT_FOR_EXIT, request, result_type=schema.WaitForTerminalExitResponse
+        )
+
+    async def kill_terminal(self, request: schema.KillTerminalRequest) -> schema.KillTerminalResponse:
+        """`terminal/kill` (the terminal stays valid until released)."""
+        return await self.request(schema.TERMINAL_KILL, request, result_type=schema.KillTerminalResponse)
+
+    async def release_terminal(
+        self, request: schema.ReleaseTerminalRequest
+    ) -> schema.ReleaseTerminalResponse:
+        """`terminal/release`: kill if still running and free it; an agent must release what it creates."""
+        return await self.request(
+            schema.TERMINAL_RELEASE, request, result_type=schema.ReleaseTerminalResponse
+        )
+
+
+# -- one prompt turn -------------------------------------------------------------------------------------
+
+
+class PromptTurn:
+    """One `session/prompt` in progress, handed to `AgentHandler.prompt`.
+
+    Cancellation is cooperative: `cancel_requested` / `wait_cancelled` let the handler notice a
+    `session/cancel`, and `abort_on_cancel` gives it a scope that is cancelled at that moment.
+    """
+
+    def __init__(self, request: schema.PromptRequest, client: ClientPeer) -> None:
+        self.request = request
+        """The prompt request as received."""
+        self.client = client
+        """Talk back to the client (see `ClientPeer`)."""
+        self._cancelled = anyio.Event()
+        self._scopes: list[anyio.CancelScope] = []
+
+    @property
+    def session_id(self) -> str:
+        """The session this turn runs in."""
+        return self.request.session_id
+
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether the client sent `session/cancel` (or `session/close`) for this session during the turn."""
+        return self._cancelled.is_set()
+
+    async def wait_cancelled(self) -> None:
+        """Return once the client has cancelled this turn (at once if it already has)."""
+        await self._cancelled.wait()
+
+    @contextlib.contextmanager
+    def abort_on_cancel(self) -> Iterator[anyio.CancelScope]:
+        """A cancel scope that the client's cancel cancels: the block is aborted, execution goes on after it.
+
+        Check `cancel_requested` after the block to tell an aborted block from a finished one. A cancel that
+        already arrived aborts the block at its first checkpoint.
+        """
+        with anyio.CancelScope() as scope:
+            if self.cancel_requested:
+                scope.cancel()
+            self._scopes.append(scope)
+            try:
+                yield scope
+            finally:
+                self._scopes.remove(scope)
+
+    def prompt_text(self) -> str:
+        """The text of the prompt's text blocks, joined by blank lines (other block types are left out)."""
+        return "\n\n".join(
+            block.text for block in self.request.prompt if isinstance(block, schema.TextContent)
+        )
+
+    async def send_update(self, update: schema.SessionUpdate) -> None:
+        """Send one `session/update` for this turn's session."""
+        await self.client.session_update(self.session_id, update)
+
+    async def send_text(self, text: str, *, message_id: str | None = None) -> None:
+        """Send one `agent_message_chunk` with a text block."""
+        await self.send_update(
+            schema.AgentMessageChunk(content=schema.TextContent(text=text), message_id=message_id)
+        )
+
+    def _request_cancel(self) -> None:
+        self._cancelled.set()
+        for scope in self._scopes:
+            scope.cancel()
+
+
+# -- the handler -----------------------------------------------------------------------------------------
+
+
+class AgentHandler(Protocol):
+    """What an agent implements. Subclass it to inherit the defaults of the optional methods.
+
+    `initialize`, `new_session` and `prompt` are required. Every other method is optional: the default here
+    (and a missing attribute on an object that does not subclass this) answers -32601 `Method not found`.
+    Every method may instead return `msgspec.Raw` to send exactly that JSON as the result.
+    """
+
+    async def initialize(
+        self, params: schema.InitializeRequest, client: ClientPeer
+    ) -> schema.InitializeResponse | msgspec.Raw:
+        """Answer `initialize`; use `negotiate_protocol_version(params.protocol_version)` for the version."""
+        ...
+
+    async def new_session(
+        self, params: schema.NewSessionRequest, client: ClientPeer
+    ) -> schema.NewSessionResponse | msgspec.Raw:
+        """Create a session (gate it with `RequestError.auth_required()` until authenticated, if needed)."""
+        ...
+
+    async def prompt(
+        self, params: schema.PromptRequest, turn: PromptTurn
+    ) -> schema.PromptResponse | msgspec.Raw:
+        """Run one turn: stream updates with `turn.send_update`, then answer the stop reason."""
+        ...
+
+    async def authenticate(
+        self, params: schema.AuthenticateRequest, client: ClientPeer
+    ) -> schema.AuthenticateResponse | msgspec.Raw:
+        """`authenticate` with one of the advertised auth methods."""
+        raise RequestError.method_not_found(schema.AUTHENTICATE)
+
+    async def load_session(
+        self, params: schema.LoadSessionRequest, client: ClientPeer
+    ) -> schema.LoadSessionResponse | msgspec.Raw:
+        """`session/load`: replay the conversation as `session/update` notifications, then answer."""
+        raise RequestError.method_not_found(schema.SESSION_LOAD)
+
+    async def resume_session(
+        self, params: schema.ResumeSessionRequest, client: ClientPeer
+    ) -> schema.ResumeSessionResponse | msgspec.Raw:
+        """`session/resume`: like load, without replay."""
+        raise RequestError.method_not_found(schema.SESSION_RESUME)
+
+    async def set_session_mode(
+        self, params: schema.SetSessionModeRequest, client: ClientPeer
+    ) -> schema.SetSessionModeResponse | msgspec.Raw:
+        """`session/set_mode`."""
+        raise RequestError.method_not_found(schema.SESSION_SET_MODE)
+
+    async def set_session_config_option(
+        self, params: schema.SetSessionConfigOptionRequest, client: ClientPeer
+    ) -> schema.SetSessionConfigOptionResponse | msgspec.Raw:
+        """`session/set_config_option`."""
+        raise RequestError.method_not_found(schema.SESSION_SET_CONFIG_OPTION)
+
+    async def list_sessions(
+        self, params: schema.ListSessionsRequest, client: ClientPeer
+    ) -> schema.ListSessionsResponse | msgspec.Raw:
+        """`session/list`."""
+        raise RequestError.method_not_found(schema.SESSION_LIST)
+
+    async def close_session(
+        self, params: schema.CloseSessionRequest, client: ClientPeer
+    ) -> schema.CloseSessionResponse | msgspec.Raw:
+        """`session/close` (the session's turns in flight are already marked cancelled)."""
+        raise RequestError.method_not_found(schema.SESSION_CLOSE)
+
+    async def delete_session(
+        self, params: schema.DeleteSessionRequest, client: ClientPeer
+    ) -> schema.DeleteSessionResponse | msgspec.Raw:
+        """`session/delete`."""
+        raise RequestError.method_not_found(schema.SESSION_DELETE)
+
+    async def logout(
+        self, params: schema.LogoutRequest, client: ClientPeer
+    ) -> schema.LogoutResponse | msgspec.Raw:
+        """`logout`."""
+        raise RequestError.method_not_found(schema.LOGOUT)
+
+    async def cancel(self, params: schema.CancelNotification, client: ClientPeer) -> None:
+        """Told about `session/cancel` after the session's turns were marked; runs in notification order."""
+        return None
+
+    async def ext_method(self, method: str, params: msgspec.Raw | None, client: ClientPeer) -> Any:
+        """An extension request (name starting with `_`); return any JSON-encodable result."""
+        raise RequestError.method_not_found(method)
+
+    async def ext_notification(self, method: str, params: msgspec.Raw | None, client: ClientPeer) -> None:
+        """An extension notification (name starting with `_`); ignored by default."""
+        return None
+
+
+# method -> (handler attribute, params type) for the requests served by plain dispatch.
+_REQUESTS: Final[dict[str, tuple[str, Any]]] = {
+    schema.INITIALIZE: ("initialize", schema.InitializeRequest),
+    schema.AUTHENTICATE: ("authenticate", schema.AuthenticateRequest),
+    schema.SESSION_NEW: ("new_session", schema.NewSessionRequest),
+    schema.SESSION_LOAD: ("load_session", schema.LoadSessionRequest),
+    schema.SESSION_RESUME: ("resume_session", schema.ResumeSessionRequest),
+    schema.SESSION_SET_MODE: ("set_session_mode", schema.SetSessionModeRequest),
+    schema.SESSION_SET_CONFIG_OPTION: ("set_session_config_option", schema.SetSessionConfigOptionRequest),
+    schema.SESSION_LIST: ("list_sessions", schema.ListSessionsRequest),
+    schema.SESSION_CLOSE: ("close_session", schema.CloseSessionRequest),
+    schema.SESSION_DELETE: ("delete_session", schema.DeleteSessionRequest),
+    schema.LOGOUT: ("logout", schema.LogoutRequest),
+}
+
+
+def _decode(params: msgspec.Raw | None, params_type: Any) -> Any:
+    """Decode params tolerantly; a mismatch raises `msgspec.ValidationError`, which answers -32602."""
+    return schema.decode(_NULL if params is None else memoryview(params), type=params_type)
+
+
+class AgentSideConnection:
+    """Serve an `AgentHandler` to the ACP client at the other end of a pair of byte streams.
+
+    Drive it with ``async with AgentSideConnection(...) as agent:`` (served in the background until the
+    block exits) or ``await agent.run()`` (returns when the client closes the stream, or on `close`).
+    End of stream stops everything at once: the connection cancels the requests still being served, and
+    they go unanswered. A client that wants its answers keeps the agent's stdin open until it has them.
+
+    Args:
+        handler: the agent.
+        receive_stream: the client's messages (the agent process's stdin).
+        send_stream: where ours go (the agent process's stdout).
+        strict_cancel: answer `cancelled` to a prompt whose turn was cancelled, whatever the handler returned
+            or raised after the cancel (the spec's MUST). Turn it off only to emulate a non-compliant agent.
+        max_line_bytes, on_protocol_error: passed to the `Connection`.
+        name: names the connection in log messages.
+    """
+
+    def __init__(
+        self,
+        handler: AgentHandler,
+        receive_stream: anyio.abc.ByteReceiveStream,
+        send_stream: anyio.abc.ByteSendStream,
+        *,
+        strict_cancel: bool = True,
+        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        on_protocol_error: ProtocolErrorCallback | None = None,
+        name: str = "acp-agent",
+    ) -> None:
+        self._handler = handler
+        self._name = name
+        self._strict_cancel = strict_cancel
+        self._connection = Connection(
+            receive_stream,
+            send_stream,
+            request_handler=self._on_request,
+            notification_handler=self._on_notification,
+            on_protocol_error=on_protocol_error,
+            max_line_bytes=max_line_bytes,
+            name=name,
+            value_encoder=schema.encode,
+        )
+        self._client = ClientPeer(self._connection)
+        self._turns: dict[str, list[PromptTurn]] = {}
+
+    @property
+    def client(self) -> ClientPeer:
+        """Talk to the client outside a handler (e.g. push updates between turns)."""
+        return self._client
+
+    @property
+    def connection(self) -> Connection:
+        """The underlying JSON-RPC connection (statistics, `closed_error`)."""
+        return self._connection
+
+    def active_turns(self, session_id: str) -> list[PromptTurn]:
+        """The prompt turns of `session_id` still in flight."""
+        return list(self._turns.get(session_id, ()))
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Serve until the client closes the stream (EOF), the stream breaks, or `close()`."""
+        await self._connection.run(task_status=task_status)
+
+    def close(self) -> None:
+        """Stop serving: requests in flight are cancelled, and `run()` returns."""
+        self._connection.close()
+
+    async def __aenter__(self) -> AgentSideConnection:
+        await self._connection.__aenter__()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        return await self._connection.__aexit__(exc_type, exc, traceback)
+
+    # -- requests ----------------------------------------------------------------------------------------
+
+    async def _on_request(self, method: str, params: msgspec.Raw | None) -> Any:
+        try:
+            return await self._dispatch_request(method, params)
+        except ConnectionClosedError as exc:
+            # The client went away while the handler worked (e.g. it closed stdin mid-turn): no answer can
+            # reach it. An error answer is dropped quietly; any other exception would be logged as a bug.
+            logger.debug("%s: the connection closed while serving %s: %s", self._name, method, exc)
+            raise RequestError.internal_error() from exc
+
+    async def _dispatch_request(self, method: str, params: msgspec.Raw | None) -> Any:
+        if method == schema.SESSION_PROMPT:
+            return await self._serve_prompt(params)
+        entry = _REQUESTS.get(method)
+        if entry is None:
+            if method.startswith("_"):
+                extension = getattr(self._handler, "ext_method", None)
+                if extension is not None:
+                    return await extension(method, params, self._client)
+            raise RequestError.method_not_found(method)
+        attribute, params_type = entry
+        serve: Callable[[Any, ClientPeer], Awaitable[Any]] | None = getattr(self._handler, attribute, None)
+        if serve is None:
+            raise RequestError.method_not_found(method)
+        request = _decode(params, params_type)
+        if method == schema.INITIALIZE:
+            self._client.capabilities = request.client_capabilities
+            self._client.client_info = request.client_info
+        elif method == schema.SESSION_CLOSE:
+            self._cancel_turns(request.session_id)
+        result = await serve(request, self._client)
+        if method == schema.INITIALIZE and isinstance(result, schema.InitializeResponse):
+            self._client.protocol_version = result.protocol_version
+        return result
+
+    async def _serve_prompt(self, params: msgspec.Raw | None) -> Any:
+        request = _decode(params, schema.PromptRequest)
+        turn = PromptTurn(request, self._client)
+        turns = self._turns.setdefault(request.session_id, [])
+        turns.append(turn)
+        try:
+            result = await self._handler.prompt(request, turn)
+        except Exception:
+            # The boundary the spec draws: after a cancel, whatever the handler's work raised (an aborted
+            # tool, a permission request answered with an error) is the cancellation, not a failure.
+            if not (self._strict_cancel and turn.cancel_requested):
+                raise
+            logger.debug("prompt in session %s failed after its cancel; answering cancelled", turn.session_id)
+            return schema.PromptResponse(stop_reason="cancelled")
+        finally:
+            turns.remove(turn)
+            if not turns:
+                del self._turns[request.session_id]
+        if (
+            self._strict_cancel
+            and turn.cancel_requested
+            and isinstance(result, schema.PromptResponse)
+            and result.stop_reason != "cancelled"
+        ):
+            logger.info(
+                "prompt in session %s answered %r after its cancel; answering cancelled",
+                turn.session_id,
+                result.stop_reason,
+            )
+            return schema.PromptResponse(stop_reason="cancelled", meta=result.meta)
+        return result
+
+    # -- notifications -----------------------------------------------------------------------------------
+
+    async def _on_notification(self, method: str, params: msgspec.Raw | None) -> None:
+        if method == schema.SESSION_CANCEL:
+            try:
+                cancel = _decode(params, schema.CancelNotification)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                logger.warning("ignoring a malformed session/cancel: %s", exc)
+                return
+            self._cancel_turns(cancel.session_id)
+            hook = getattr(self._handler, "cancel", None)
+            if hook is not None:
+                await hook(cancel, self._client)
+        elif method.startswith("_"):
+            hook = getattr(self._handler, "ext_notification", None)
+            if hook is not None:
+                await hook(method, params, self._client)
+        else:
+            logger.debug("ignoring the notification %r", method)
+
+    def _cancel_turns(self, session_id: str) -> None:
+        turns = self._turns.get(session_id, ())
+        if not turns:
+            logger.debug("cancel for session %s, which has no turn in flight", session_id)
+        for turn in turns:
+            turn._request_cancel()
+
+
+# -- stdio -----------------------------------------------------------------------------------------------
+
+
+def _pollable(fd: int) -> bool:
+    """Whether readiness can be waited for on `fd`: pipes, sockets and terminals, not files or /dev/null."""
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+
+
+class _FdStream:
+    """A file descriptor in non-blocking mode; restores its flags on close (shared with the process's 0/1)."""
+
+    def __init__(self, fd: int, *, close_fd: bool) -> None:
+        self._fd = fd
+        self._close_fd = close_fd
+        self._closed = False
+        self._busy = False
+        # epoll refuses regular files and /dev/null; they never block, so there is nothing to wait for.
+        self._pollable = _pollable(fd)
+        self._flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        if self._pollable:
+            fcntl.fcntl(fd, fcntl.F_SETFL, self._flags | os.O_NONBLOCK)
+
+    @property
+    def fd(self) -> int:
+        """The file descriptor."""
+        return self._fd
+
+    @property
+    def closed(self) -> bool:
+        """Whether the stream was closed."""
+        return self._closed
+
+    def _check(self) -> None:
+        if self._closed:
+            raise anyio.ClosedResourceError
+        if self._busy:
+            raise anyio.BusyResourceError("using")
+
+    async def aclose(self) -> None:
+        """Restore the descriptor's flags and close it (if this stream owns it); idempotent.
+
+        A task waiting on the descriptor gets `anyio.ClosedResourceError`.
+        """
+        if not self._closed and self._pollable:
+            anyio.notify_closing(self._fd)
+        self.close_now()
+        await anyio.lowlevel.checkpoint()
+
+    def close_now(self) -> None:
+        """`aclose` for when no task can be waiting on the descriptor (e.g. after the event loop ended)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pollable:
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self._fd, fcntl.F_SETFL, self._flags)
+        if self._close_fd:
+            os.close(self._fd)
+
+
+class FdReceiveStream(_FdStream, anyio.abc.ByteReceiveStream):
+    """Read a pipe, socket, terminal or file descriptor as an anyio byte stream, on any backend.
+
+    The descriptor is put in non-blocking mode and awaited with `anyio.wait_readable`. EOF raises
+    `anyio.EndOfStream`; a read error raises `anyio.BrokenResourceError`.
+
+    Args:
+        fd: the descriptor.
+        close_fd: close it on `aclose` (else only its flags are restored).
+    """
+
+    def __init__(self, fd: int, *, close_fd: bool = True) -> None:
+        super().__init__(fd, close_fd=close_fd)
+
+    async def receive(self, max_bytes: int = _READ_SIZE) -> bytes:
+        """Return up to `max_bytes` as soon as any are available."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        self._check()
+        self._busy = True
+        try:
+            while True:
+                try:
+                    data = os.read(self._fd, max_bytes)
+                except BlockingIOError:
+                    await anyio.wait_readable(self._fd)
+                    if self._closed:
+                        raise anyio.ClosedResourceError from None
+                    continue
+                except OSError as exc:
+                    raise anyio.BrokenResourceError from exc
+                break
+        finally:
+            self._busy = False
+        if not data:
+            raise anyio.EndOfStream
+        # A read that never had to wait still yields once, so a busy reader cannot starve other tasks.
+        await anyio.lowlevel.cancel_shielded_checkpoint()
+        return data
+
+
+class FdSendStream(_FdStream, anyio.abc.ByteSendStream):
+    """Write to a pipe, socket, terminal or file descriptor as an anyio byte stream, on any backend.
+
+    `send` writes everything, waiting with `anyio.wait_writable` whenever the pipe is full (partial writes
+    and EAGAIN are handled). A reader that went away raises `anyio.BrokenResourceError`. A `send` cancelled
+    while waiting may have written part of its bytes.
+
+    `send` is a cancellation point, but it yields to other tasks only when the pipe is full: a write the
+    kernel takes at once costs one system call and no trip through the event loop. That is what lets an
+    agent stream tens of thousands of small messages a second; the sender's own loop (the connection's
+    writer waits for its next line) provides the scheduling point, and a full pipe bounds any burst.
+
+    Args:
+        fd: the descriptor.
+        close_fd: close it on `aclose` (else only its flags are restored).
+    """
+
+    def __init__(self, fd: int, *, close_fd: bool = True) -> None:
+        super().__init__(fd, close_fd=close_fd)
+
+    async def send(self, item: bytes) -> None:
+        """Write all of `item`."""
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        self._check()
+        self._busy = True
+        try:
+            view = memoryview(item)
+            while view:
+                try:
+                    written = os.write(self._fd, view)
+                except BlockingIOError:
+                    await anyio.wait_writable(self._fd)
+                    if self._closed:
+                        raise anyio.ClosedResourceError from None
+                    continue
+                except OSError as exc:  # EPIPE: the reader is gone (SIGPIPE is ignored in Python)
+                    raise anyio.BrokenResourceError from exc
+                view = view[written:]
+        finally:
+            self._busy = False
+
+
+@contextlib.contextmanager
+def stdio_streams(*, protect_stdout: bool = True) -> Iterator[tuple[FdReceiveStream, FdSendStream]]:
+    """This process's stdin and stdout as anyio byte streams, for an agent speaking ACP on them.
+
+    The streams use duplicates of fds 0 and 1. With `protect_stdout`, fd 1 is pointed at stderr while the
+    block runs, so that a ``print`` or a chatty library writes to stderr and can never corrupt the protocol;
+    the stream's descriptor is then the only one this process holds on the original stdout, so closing the
+    send stream closes the channel (the client sees EOF, unless a child process inherited stdout). On exit
+    fd 1 gets the original stdout back, unless the send stream was closed.
+    """
+    stdin_fd = os.dup(0)
+    stdout_fd = os.dup(1)
+    try:
+        receive_stream = FdReceiveStream(stdin_fd)
+        send_stream = FdSendStream(stdout_fd)
+    except BaseException:
+        os.close(stdin_fd)
+        os.close(stdout_fd)
+        raise
+    if protect_stdout:
+        os.dup2(2, 1)
+    try:
+        yield receive_stream, send_stream
+    finally:
+        receive_stream.close_now()
+        if protect_stdout and not send_stream.closed:
+            os.dup2(stdout_fd, 1)
+        send_stream.close_now()
+
+
+async def serve_stdio(handler: AgentHandler, **options: Any) -> None:
+    """Serve `handler` on this process's stdin/stdout until the client closes stdin.
+
+    `options` are passed to `AgentSideConnection` (e.g. ``strict_cancel``, ``name``).
+    """
+    with stdio_streams() as (receive_stream, send_stream):
+        await AgentSideConnection(handler, receive_stream, send_stream, **options).run()

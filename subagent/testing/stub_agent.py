@@ -1,0 +1,618 @@
+"""The scriptable stub ACP agent: ``python -m subagent.testing.stub_agent [--scenario FILE]``.
+
+It speaks ACP on its stdin/stdout (an `AgentSideConnection` over `stdio_streams`, on asyncio) and does
+exactly what the scenario says (see `subagent.testing.scenario` for the format): answer the handshake, or
+not; stream updates; ask permission and branch on the answer; call the client's file system; misbehave on
+the wire; crash; leave a grandchild behind. Without ``--scenario`` it runs the bundled default scenario, one
+friendly, complete turn.
+
+Exit status: 0 when stdin closed (or as a scenario's ``exit`` step says), 2 for a bad scenario or usage.
+Kept light to start fast: it imports anyio, msgspec and the ACP modules, nothing heavier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import anyio
+import anyio.lowlevel
+import anyio.to_thread
+import msgspec
+
+from subagent._version import __version__
+from subagent.acp import schema
+from subagent.acp.agent import (
+    AgentHandler,
+    AgentSideConnection,
+    ClientPeer,
+    FdReceiveStream,
+    PromptTurn,
+    negotiate_protocol_version,
+    stdio_streams,
+)
+from subagent.acp.errors import ConnectionClosedError, RequestError
+from subagent.testing._stdio import OrderedStdout
+from subagent.testing.scenario import (
+    CANCELLED_BRANCH,
+    DEFAULT_SCENARIO_PATH,
+    CallStep,
+    CloseStdoutStep,
+    EchoStep,
+    ErrorStep,
+    ExitStep,
+    FloodStep,
+    GrandchildStep,
+    HangStep,
+    HugeLineStep,
+    KillStep,
+    MessageStep,
+    NotifyStep,
+    PermissionStep,
+    PlanStep,
+    RawStep,
+    ReadFileStep,
+    Scenario,
+    ScenarioError,
+    SleepStep,
+    StderrStep,
+    Step,
+    StopStep,
+    ThoughtStep,
+    ToolCallStep,
+    ToolCallUpdateStep,
+    UpdateStep,
+    UsageStep,
+    WaitForCancelStep,
+    WriteFileStep,
+    load_scenario,
+)
+
+__all__ = ["AGENT_NAME", "ScenarioAgent", "main", "serve_scenario"]
+
+logger = logging.getLogger(__name__)
+
+AGENT_NAME: Final = "subagent-stub-agent"
+
+# A placeholder for the chunk index in the flood template: a private-use character, so msgspec writes it as
+# plain UTF-8 (never escaped) and it cannot clash with anything a JSON encoder produces around it.
+_INDEX_MARK: Final = "\ue000"
+_GRANDCHILD_CODE: Final = """\
+import os, signal, sys
+if sys.argv[1] == "1":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+os.write(1, b"ready\\n")
+os.close(1)
+while True:
+    signal.pause()
+"""
+_STDERR_FILLER: Final = b"stub agent stderr filler line to make the pipe work hard .................\n"
+
+# Keeps grandchild Popen objects alive: they must outlive the step (and never be reaped by us).
+_grandchildren: list[Any] = []
+
+
+@dataclass(slots=True)
+class _Stop:
+    """A step answered the prompt."""
+
+    reason: str
+    usage: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class _Session:
+    turns_started: int = 0
+    last_tool_call_id: str | None = None
+
+
+@dataclass(slots=True)
+class _Context:
+    """Where steps run: the client, the session (None in the handshake), and the prompt turn if any."""
+
+    client: ClientPeer
+    session_id: str | None = None
+    turn: PromptTurn | None = None
+    state: _Session = field(default_factory=_Session)
+
+
+StepRunner = Callable[[Any, _Context], Coroutine[Any, Any, "_Stop | None"]]
+
+
+class ScenarioAgent(AgentHandler):
+    """An `AgentHandler` that plays a `Scenario`. ``stdout`` splices raw output into the protocol stream."""
+
+    def __init__(self, scenario: Scenario, stdout: OrderedStdout) -> None:
+        self._scenario = scenario
+        self._stdout = stdout
+        self._authenticated = scenario.require_auth is None
+        self._sessions: dict[str, _Session] = {}
+        self._sessions_created = 0
+        self._runners: dict[type[Any], StepRunner] = {
+            MessageStep: self._message,
+            ThoughtStep: self._thought,
+            ToolCallStep: self._tool_call,
+            ToolCallUpdateStep: self._tool_call_update,
+            PlanStep: self._plan,
+            UsageStep: self._usage,
+            UpdateStep: self._update,
+            EchoStep: self._echo,
+            FloodStep: self._flood,
+            PermissionStep: self._permission,
+            ReadFileStep: self._read_file,
+            WriteFileStep: self._write_file,
+            CallStep: self._call,
+            NotifyStep: self._notify,
+            SleepStep: self._sleep,
+            WaitForCancelStep: self._wait_for_cancel,
+            StopStep: self._stop,
+            ErrorStep: self._error,
+            HangStep: self._hang,
+            RawStep: self._raw,
+            HugeLineStep: self._huge_line,
+            CloseStdoutStep: self._close_stdout,
+            StderrStep: self._stderr,
+            ExitStep: self._exit,
+            KillStep: self._kill,
+            GrandchildStep: self._grandchild,
+        }
+
+    # -- requests ----------------------------------------------------------------------------------------
+
+    async def initialize(self, params: schema.InitializeRequest, client: ClientPeer) -> msgspec.Raw:
+        """Run the initialize steps, then answer with the scenario's capabilities and auth methods."""
+        config = self._scenario.initialize
+        await self._run(config.steps, _Context(client))
+        capabilities = dict(config.agent_capabilities)
+        if self._scenario.load_session is not None:
+            capabilities.setdefault("loadSession", True)
+        if self._scenario.resume_session is not None:
+            session_capabilities = dict(capabilities.get("sessionCapabilities") or {})
+            session_capabilities.setdefault("resume", {})
+            capabilities["sessionCapabilities"] = session_capabilities
+        auth_methods = config.auth_methods
+        if not auth_methods and self._scenario.require_auth is not None:
+            auth_methods = [{"id": self._scenario.require_auth, "name": self._scenario.require_auth}]
+        version = config.protocol_version
+        if version is None:
+            version = negotiate_protocol_version(params.protocol_version)
+        client.protocol_version = version
+        return _raw(
+            {
+                "protocolVersion": version,
+                "agentCapabilities": capabilities,
+                "authMethods": auth_methods,
+                "agentInfo": config.agent_info
+                or {"name": AGENT_NAME, "title": "Stub agent", "version": __version__},
+            }
+        )
+
+    async def authenticate(self, params: schema.AuthenticateRequest, client: ClientPeer) -> msgspec.Raw:
+        """Accept the required method id (or any advertised one when none is required)."""
+        await self._run(self._scenario.authenticate.steps, _Context(client))
+        required = self._scenario.require_auth
+        advertised = [method.get("id") for method in self._scenario.initialize.auth_methods]
+        if params.method_id != required and (required is not None or params.method_id not in advertised):
+            raise RequestError.invalid_params({"methodId": params.method_id, "reason": "unknown auth method"})
+        self._authenticated = True
+        return _raw({})
+
+    async def new_session(self, params: schema.NewSessionRequest, client: ClientPeer) -> msgspec.Raw:
+        """A new session (after the auth gate and the steps)."""
+        self._check_authenticated()
+        config = self._scenario.new_session
+        self._sessions_created += 1
+        session_id = config.session_id
+        if self._sessions_created > 1:
+            session_id = f"{session_id}-{self._sessions_created}"
+        state = self._sessions[session_id] = _Session()
+        await self._run(config.steps, _Context(client, session_id, state=state))
+        answer: dict[str, Any] = {"sessionId": session_id}
+        if config.modes is not None:
+            answer["modes"] = config.modes
+        if config.config_options is not None:
+            answer["configOptions"] = config.config_options
+        return _raw(answer)
+
+    async def load_session(self, params: schema.LoadSessionRequest, client: ClientPeer) -> msgspec.Raw:
+        """Replay the configured updates for the loaded session, then answer."""
+        config = self._scenario.load_session
+        if config is None:
+            raise RequestError.method_not_found(schema.SESSION_LOAD)
+        self._check_authenticated()
+        state = self._sessions.setdefault(params.session_id, _Session())
+        await self._run(config.steps, _Context(client, params.session_id, state=state))
+        for update in config.replay:
+            await client.notify(schema.SESSION_UPDATE, {"sessionId": params.session_id, "update": update})
+        return _raw({})
+
+    async def resume_session(self, params: schema.ResumeSessionRequest, client: ClientPeer) -> msgspec.Raw:
+        """Resume the session, without replay."""
+        config = self._scenario.resume_session
+        if config is None:
+            raise RequestError.method_not_found(schema.SESSION_RESUME)
+        self._check_authenticated()
+        state = self._sessions.setdefault(params.session_id, _Session())
+        await self._run(config.steps, _Context(client, params.session_id, state=state))
+        return _raw({})
+
+    async def set_session_mode(self, params: schema.SetSessionModeRequest, client: ClientPeer) -> msgspec.Raw:
+        """Accept a mode the scenario offers."""
+        modes = self._scenario.new_session.modes
+        if modes is None:
+            raise RequestError.method_not_found(schema.SESSION_SET_MODE)
+        offered = [mode.get("id") for mode in modes.get("availableModes", ()) if isinstance(mode, dict)]
+        if params.mode_id not in offered:
+            raise RequestError.invalid_params({"modeId": params.mode_id, "reason": "unknown mode"})
+        return _raw({})
+
+    async def prompt(self, params: schema.PromptRequest, turn: PromptTurn) -> msgspec.Raw:
+        """Run the session's next turn."""
+        state = self._sessions.get(params.session_id)
+        if state is None:
+            raise RequestError.invalid_params({"sessionId": params.session_id, "reason": "unknown session"})
+        turns = self._scenario.turns
+        index = state.turns_started
+        state.turns_started += 1
+        if index < len(turns):
+            steps = turns[index]
+        elif not turns:
+            steps = []
+        elif self._scenario.after_last_turn == "repeat":
+            steps = turns[-1]
+        else:
+            raise RequestError.internal_error(
+                {"details": f"the scenario has {len(turns)} turn(s); this is prompt {index + 1}"}
+            )
+        stop = await self._run(steps, _Context(turn.client, params.session_id, turn, state))
+        if stop is None:
+            stop = _Stop("end_turn")
+        answer: dict[str, Any] = {"stopReason": stop.reason}
+        if stop.usage is not None:
+            answer["usage"] = stop.usage
+        return _raw(answer)
+
+    def _check_authenticated(self) -> None:
+        if not self._authenticated:
+            raise RequestError.auth_required()
+
+    # -- steps -------------------------------------------------------------------------------------------
+
+    async def _run(self, steps: Sequence[Step], context: _Context) -> _Stop | None:
+        for step in steps:
+            stop = await self._runners[type(step)](step, context)
+            if stop is not None:
+                return stop
+        return None
+
+    async def _send_update(
+        self, context: _Context, update: dict[str, Any], session_id: str | None = None
+    ) -> None:
+        target = session_id or context.session_id
+        assert target is not None, "the scenario validator keeps session-bound steps out of the handshake"
+        await context.client.notify(schema.SESSION_UPDATE, {"sessionId": target, "update": update})
+
+    async def _chunks(
+        self, context: _Context, kind: str, text: str, chunks: int, message_id: str | None
+    ) -> None:
+        size, extra = divmod(len(text), chunks)
+        start = 0
+        for index in range(chunks):
+            end = start + size + (1 if index < extra else 0)
+            update: dict[str, Any] = {
+                "sessionUpdate": kind,
+                "content": {"type": "text", "text": text[start:end]},
+            }
+            if message_id is not None:
+                update["messageId"] = message_id
+            await self._send_update(context, update)
+            start = end
+
+    async def _message(self, step: MessageStep, context: _Context) -> None:
+        await self._chunks(context, "agent_message_chunk", step.text, step.chunks, step.message_id)
+
+    async def _thought(self, step: ThoughtStep, context: _Context) -> None:
+        await self._chunks(context, "agent_thought_chunk", step.text, step.chunks, None)
+
+    async def _tool_call(self, step: ToolCallStep | ToolCallUpdateStep, context: _Context) -> None:
+        kind = "tool_call" if isinstance(step, ToolCallStep) else "tool_call_update"
+        optional = {
+            "title": step.title,
+            "kind": step.kind,
+            "status": step.status,
+            "content": step.content,
+            "locations": step.locations,
+        }
+        update: dict[str, Any] = {
+            "sessionUpdate": kind,
+            "toolCallId": step.tool_call_id,
+            **{name: value for name, value in optional.items() if value is not None},
+        }
+        if step.raw_input is not msgspec.UNSET:
+            update["rawInput"] = step.raw_input
+        if step.raw_output is not msgspec.UNSET:
+            update["rawOutput"] = step.raw_output
+        context.state.last_tool_call_id = step.tool_call_id
+        await self._send_update(context, update)
+
+    async def _tool_call_update(self, step: ToolCallUpdateStep, context: _Context) -> None:
+        await self._tool_call(step, context)
+
+    async def _plan(self, step: PlanStep, context: _Context) -> None:
+        entries = [msgspec.to_builtins(entry) for entry in step.entries]
+        # Priority and status are required on the wire, even where the scenario left the defaults.
+        for entry, source in zip(entries, step.entries, strict=True):
+            entry["priority"] = source.priority
+            entry["status"] = source.status
+        await self._send_update(context, {"sessionUpdate": "plan", "entries": entries})
+
+    async def _usage(self, step: UsageStep, context: _Context) -> None:
+        update: dict[str, Any] = {"sessionUpdate": "usage_update", "used": step.used, "size": step.size}
+        if step.cost is not None:
+            update["cost"] = step.cost
+        await self._send_update(context, update)
+
+    async def _update(self, step: UpdateStep, context: _Context) -> None:
+        await self._send_update(context, step.update, step.session_id)
+
+    async def _echo(self, step: EchoStep, context: _Context) -> None:
+        assert context.turn is not None
+        await self._message(MessageStep(text=step.prefix + context.turn.prompt_text()), context)
+
+    async def _flood(self, step: FloodStep, context: _Context) -> None:
+        assert context.session_id is not None
+        # Encoded once; each chunk only splices its index in, so the flood costs what the pipe costs.
+        template = schema.encode(
+            {
+                "sessionId": context.session_id,
+                "update": {
+                    "sessionUpdate": "agent_message_chunk",
+                    "content": {"type": "text", "text": step.text.replace("{i}", _INDEX_MARK)},
+                },
+            }
+        )
+        parts = template.split(_INDEX_MARK.encode())
+        notify = context.client.notify
+        for index in range(step.count):
+            await notify(schema.SESSION_UPDATE, msgspec.Raw(str(index).encode().join(parts)))
+
+    async def _permission(self, step: PermissionStep, context: _Context) -> _Stop | None:
+        assert context.session_id is not None
+        tool_call = step.tool_call
+        if tool_call is None:
+            tool_call = {"toolCallId": context.state.last_tool_call_id or "call-1"}
+        params = {"sessionId": context.session_id, "toolCall": tool_call, "options": step.options}
+        method = schema.SESSION_REQUEST_PERMISSION
+        raw = await context.client.request(method, params, result_type=msgspec.Raw)
+        if step.report:
+            await self._report(context, {"method": method, "result": raw})
+        answer = schema.decode(memoryview(raw), type=schema.RequestPermissionResponse)
+        outcome = answer.outcome
+        if isinstance(outcome, schema.SelectedPermissionOutcome):
+            branch = step.branches.get(outcome.option_id)
+        elif isinstance(outcome, schema.CancelledPermissionOutcome):
+            branch = step.branches.get(CANCELLED_BRANCH)
+        else:
+            branch = None
+        return None if branch is None else await self._run(branch, context)
+
+    async def _request_and_report(self, context: _Context, method: str, params: Any, *, report: bool) -> None:
+        try:
+            result = await context.client.request(method, params, result_type=msgspec.Raw)
+        except RequestError as exc:
+            outcome: dict[str, Any] = {"method": method, "error": exc.to_wire()}
+        else:
+            outcome = {"method": method, "result": result}
+        if report:
+            await self._report(context, outcome)
+
+    async def _report(self, context: _Context, outcome: dict[str, Any]) -> None:
+        text = msgspec.json.encode(outcome).decode()
+        if context.session_id is None:
+            _write_stderr(f"stub agent: {text}\n".encode())
+            return
+        await self._send_update(
+            context, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
+        )
+
+    async def _read_file(self, step: ReadFileStep, context: _Context) -> None:
+        params: dict[str, Any] = {"sessionId": context.session_id, "path": step.path}
+        if step.line is not None:
+            params["line"] = step.line
+        if step.limit is not None:
+            params["limit"] = step.limit
+        await self._request_and_report(context, schema.FS_READ_TEXT_FILE, params, report=step.report)
+
+    async def _write_file(self, step: WriteFileStep, context: _Context) -> None:
+        params = {"sessionId": context.session_id, "path": step.path, "content": step.content}
+        await self._request_and_report(context, schema.FS_WRITE_TEXT_FILE, params, report=step.report)
+
+    async def _call(self, step: CallStep, context: _Context) -> None:
+        params = None if step.params is msgspec.UNSET else step.params
+        await self._request_and_report(context, step.method, params, report=step.report)
+
+    async def _notify(self, step: NotifyStep, context: _Context) -> None:
+        await context.client.notify(step.method, None if step.params is msgspec.UNSET else step.params)
+
+    async def _sleep(self, step: SleepStep, context: _Context) -> None:
+        await anyio.sleep(step.seconds)
+
+    async def _wait_for_cancel(self, step: WaitForCancelStep, context: _Context) -> _Stop | None:
+        assert context.turn is not None
+        with anyio.move_on_after(step.timeout if step.timeout is not None else float("inf")):
+            await context.turn.wait_cancelled()
+        if context.turn.cancel_requested and step.then == "stop":
+            return _Stop("cancelled")
+        return None
+
+    async def _stop(self, step: StopStep, context: _Context) -> _Stop:
+        return _Stop(step.reason, step.usage)
+
+    async def _error(self, step: ErrorStep, context: _Context) -> None:
+        raise RequestError(step.code, step.message, None if step.data is msgspec.UNSET else step.data)
+
+    async def _hang(self, step: HangStep, context: _Context) -> None:
+        await anyio.sleep_forever()
+
+    async def _raw(self, step: RawStep, context: _Context) -> None:
+        await self._stdout.write(context.client, step.data())
+
+    async def _huge_line(self, step: HugeLineStep, context: _Context) -> None:
+        if not step.json:
+            await self._stdout.write(context.client, b"x" * step.bytes + b"\n")
+            return
+        session_id = context.session_id or "no-session"
+        envelope = schema.encode(
+            {
+                "jsonrpc": "2.0",
+                "method": schema.SESSION_UPDATE,
+                "params": {
+                    "sessionId": session_id,
+                    "update": {
+                        "sessionUpdate": "agent_message_chunk",
+                        "content": {"type": "text", "text": ""},
+                    },
+                },
+            }
+        )
+        padding = step.bytes - len(envelope)
+        if padding < 0:
+            raise RequestError.internal_error(
+                {"details": f"a JSON line needs at least {len(envelope)} bytes"}
+            )
+        head, _, tail = envelope.partition(b'"text":""')
+        await self._stdout.write(context.client, head + b'"text":"' + b"x" * padding + b'"' + tail + b"\n")
+
+    async def _close_stdout(self, step: CloseStdoutStep, context: _Context) -> None:
+        await self._stdout.close(context.client)
+        await anyio.sleep_forever()
+
+    async def _stderr(self, step: StderrStep, context: _Context) -> None:
+        if step.text is not None:
+            _write_stderr(step.text.encode())
+            return
+        assert step.bytes is not None
+        whole, rest = divmod(step.bytes, len(_STDERR_FILLER))
+        data = _STDERR_FILLER * whole + _STDERR_FILLER[:rest]
+        # stderr stays blocking (it may be the user's terminal); a thread keeps the event loop free meanwhile.
+        await anyio.to_thread.run_sync(_write_stderr, data)
+
+    async def _exit(self, step: ExitStep, context: _Context) -> None:
+        await self._flush(context)
+        if step.stderr is not None:
+            _write_stderr(step.stderr.encode())
+        os._exit(step.code)
+
+    async def _kill(self, step: KillStep, context: _Context) -> None:
+        await self._flush(context)
+        signum = step.signum()
+        catchable = signum not in (signal.SIGKILL, signal.SIGSTOP)
+        if catchable and not (signum == signal.SIGTERM and self._scenario.ignore_sigterm):
+            # Python installs handlers for some signals (SIGINT raises KeyboardInterrupt): restore the default
+            # action so the process really dies by this signal.
+            signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        # Only a signal that is ignored, or whose default action is not to terminate, comes back here.
+        await anyio.lowlevel.checkpoint()
+
+    async def _grandchild(self, step: GrandchildStep, context: _Context) -> None:
+        pid = await anyio.to_thread.run_sync(_spawn_grandchild, step.pid_file, step.ignore_sigterm)
+        if step.report:
+            await self._report(context, {"grandchild": pid})
+
+    async def _flush(self, context: _Context) -> None:
+        """Make sure everything sent before is on the wire (before exiting or dying)."""
+        with contextlib.suppress(ConnectionClosedError):  # Nothing more can be written anyway.
+            await self._stdout.flush(context.client)
+
+
+def _raw(value: Any) -> msgspec.Raw:
+    return msgspec.Raw(schema.encode(value))
+
+
+def _spawn_grandchild(pid_file: str, ignore_sigterm: bool) -> int:
+    """Start the grandchild, wait until it is ready, write its pid to `pid_file`; runs in a worker thread."""
+    import subprocess  # Only this step needs it: imported here to keep startup lean.
+
+    process = subprocess.Popen(
+        [sys.executable, "-c", _GRANDCHILD_CODE, "1" if ignore_sigterm else "0"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    _grandchildren.append(process)
+    assert process.stdout is not None
+    # Its "ready" line comes after its SIGTERM disposition is set: only then is the pid worth reporting.
+    process.stdout.readline()
+    process.stdout.close()
+    temporary = f"{pid_file}.tmp"
+    with open(temporary, "w") as file:
+        file.write(f"{process.pid}\n")
+    os.replace(temporary, pid_file)  # atomic: a reader never sees a half-written pid
+    return process.pid
+
+
+def _write_stderr(data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(2, view) :]
+
+
+async def _drain_until_eof(stdin: FdReceiveStream) -> None:
+    """Read and discard stdin until the client closes it (after the connection stopped reading)."""
+    try:
+        while True:
+            await stdin.receive()
+    except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+        return
+
+
+async def serve_scenario(scenario: Scenario) -> None:
+    """Play `scenario` on this process's stdin/stdout until stdin closes (or forever, per ``onStdinEof``)."""
+    with stdio_streams() as (stdin, raw_stdout):
+        stdout = OrderedStdout(raw_stdout)
+        agent = AgentSideConnection(
+            ScenarioAgent(scenario, stdout),
+            stdin,
+            stdout,
+            # Scenarios decide for themselves how to answer a cancelled turn (compliance is what is tested).
+            strict_cancel=False,
+            name="stub-agent",
+        )
+        await agent.run()
+        # The connection also stops when stdout is closed under it; the process lives on until stdin closes.
+        await _drain_until_eof(stdin)
+        if scenario.on_stdin_eof == "ignore":
+            await anyio.sleep_forever()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns the exit status."""
+    import argparse  # Only the command line needs it.
+
+    parser = argparse.ArgumentParser(
+        prog="python -m subagent.testing.stub_agent", description="A scriptable stub ACP agent on stdio."
+    )
+    parser.add_argument("--scenario", metavar="FILE", help="the scenario file (default: a friendly turn)")
+    parser.add_argument("--log-level", default="WARNING", help="log level on stderr (default: WARNING)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="stub agent: %(levelname)s %(name)s %(message)s")
+    try:
+        scenario = load_scenario(args.scenario or DEFAULT_SCENARIO_PATH)
+    except ScenarioError as exc:
+        print(f"stub agent: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
+    if scenario.ignore_sigterm:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    anyio.run(serve_scenario, scenario)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
