@@ -44,7 +44,8 @@ format: $(STAMP) ## apply ruff's formatting and safe fixes
 demo: $(STAMP) ## a full turn against the bundled stub agent: no network, no keys
 	$(BIN)/subagent demo
 
-bench: $(STAMP) ## run the benchmarks under bench/
+bench: $(STAMP) ## run the benchmarks under bench/ (installs the bench-only extra first)
+	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 schema: $(STAMP) ## regenerate subagent/acp/schema.py from schema/acp/v1/schema.json

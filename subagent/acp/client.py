@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import logging
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -141,6 +142,7 @@ class _UsageProbe(msgspec.Struct):
 
 
 _USAGE_DECODER = msgspec.json.Decoder(_UsageProbe)
+_NOTIFICATION_DECODER = msgspec.json.Decoder(schema.SessionNotification)
 
 
 def final_message(updates: Sequence[schema.SessionUpdate]) -> str:
@@ -185,7 +187,7 @@ class _Turn:
 class ClientSession:
     """One ACP session with the agent. Created by :meth:`AcpClient.new_session` and friends.
 
-    ``last_activity`` (anyio clock) moves whenever the agent sends anything for this session;
+    ``last_activity`` (``time.monotonic()``) moves whenever the agent sends anything for this session;
     ``pending_permissions`` counts questions awaiting the policy. Together they let an owner run
     an inactivity timeout that does not count time spent waiting on a permission answer.
     """
@@ -195,7 +197,7 @@ class ClientSession:
         self.session_id = session_id
         self.modes: schema.SessionModeState | None = None
         self.config_options: list[schema.SessionConfigOption] | None = None
-        self.last_activity = anyio.current_time()
+        self.last_activity = time.monotonic()
         self.pending_permissions = 0
         self.replayed: list[schema.SessionUpdate] = []
         """Updates the agent sent while loading this session (its replayed history)."""
@@ -284,24 +286,51 @@ class ClientSession:
 
     # -- from the agent ------------------------------------------------------------------------------
 
-    async def _deliver(self, update: schema.SessionUpdate) -> None:
-        self.last_activity = anyio.current_time()
+    def _deliver(self, update: schema.SessionUpdate) -> Awaitable[None] | None:
+        """Record ``update`` and call the listeners; an awaitable comes back only if one of them is async."""
+        self.last_activity = time.monotonic()
         turn = self._turn
         if self._loading:
             self.replayed.append(update)
         elif turn is not None:
             turn.updates.append(update)
+        if not self._listeners and (turn is None or turn.on_update is None):
+            return None
         callbacks: list[UpdateCallback] = list(self._listeners)
         if turn is not None and turn.on_update is not None:
             callbacks.append(turn.on_update)
-        for callback in callbacks:
+        for index, callback in enumerate(callbacks):
+            outcome = self._call_listener(callback, update)
+            if outcome is not None:
+                return self._deliver_async(outcome, callbacks[index + 1 :], update)
+        return None
+
+    def _call_listener(
+        self, callback: UpdateCallback, update: schema.SessionUpdate
+    ) -> Awaitable[object] | None:
+        try:
+            outcome = callback(update)
+        except Exception:
+            # A display bug must not lose the rest of the turn.
+            logger.exception("update callback for session %r raised; ignored", self.session_id)
+            return None
+        return outcome if inspect.isawaitable(outcome) else None
+
+    async def _deliver_async(
+        self, pending: Awaitable[object], rest: list[UpdateCallback], update: schema.SessionUpdate
+    ) -> None:
+        while True:
             try:
-                outcome = callback(update)
-                if inspect.isawaitable(outcome):
-                    await outcome
+                await pending
             except Exception:
-                # A display bug must not lose the rest of the turn.
                 logger.exception("update callback for session %r raised; ignored", self.session_id)
+            while rest:
+                outcome = self._call_listener(rest.pop(0), update)
+                if outcome is not None:
+                    pending = outcome
+                    break
+            else:
+                return
 
     async def _ask(self, question: PermissionQuestion, policy: PermissionPolicy) -> PermissionOption | None:
         turn = self._turn
@@ -317,7 +346,7 @@ class ClientSession:
             self._permission_scopes.discard(scope)
             self.pending_permissions -= 1
             # The clock restarts when the answer goes out: waiting on the policy is not silence.
-            self.last_activity = anyio.current_time()
+            self.last_activity = time.monotonic()
         if scope.cancelled_caught or decision is PermissionOutcome.CANCELLED:
             return None
         if decision not in question.options:
@@ -559,13 +588,13 @@ class AcpClient:
         raise RequestError.method_not_found(method)
 
     def _touch(self, session_id: str) -> None:
-        self._session_for(session_id).last_activity = anyio.current_time()
+        self._session_for(session_id).last_activity = time.monotonic()
 
     async def _on_permission(
         self, request: schema.RequestPermissionRequest
     ) -> schema.RequestPermissionResponse:
         session = self._session_for(request.session_id)
-        session.last_activity = anyio.current_time()
+        session.last_activity = time.monotonic()
         tool_call = request.tool_call
         question = PermissionQuestion(
             session_id=request.session_id,
@@ -583,20 +612,25 @@ class AcpClient:
         )
         return schema.RequestPermissionResponse(outcome=outcome)
 
-    async def _serve_notification(self, method: str, params: msgspec.Raw | None) -> None:
+    def _serve_notification(self, method: str, params: msgspec.Raw | None) -> Awaitable[None] | None:
+        # A plain function on purpose: the connection awaits only what comes back, so a turn's stream
+        # of updates costs no coroutine per update unless a listener is async.
         if method != schema.SESSION_UPDATE or params is None:
             logger.debug("ignoring notification %s from the agent", method)
-            return
+            return None
         try:
-            notification = schema.decode(params, type=schema.SessionNotification)
+            notification = _NOTIFICATION_DECODER.decode(params)
         except msgspec.ValidationError:
-            logger.warning("skipping a malformed session/update from the agent", exc_info=True)
-            return
+            try:  # the tolerant path: unknown update kinds and content types become Unknown* values
+                notification = schema.decode(params, type=schema.SessionNotification)
+            except msgspec.ValidationError:
+                logger.warning("skipping a malformed session/update from the agent", exc_info=True)
+                return None
         session = self._sessions.get(notification.session_id)
         if session is None:
             logger.warning("ignoring an update for unknown session %r", notification.session_id)
-            return
-        await session._deliver(notification.update)
+            return None
+        return session._deliver(notification.update)
 
 
 def _absolute(path: str | os.PathLike[str]) -> str:

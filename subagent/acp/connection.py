@@ -86,7 +86,7 @@ Params: TypeAlias = "msgspec.Struct | dict[str, Any] | list[Any] | msgspec.Raw |
 RequestHandler: TypeAlias = "Callable[[str, msgspec.Raw | None], Awaitable[Any]]"
 """`await handler(method, params)` returns the result (anything msgspec encodes) or raises `RequestError`."""
 
-NotificationHandler: TypeAlias = "Callable[[str, msgspec.Raw | None], Awaitable[None]]"
+NotificationHandler: TypeAlias = "Callable[[str, msgspec.Raw | None], Awaitable[None] | None]"
 """`await handler(method, params)`, called one notification at a time in arrival order."""
 
 ProtocolErrorCallback: TypeAlias = "Callable[[ProtocolError], None]"
@@ -108,7 +108,6 @@ _EXCERPT_BYTES: Final = 120
 # Why: enough of a malformed line to recognise it (e.g. an agent logging to stdout), short enough for a log.
 
 _JSONRPC: Final = "2.0"
-_CR: Final = 0x0D
 
 _in_notification_handler: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "_in_notification_handler", default=False
@@ -168,6 +167,9 @@ class _OutError(msgspec.Struct):
     error: _WireError
 
 
+_NotificationBatch: TypeAlias = "list[tuple[str, msgspec.Raw | None]]"
+"""Notifications parsed from one read, handed to the notifier together."""
+
 _ENVELOPE_DECODER: Final = msgspec.json.Decoder(_Envelope)
 _PROBE_DECODER: Final = msgspec.json.Decoder(_Probe)
 _WIRE_ERROR_DECODER: Final = msgspec.json.Decoder(_WireError)
@@ -216,14 +218,7 @@ def decode_params(params: msgspec.Raw | None, params_type: type[T]) -> T:
         raise RequestError.invalid_params({"details": str(exc)}) from exc
 
 
-def _params_or_none(raw: msgspec.Raw | msgspec.UnsetType) -> msgspec.Raw | None:
-    """Absent params and `"params": null` both reach the handlers as None."""
-    if raw is msgspec.UNSET or (len(raw) == 4 and bytes(raw) == b"null"):
-        return None
-    return raw
-
-
-def _is_utf8(line: bytearray) -> bool:
+def _is_utf8(line: bytes) -> bool:
     try:
         line.decode("utf-8")
     except UnicodeDecodeError:
@@ -244,8 +239,9 @@ class Connection:
         request_handler: serves the peer's requests; without one every request gets -32601. It raises
             `RequestError` to choose the error object, `msgspec.ValidationError` (or uses `decode_params`)
             for -32602; anything else becomes a bare -32603 and is logged here.
-        notification_handler: receives the peer's notifications in order; without one they are dropped.
-            Its exceptions are logged and never close the connection.
+        notification_handler: receives the peer's notifications in order, one at a time; without one they
+            are dropped. It may be a plain function (then it is not awaited) or return an awaitable (awaited
+            before the next notification). Its exceptions are logged and never close the connection.
         on_protocol_error: told (synchronously, from the reader) about every line skipped as a protocol error.
         max_line_bytes: longer lines are discarded without being buffered.
         name: names this connection in log messages.
@@ -286,7 +282,8 @@ class Connection:
         self._owned_task_group: anyio.abc.TaskGroup | None = None
         self._outgoing: MemoryObjectSendStream[bytes] | None = None
         self._outgoing_receive: MemoryObjectReceiveStream[bytes] | None = None
-        self._notifications: MemoryObjectSendStream[tuple[str, msgspec.Raw | None]] | None = None
+        self._notifications: MemoryObjectSendStream[_NotificationBatch] | None = None
+        self._notification_batch: _NotificationBatch = []
 
         self._next_id = 0
         self._pending: dict[int, _Pending] = {}
@@ -345,9 +342,9 @@ class Connection:
             return
         self._outgoing, outgoing_receive = anyio.create_memory_object_stream[bytes](0)
         self._outgoing_receive = outgoing_receive
-        self._notifications, notifications_receive = anyio.create_memory_object_stream[
-            tuple[str, msgspec.Raw | None]
-        ](math.inf)
+        self._notifications, notifications_receive = anyio.create_memory_object_stream[_NotificationBatch](
+            math.inf
+        )
         try:
             with anyio.CancelScope() as self._run_scope:
                 async with anyio.create_task_group() as task_group:
@@ -545,7 +542,7 @@ class Connection:
 
     async def _read_loop(self) -> ConnectionClosedError:
         """Read lines until the stream ends; return the error to close the connection with."""
-        buffer = self._read_buffer
+        buffer = self._read_buffer  # an incomplete line: never holds a newline
         limit = self._max_line_bytes
         skipped = 0  # > 0 while discarding the rest of an over-long line
         while True:
@@ -565,15 +562,20 @@ class Connection:
                 self._report(MessageTooLargeError(skipped + newline, limit))
                 skipped = 0
                 chunk = chunk[newline + 1 :]
-            # The buffer holds no newline, so only the new bytes need searching (linear for long lines).
-            scan_from = len(buffer)
-            buffer += chunk
-            start = 0
-            while (newline := buffer.find(b"\n", scan_from)) >= 0:
-                self._take_line(buffer, start, newline)
-                start = scan_from = newline + 1
-            if start:
-                del buffer[:start]
+            # Only the new bytes are searched, so a long line costs linear time; a chunk holding lines
+            # is split in one C-level pass, the fast path for a stream of small updates.
+            if b"\n" not in chunk:
+                buffer += chunk
+            else:
+                if buffer:
+                    buffer += chunk
+                    lines = bytes(buffer).split(b"\n")
+                    buffer.clear()
+                else:
+                    lines = chunk.split(b"\n")
+                buffer += lines.pop()
+                self._take_lines(lines)
+                self._flush_notifications()
             if len(buffer) > limit:
                 logger.warning("%s: discarding a line longer than %d bytes", self._name, limit)
                 skipped = len(buffer)
@@ -581,51 +583,61 @@ class Connection:
         if skipped:
             self._report(MessageTooLargeError(skipped, limit))
         elif buffer:
-            self._take_line(buffer, 0, len(buffer))
+            self._take_lines([bytes(buffer)])
             buffer.clear()
+        self._flush_notifications()
         return ConnectionClosedError("the peer closed the connection (end of stream)")
 
-    def _take_line(self, buffer: bytearray, start: int, end: int) -> None:
-        if self._closed is not None:
-            return
-        if end - start > self._max_line_bytes:
-            self._report(MessageTooLargeError(end - start, self._max_line_bytes))
-            return
-        if end > start and buffer[end - 1] == _CR:
-            end -= 1
-        line = buffer[start:end]  # a copy: decoded Raw values keep referring to it
-        if line and not line.isspace():
-            self._dispatch(line)
-
-    def _dispatch(self, line: bytearray) -> None:
-        if not line.isascii() and not _is_utf8(line):
-            self._reject(line, "not UTF-8")
-            return
-        try:
-            message = _ENVELOPE_DECODER.decode(line)
-        except msgspec.ValidationError as exc:
-            if line.lstrip()[:1] == b"[":
-                self._reject(line, "a JSON array: batches are not supported")
+    def _take_lines(self, lines: list[bytes]) -> None:
+        limit = self._max_line_bytes
+        decode = _ENVELOPE_DECODER.decode
+        batch = self._notification_batch  # not swapped until the reader flushes, after this returns
+        handled_here = self._notification_handler is not None
+        for line in lines:
+            if self._closed is not None:
+                return
+            if len(line) > limit:
+                self._report(MessageTooLargeError(len(line), limit))
+                continue
+            if line[-1:] == b"\r":
+                line = line[:-1]  # CRLF framing is tolerated
+            if not line or line.isspace():
+                continue
+            # msgspec does not validate the UTF-8 of Raw members (params, result): check here, cheaply
+            # for the common ASCII line.
+            if not line.isascii() and not _is_utf8(line):
+                self._reject(line, "not UTF-8")
+                continue
+            try:
+                message = decode(line)
+            except msgspec.ValidationError as exc:
+                if line.lstrip()[:1] == b"[":
+                    self._reject(line, "a JSON array: batches are not supported")
+                else:
+                    self._reject(line, f"not a JSON-RPC message: {exc}", probe=True)
+                continue
+            except msgspec.DecodeError as exc:
+                self._reject(line, f"not JSON: {exc}")
+                continue
+            method = message.method
+            if message.jsonrpc != _JSONRPC:
+                self._reject(line, 'the "jsonrpc" member is not "2.0"', probe=True)
+            elif isinstance(method, str):
+                params = None if message.params is msgspec.UNSET else message.params
+                if message.id is msgspec.UNSET:
+                    if handled_here and method != CANCEL_REQUEST_METHOD:
+                        self._notifications_received += 1  # the hot path of _on_notification, inlined
+                        batch.append((method, params))
+                    else:
+                        self._on_notification(method, params)
+                else:
+                    self._on_request(message.id, method, params)
+            elif message.id is not msgspec.UNSET:
+                self._on_response(message.id, message)
             else:
-                self._reject(line, f"not a JSON-RPC message: {exc}", probe=True)
-            return
-        except msgspec.DecodeError as exc:
-            self._reject(line, f"not JSON: {exc}")
-            return
-        if message.jsonrpc != _JSONRPC:
-            self._reject(line, 'the "jsonrpc" member is not "2.0"', probe=True)
-        elif isinstance(message.method, str):
-            params = _params_or_none(message.params)
-            if message.id is msgspec.UNSET:
-                self._on_notification(message.method, params)
-            else:
-                self._on_request(message.id, message.method, params)
-        elif message.id is not msgspec.UNSET:
-            self._on_response(message.id, message)
-        else:
-            self._reject(line, "neither a request, a notification nor a response")
+                self._reject(line, "neither a request, a notification nor a response")
 
-    def _reject(self, line: bytearray, reason: str, *, probe: bool = False) -> None:
+    def _reject(self, line: bytes, reason: str, *, probe: bool = False) -> None:
         """Report a malformed line; if it still shows whose it is, make sure nobody waits for it forever."""
         self._report(MalformedMessageError(reason, bytes(line[:_EXCERPT_BYTES])))
         if not probe:
@@ -684,9 +696,15 @@ class Connection:
         elif self._notification_handler is None:
             logger.debug("%s: no notification handler; dropped %r", self._name, method)
         else:
-            assert self._notifications is not None
             self._notifications_received += 1
-            self._notifications.send_nowait((method, params))
+            self._notification_batch.append((method, params))
+
+    def _flush_notifications(self) -> None:
+        # One queue item per chunk read, not per message: a hand-off costs the notifier a trip through
+        # the event loop, and a fast agent sends hundreds of small updates per read.
+        if self._notification_batch and self._notifications is not None:
+            batch, self._notification_batch = self._notification_batch, []
+            self._notifications.send_nowait(batch)
 
     def _on_cancel_request(self, params: msgspec.Raw | None) -> None:
         try:
@@ -760,22 +778,26 @@ class Connection:
 
     # -- notifications, in order -------------------------------------------------------------------------
 
-    async def _notify_loop(
-        self, notifications: MemoryObjectReceiveStream[tuple[str, msgspec.Raw | None]]
-    ) -> None:
+    async def _notify_loop(self, notifications: MemoryObjectReceiveStream[_NotificationBatch]) -> None:
         _in_notification_handler.set(True)
         handler = self._notification_handler
         try:
-            async for method, params in notifications:
+            async for batch in notifications:
                 assert handler is not None
-                try:
-                    await handler(method, params)
-                except Exception:
-                    logger.exception("%s: the notification handler failed on %r", self._name, method)
-                self._notifications_handled += 1
-                for event, wanted in list(self._barrier_waiters.items()):
-                    if wanted <= self._notifications_handled:
-                        event.set()
+                for method, params in batch:
+                    try:
+                        # A plain function is called without an await: the common, fast path for
+                        # handlers that only record what arrived.
+                        outcome = handler(method, params)
+                        if outcome is not None:
+                            await outcome
+                    except Exception:
+                        logger.exception("%s: the notification handler failed on %r", self._name, method)
+                    self._notifications_handled += 1
+                    if self._barrier_waiters:
+                        for event, wanted in list(self._barrier_waiters.items()):
+                            if wanted <= self._notifications_handled:
+                                event.set()
         finally:
             self._notifier_finished = True
             self._release_barrier_waiters()

@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import shlex
+import time
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -209,7 +210,7 @@ class AcpRun:
 
     @property
     def last_activity(self) -> float | None:
-        """When the agent last sent anything for this run's session (anyio clock), if it has one."""
+        """When the agent last sent anything for this run's session (``time.monotonic()``), if it has one."""
         return None if self._session is None else self._session.last_activity
 
     # -- the SubagentRun protocol ------------------------------------------------------------------
@@ -538,7 +539,7 @@ async def _watch_idle(session: ClientSession, timeout: float, on_timeout: Any) -
         if session.pending_permissions:
             await anyio.sleep(min(timeout, _IDLE_POLL_WHILE_ASKING))
             continue
-        remaining = session.last_activity + timeout - anyio.current_time()
+        remaining = session.last_activity + timeout - time.monotonic()
         if remaining <= 0:
             await on_timeout()
             return

@@ -83,6 +83,7 @@ AGENT_NAME: Final = "subagent-stub-agent"
 # A placeholder for the chunk index in the flood template: a private-use character, so msgspec writes it as
 # plain UTF-8 (never escaped) and it cannot clash with anything a JSON encoder produces around it.
 _INDEX_MARK: Final = "\ue000"
+_FLOOD_BATCH: Final = 1000  # chunks per write: ~100 KiB, a few pipe buffers
 _GRANDCHILD_CODE: Final = """\
 import os, signal, sys
 if sys.argv[1] == "1":
@@ -367,20 +368,29 @@ class ScenarioAgent(AgentHandler):
 
     async def _flood(self, step: FloodStep, context: _Context) -> None:
         assert context.session_id is not None
-        # Encoded once; each chunk only splices its index in, so the flood costs what the pipe costs.
+        # Whole lines encoded once and written in batches, in order with everything else: the flood costs
+        # what the pipe costs, so a benchmark measures the client reading it, not this agent.
         template = schema.encode(
             {
-                "sessionId": context.session_id,
-                "update": {
-                    "sessionUpdate": "agent_message_chunk",
-                    "content": {"type": "text", "text": step.text.replace("{i}", _INDEX_MARK)},
+                "jsonrpc": "2.0",
+                "method": schema.SESSION_UPDATE,
+                "params": {
+                    "sessionId": context.session_id,
+                    "update": {
+                        "sessionUpdate": "agent_message_chunk",
+                        "content": {"type": "text", "text": step.text.replace("{i}", _INDEX_MARK)},
+                    },
                 },
             }
         )
         parts = template.split(_INDEX_MARK.encode())
-        notify = context.client.notify
-        for index in range(step.count):
-            await notify(schema.SESSION_UPDATE, msgspec.Raw(str(index).encode().join(parts)))
+        for start in range(0, step.count, _FLOOD_BATCH):
+            lines = [
+                str(index).encode().join(parts)
+                for index in range(start, min(start + _FLOOD_BATCH, step.count))
+            ]
+            lines.append(b"")
+            await self._stdout.write(context.client, b"\n".join(lines))
 
     async def _permission(self, step: PermissionStep, context: _Context) -> _Stop | None:
         assert context.session_id is not None
