@@ -30,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 
@@ -157,10 +157,10 @@ async def sdk_turn(argv: list[str], cwd: str, chunks: int) -> float:
         async def request_permission(self, *args: Any, **kwargs: Any) -> Any:
             raise NotImplementedError
 
-    async with acp.spawn_agent_process(lambda agent: Collector(), argv[0], *argv[1:]) as (
+    async with acp.spawn_agent_process(lambda agent: cast(Any, Collector()), argv[0], *argv[1:]) as (
         connection,
         _process,
-    ):  # type: ignore[arg-type, return-value]
+    ):
         await connection.initialize(protocol_version=1)
         session = await connection.new_session(cwd=cwd, mcp_servers=[])
         started = time.perf_counter()
