@@ -1105,3 +1105,52 @@ async def test_request_error_constructors_carry_the_standard_codes_and_messages(
     assert issubclass(MessageTooLargeError, ProtocolError)
     assert issubclass(ProtocolError, AcpError)
     assert issubclass(ConnectionClosedError, AcpError)
+
+
+# -- typed notifications ----------------------------------------------------------------------------------
+
+
+class Update(msgspec.Struct, frozen=True):
+    n: int
+
+
+async def test_typed_notifications_arrive_decoded_and_anything_else_takes_the_generic_path() -> None:
+    received: list[tuple[str, Any]] = []
+    asked: list[tuple[str, Any]] = []
+    got_all = anyio.Event()
+
+    def on_notification(method: str, params: Any) -> None:
+        received.append((method, params))
+        if len(received) == 3:
+            got_all.set()
+
+    async def on_request(method: str, params: msgspec.Raw | None) -> Any:
+        asked.append((method, None if params is None else msgspec.json.decode(params)))
+        return "answered"
+
+    async with open_pipe() as to_connection, open_pipe() as from_connection:
+        connection = Connection(
+            to_connection.reader,
+            from_connection.writer,
+            notification_handler=on_notification,
+            request_handler=on_request,
+            typed_notifications={"update": Update},
+        )
+        peer = RawPeer(to_connection, from_connection)
+        async with connection:
+            with anyio.fail_after(5):
+                await peer.send(notification("update", {"n": 1}))
+                await peer.send(notification("update", {"n": "not a number"}))  # the type rejects it
+                await peer.send(request(4, "update", {"n": 2}))  # an id makes it a request
+                assert await peer.receive() == result(4, "answered")
+                await peer.send(notification("other", {"n": 3}))
+                await got_all.wait()
+
+    assert received[0] == ("update", Update(n=1))
+    method, raw = received[1]
+    assert method == "update"
+    assert isinstance(raw, msgspec.Raw)
+    assert msgspec.json.decode(raw) == {"n": "not a number"}
+    assert received[2][0] == "other"
+    assert isinstance(received[2][1], msgspec.Raw)
+    assert asked == [("update", {"n": 2})]

@@ -142,7 +142,6 @@ class _UsageProbe(msgspec.Struct):
 
 
 _USAGE_DECODER = msgspec.json.Decoder(_UsageProbe)
-_NOTIFICATION_DECODER = msgspec.json.Decoder(schema.SessionNotification)
 
 
 def final_message(updates: Sequence[schema.SessionUpdate]) -> str:
@@ -403,6 +402,7 @@ class AcpClient:
             max_line_bytes=max_line_bytes,
             name=name,
             value_encoder=schema.encode,
+            typed_notifications={schema.SESSION_UPDATE: schema.SessionNotification},
         )
         self._exit_diagnosis = exit_diagnosis
         self._sessions: dict[str, ClientSession] = {}
@@ -612,15 +612,17 @@ class AcpClient:
         )
         return schema.RequestPermissionResponse(outcome=outcome)
 
-    def _serve_notification(self, method: str, params: msgspec.Raw | None) -> Awaitable[None] | None:
+    def _serve_notification(
+        self, method: str, params: schema.SessionNotification | msgspec.Raw | None
+    ) -> Awaitable[None] | None:
         # A plain function on purpose: the connection awaits only what comes back, so a turn's stream
         # of updates costs no coroutine per update unless a listener is async.
-        if method != schema.SESSION_UPDATE or params is None:
+        if isinstance(params, schema.SessionNotification):
+            notification = params  # decoded in one pass by the connection: the hot path
+        elif method != schema.SESSION_UPDATE or params is None:
             logger.debug("ignoring notification %s from the agent", method)
             return None
-        try:
-            notification = _NOTIFICATION_DECODER.decode(params)
-        except msgspec.ValidationError:
+        else:
             try:  # the tolerant path: unknown update kinds and content types become Unknown* values
                 notification = schema.decode(params, type=schema.SessionNotification)
             except msgspec.ValidationError:

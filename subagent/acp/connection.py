@@ -36,9 +36,9 @@ from __future__ import annotations
 import contextvars
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, Union, overload
 
 import anyio
 import anyio.abc
@@ -167,7 +167,7 @@ class _OutError(msgspec.Struct):
     error: _WireError
 
 
-_NotificationBatch: TypeAlias = "list[tuple[str, msgspec.Raw | None]]"
+_NotificationBatch: TypeAlias = "list[tuple[str, Any]]"
 """Notifications parsed from one read, handed to the notifier together."""
 
 _ENVELOPE_DECODER: Final = msgspec.json.Decoder(_Envelope)
@@ -218,6 +218,30 @@ def decode_params(params: msgspec.Raw | None, params_type: type[T]) -> T:
         raise RequestError.invalid_params({"details": str(exc)}) from exc
 
 
+def _typed_notification_decoder(
+    types: Mapping[str, type[msgspec.Struct]],
+) -> tuple[msgspec.json.Decoder[Any] | None, dict[type, str]]:
+    """One decoder for whole notification lines of the given methods, as a union tagged by `method`,
+    and the method of each member type (msgspec does not keep the tag as an attribute)."""
+    if not types:
+        return None, {}
+    members = tuple(
+        msgspec.defstruct(
+            f"_Typed{index}",
+            [
+                ("jsonrpc", Literal["2.0"]),
+                ("params", params_type),
+                ("id", Any, msgspec.UNSET),
+            ],
+            tag_field="method",
+            tag=method,
+        )
+        for index, (method, params_type) in enumerate(types.items())
+    )
+    methods = dict(zip(members, types, strict=True))
+    return msgspec.json.Decoder(Union[members]), methods  # noqa: UP007 - a runtime union of dynamic types
+
+
 def _is_utf8(line: bytes) -> bool:
     try:
         line.decode("utf-8")
@@ -245,6 +269,10 @@ class Connection:
         on_protocol_error: told (synchronously, from the reader) about every line skipped as a protocol error.
         max_line_bytes: longer lines are discarded without being buffered.
         name: names this connection in log messages.
+        typed_notifications: method -> params type for hot notifications (ACP: ``session/update``): such a
+            line is decoded in one pass and the handler gets the typed params instead of `msgspec.Raw`.
+            A line that does not fit (another message, or params the type rejects) takes the generic path,
+            so the handler must accept raw params for these methods too.
         value_encoder: turns params and handler results (other than `msgspec.Raw` and None) into JSON
             bytes; a protocol layer passes its own encoder here (ACP: `schema.encode`). Without one,
             msgspec encodes them as they are.
@@ -261,6 +289,7 @@ class Connection:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         name: str = "jsonrpc",
         value_encoder: Callable[[Any], bytes] | None = None,
+        typed_notifications: Mapping[str, type[msgspec.Struct]] | None = None,
     ) -> None:
         if max_line_bytes < 1:
             raise ValueError(f"max_line_bytes must be positive, not {max_line_bytes}")
@@ -273,6 +302,7 @@ class Connection:
         self._name = name
         self._encoder = msgspec.json.Encoder()
         self._value_encoder = value_encoder
+        self._typed_decoder, self._typed_methods = _typed_notification_decoder(typed_notifications or {})
 
         self._started = False
         self._closed: ConnectionClosedError | None = None
@@ -593,6 +623,8 @@ class Connection:
         decode = _ENVELOPE_DECODER.decode
         batch = self._notification_batch  # not swapped until the reader flushes, after this returns
         handled_here = self._notification_handler is not None
+        typed = self._typed_decoder.decode if self._typed_decoder is not None and handled_here else None
+        typed_methods = self._typed_methods
         for line in lines:
             if self._closed is not None:
                 return
@@ -608,6 +640,16 @@ class Connection:
             if not line.isascii() and not _is_utf8(line):
                 self._reject(line, "not UTF-8")
                 continue
+            if typed is not None:
+                try:
+                    notification = typed(line)
+                except msgspec.DecodeError:
+                    pass  # not one of them, params the type rejects, or not JSON: the generic path decides
+                else:
+                    if notification.id is msgspec.UNSET:  # with an id it is a request: generic path
+                        self._notifications_received += 1
+                        batch.append((typed_methods[type(notification)], notification.params))
+                        continue
             try:
                 message = decode(line)
             except msgspec.ValidationError as exc:
