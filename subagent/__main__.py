@@ -1,0 +1,12 @@
+"""``python -m subagent``: the ``subagent`` command line."""
+
+from __future__ import annotations
+
+import sys
+
+from subagent.cli import main
+
+__all__: list[str] = []
+
+if __name__ == "__main__":
+    sys.exit(main())
