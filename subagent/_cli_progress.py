@@ -50,7 +50,6 @@ from subagent.acp.handlers import (
 from subagent.types import SubagentResult, Usage, thaw_json
 
 __all__ = [
-    "ANNOUNCEMENT_WAIT",
     "AnswerSource",
     "AskPolicy",
     "Console",
@@ -71,9 +70,6 @@ __all__ = [
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _RAW_INPUT_CHARS: Final = 400
 _POLL_SECONDS: Final = 0.1
-
-ANNOUNCEMENT_WAIT: Final = 0.5
-"""How long a permission question waits for its tool call's announcement (see `ToolCalls.wait_for`)."""
 
 
 def sanitize(text: str) -> str:
@@ -130,21 +126,9 @@ class ToolCalls:
     """The turn's tool calls by id, for progress lines and for naming a permission question."""
 
     def __init__(self) -> None:
+        # The connection serves a permission question only after the updates sent before it, so the
+        # question's tool call is already here when the question is shown.
         self._calls: dict[str, ToolCallState] = {}
-        self._awaited: dict[str, anyio.Event] = {}
-
-    async def wait_for(self, tool_call_id: str, timeout: float = ANNOUNCEMENT_WAIT) -> None:
-        """Return once the tool call was announced, or after ``timeout`` seconds.
-
-        A permission request is served as soon as it arrives, possibly before the updates the agent
-        sent just before it (the tool call's announcement among them) were delivered; waiting here
-        keeps the question after its tool call on screen, and lets it be named by its title.
-        """
-        if tool_call_id in self._calls:
-            return
-        event = self._awaited.setdefault(tool_call_id, anyio.Event())
-        with anyio.move_on_after(timeout):
-            await event.wait()
 
     def get(self, tool_call_id: str) -> ToolCallState | None:
         """The state of a tool call seen so far, or None."""
@@ -185,9 +169,6 @@ class ToolCalls:
 
     def _announced(self, state: ToolCallState) -> None:
         self._calls[state.tool_call_id] = state
-        event = self._awaited.pop(state.tool_call_id, None)
-        if event is not None:
-            event.set()
 
     def describe(self, question: PermissionQuestion) -> ToolCallState:
         """The question's tool call: what the question says, completed from what the turn showed."""
@@ -578,7 +559,6 @@ class ReportingPolicy:
 
     async def decide(self, question: PermissionQuestion) -> PermissionDecision:
         """Decide with the inner policy and report the decision."""
-        await self.tool_calls.wait_for(question.tool_call_id)
         decision = await self.inner.decide(question)
         self.view.decided(question, self.tool_calls.describe(question), decision, self.reason)
         return decision
@@ -685,7 +665,6 @@ class AskPolicy:
     async def decide(self, question: PermissionQuestion) -> PermissionDecision:
         """Ask, and return the chosen option (or a rejection)."""
         async with self._lock:
-            await self.tool_calls.wait_for(question.tool_call_id)
             call = self.tool_calls.describe(question)
             if self.source is None:
                 return await self._reject(question, call, "no terminal to ask on")

@@ -1154,3 +1154,34 @@ async def test_typed_notifications_arrive_decoded_and_anything_else_takes_the_ge
     assert received[2][0] == "other"
     assert isinstance(received[2][1], msgspec.Raw)
     assert asked == [("update", {"n": 2})]
+
+
+async def test_a_request_is_handled_only_after_the_notifications_sent_before_it() -> None:
+    release = anyio.Event()
+    notification_started = anyio.Event()
+    handled: list[str] = []
+    seen_by_request: list[list[str]] = []
+
+    async def on_notification(method: str, params: msgspec.Raw | None) -> None:
+        notification_started.set()
+        await release.wait()
+        handled.append(method)
+
+    async def on_request(method: str, params: msgspec.Raw | None) -> Any:
+        seen_by_request.append(list(handled))
+        return "ok"
+
+    async with peer_and_connection(request_handler=on_request, notification_handler=on_notification) as (
+        connection,
+        peer,
+    ):
+        with anyio.fail_after(5):
+            await peer.send(notification("session/update", {"toolCallId": "c1"}))
+            await peer.send(request(0, "session/request_permission", {"toolCallId": "c1"}))
+            await notification_started.wait()
+            await anyio.wait_all_tasks_blocked()
+            assert seen_by_request == []  # held back behind the slow notification
+            assert connection.statistics().incoming_requests == 1
+            release.set()
+            assert await peer.receive() == result(0, "ok")
+    assert seen_by_request == [["session/update"]]

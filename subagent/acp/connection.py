@@ -768,15 +768,25 @@ class Connection:
         # Registered before the task starts, so a `$/cancel_request` right behind it finds it.
         scope = self._incoming[request_id] = anyio.CancelScope()
         assert self._handlers is not None
-        self._handlers.start_soon(self._serve_request, request_id, method, params, scope)
+        # Like a response, a request is handled only after the notifications sent before it: an agent's
+        # permission question must not overtake the tool call update it is about.
+        before = self._notifications_received
+        self._handlers.start_soon(self._serve_request, request_id, method, params, scope, before)
 
     # -- serving the peer's requests ---------------------------------------------------------------------
 
     async def _serve_request(
-        self, request_id: RequestId, method: str, params: msgspec.Raw | None, scope: anyio.CancelScope
+        self,
+        request_id: RequestId,
+        method: str,
+        params: msgspec.Raw | None,
+        scope: anyio.CancelScope,
+        notifications_before: int,
     ) -> None:
         try:
             with scope:
+                if notifications_before > self._notifications_handled:
+                    await self._wait_notifications_handled(notifications_before)
                 line = await self._answer(request_id, method, params)
             if scope.cancelled_caught:
                 logger.debug("%s: request %r (%s) cancelled by the peer", self._name, request_id, method)
