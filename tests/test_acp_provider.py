@@ -173,14 +173,25 @@ async def test_an_acp_run_is_resumable_and_not_steerable(stub: MakeCommand, tmp_
             first = await run.result()
             acp_run = run.provider_run
             assert isinstance(acp_run, AcpRun)
-            assert acp_run._client is not None
-            assert acp_run._client.process is not None
-            pid = acp_run._client.process.pid
+            pid = acp_run.pid
+            assert pid is not None
             second = await run.resume("two")
-        assert acp_run._client.process.pid == pid  # the same child
+        assert acp_run.pid == pid  # the same child
         assert acp_run.session_id == "session-1"
     assert first.output == "first: one"
     assert second == SubagentResult(output="second: two", stop_reason="completed")
+
+
+async def test_the_agents_stderr_lines_reach_the_callback_as_they_arrive(
+    stub: MakeCommand, tmp_path: Path
+) -> None:
+    lines: list[str] = []
+    command = stub(
+        {"turns": [[{"step": "stderr", "text": "warming up\nready\n"}, {"step": "message", "text": "hi"}]]}
+    )
+    result, _ = await run_once(provider_for(command, tmp_path, on_stderr_line=lines.append))
+    assert result.output == "hi"
+    assert lines == ["warming up", "ready"]
 
 
 async def test_a_json_rpc_error_answer_is_an_error_result_with_the_agents_code(

@@ -110,6 +110,10 @@ class AcpProvider:
         idle_timeout: default inactivity timeout of a turn (a request's ``timeout`` overrides it).
         structured_output: offer ``output_schema`` (the answer is parsed and validated as JSON).
         cancel_grace: how long a cancelled turn may take before the child is torn down.
+        on_stderr_line: called with each line the agent writes to stderr, as it arrives (the last
+            64 KiB are kept for error messages either way).
+        process_options: teardown timings and other options of
+            :func:`~subagent.acp.process.open_agent_process`.
     """
 
     inherits_parent_context = False
@@ -130,6 +134,7 @@ class AcpProvider:
         structured_output: bool = False,
         cancel_grace: float = DEFAULT_CANCEL_GRACE,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        on_stderr_line: Callable[[str], object] | None = None,
         process_options: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(command, str) or not command:
@@ -146,6 +151,7 @@ class AcpProvider:
         self.idle_timeout = idle_timeout
         self.cancel_grace = cancel_grace
         self.max_line_bytes = max_line_bytes
+        self.on_stderr_line = on_stderr_line
         self.process_options = dict(process_options or {})
         self.capabilities = SubagentCapabilities(output_schema=structured_output)
 
@@ -207,6 +213,12 @@ class AcpRun:
                 self._listeners.remove(listener)
 
         return dispose
+
+    @property
+    def pid(self) -> int | None:
+        """The agent process's pid (also its process group id), once it was spawned."""
+        client = self._client
+        return None if client is None or client.process is None else client.process.pid
 
     @property
     def last_activity(self) -> float | None:
@@ -353,6 +365,7 @@ class AcpRun:
                 fs=fs,
                 terminals=terminals,
                 max_line_bytes=provider.max_line_bytes,
+                on_stderr_line=provider.on_stderr_line,
                 process_options=provider.process_options,
             ) as client:
                 self._client = client
