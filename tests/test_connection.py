@@ -1185,3 +1185,65 @@ async def test_a_request_is_handled_only_after_the_notifications_sent_before_it(
             release.set()
             assert await peer.receive() == result(0, "ok")
     assert seen_by_request == [["session/update"]]
+
+
+@pytest.mark.parametrize("surprise", [None, "request", "blank", "malformed", "other"])
+async def test_a_read_of_many_typed_notifications_is_taken_whole_and_any_surprise_keeps_order(
+    surprise: str | None,
+) -> None:
+    received: list[tuple[str, Any]] = []
+    asked: list[str] = []
+    wanted = 4 if surprise == "other" else 3
+    all_received = anyio.Event()
+
+    def on_notification(method: str, params: Any) -> None:
+        received.append((method, params))
+        if len(received) == wanted:
+            all_received.set()
+
+    async def on_request(method: str, params: msgspec.Raw | None) -> Any:
+        asked.append(method)
+        return None
+
+    def line(message: dict[str, Any]) -> bytes:
+        return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+
+    lines = [line(notification("update", {"n": n})) for n in range(3)]
+    extra = {
+        None: b"",
+        "request": line(request(9, "update", {"n": 99})),
+        "blank": b"   \r\n",
+        "malformed": b'{"jsonrpc":"2.0","method":"upd\n',
+        "other": line(notification("other", {"n": 99})),
+    }[surprise]
+    lines.insert(2, extra)
+    expected: list[tuple[str, Any]] = [
+        ("update", Update(n=0)),
+        ("update", Update(n=1)),
+        ("update", Update(n=2)),
+    ]
+    if surprise == "other":
+        expected.insert(2, ("other", {"n": 99}))
+
+    recorder = Recorder()
+    async with open_pipe() as to_connection, open_pipe() as from_connection:
+        connection = Connection(
+            to_connection.reader,
+            from_connection.writer,
+            notification_handler=on_notification,
+            request_handler=on_request,
+            on_protocol_error=recorder.on_protocol_error,
+            typed_notifications={"update": Update},
+        )
+        peer = RawPeer(to_connection, from_connection)
+        async with connection:
+            with anyio.fail_after(5):
+                await peer.send_raw(b"".join(lines))  # one read holding every line
+                if surprise == "request":
+                    assert await peer.receive() == result(9, None)
+                await all_received.wait()
+
+    decoded = [(m, p if isinstance(p, Update) else msgspec.json.decode(p)) for m, p in received]
+    assert decoded == expected
+    assert asked == (["update"] if surprise == "request" else [])
+    assert len(recorder.protocol_errors) == (1 if surprise == "malformed" else 0)
