@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from subagent.acp.client import (
 from subagent.acp.connection import Connection
 from subagent.acp.errors import RequestError
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
+from subagent.acp.terminals import TerminalHost
+from tests.leaks import assert_no_leaks
 
 pytestmark = pytest.mark.anyio
 
@@ -554,3 +557,44 @@ def test_final_message_is_the_text_after_the_last_tool_call() -> None:
     ]
     assert final_message(updates) == "the answer"
     assert final_message(updates[:2]) == ""
+
+
+async def test_terminal_requests_are_served_by_the_terminal_host_when_enabled(tmp_path: Path) -> None:
+    replies: dict[str, Any] = {}
+
+    async def prompt(agent: FakeAgent, params: Any) -> Any:
+        created = await agent.ask(
+            "terminal/create",
+            {"sessionId": "s1", "command": sys.executable, "args": ["-c", "print('from the terminal')"]},
+        )
+        terminal = {"sessionId": "s1", "terminalId": created["terminalId"]}
+        replies["exit"] = await agent.ask("terminal/wait_for_exit", terminal)
+        replies["output"] = await agent.ask("terminal/output", terminal)
+        replies["release"] = await agent.ask("terminal/release", terminal)
+        return {"stopReason": "end_turn"}
+
+    async with assert_no_leaks(), TerminalHost(sandbox=FsSandbox([tmp_path]), cwd=tmp_path) as host:
+        agent = FakeAgent(handlers={"session/prompt": prompt})
+        async with connected(agent, terminals=host, fs=FsSandbox([tmp_path])) as client:
+            with anyio.fail_after(10):
+                await (await ready_session(client)).prompt("go")
+    assert agent.received[0][1]["clientCapabilities"]["terminal"] is True
+    assert replies["exit"] == {"exitCode": 0}
+    assert replies["output"] == {
+        "output": "from the terminal\n",
+        "truncated": False,
+        "exitStatus": {"exitCode": 0},
+    }
+    assert replies["release"] == {}
+
+
+async def test_set_mode_switches_the_session_mode_on_the_agent() -> None:
+    async def set_mode(agent: FakeAgent, params: Any) -> Any:
+        return {}
+
+    agent = FakeAgent(handlers={"session/set_mode": set_mode})
+    async with connected(agent) as client:
+        with anyio.fail_after(5):
+            session = await ready_session(client)
+            await session.set_mode("ask")
+    assert agent.received[-1] == ("session/set_mode", {"sessionId": "s1", "modeId": "ask"})
