@@ -25,6 +25,7 @@ import contextlib
 import inspect
 import logging
 import os
+import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -272,8 +273,10 @@ class ClientSession:
         turn.cancel_requested = True
         for scope in tuple(self._permission_scopes):
             scope.cancel()
-        with contextlib.suppress(AgentExitedError):  # a dead agent has nothing left to cancel
-            await self._client._notify(
+        # A closed connection has nothing left to cancel. No exit diagnosis here: it would wait for
+        # an exit that only the teardown after this (shielded) call can bring.
+        with contextlib.suppress(ConnectionClosedError):
+            await self._client.connection.notify(
                 schema.SESSION_CANCEL, schema.CancelNotification(session_id=self.session_id)
             )
 
@@ -548,12 +551,6 @@ class AcpClient:
         except ConnectionClosedError as exc:
             raise await self._diagnose(exc) from exc
 
-    async def _notify(self, method: str, params: Any) -> None:
-        try:
-            await self.connection.notify(method, params)
-        except ConnectionClosedError as exc:
-            raise await self._diagnose(exc) from exc
-
     async def _diagnose(self, closed: ConnectionClosedError) -> AgentExitedError:
         if isinstance(closed.cause, AgentExitedError):
             return closed.cause
@@ -725,7 +722,7 @@ async def _diagnose_exit(process: AgentProcess, closed: ConnectionClosedError) -
     with anyio.move_on_after(EXIT_DIAGNOSIS_TIMEOUT):
         info = await process.wait_exit()
         return AgentExitedError(str(info), exit_info=info)
-    command = " ".join(process.command)
+    command = shlex.join(process.command)
     tail = process.stderr_tail().strip()
     message = f"agent `{command}` (pid {process.pid}) closed its stdout but is still running"
     if closed.cause is not None:

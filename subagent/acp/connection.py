@@ -10,8 +10,8 @@ Tasks inside `Connection.run()`:
 
 * the **reader** reads chunks, splits lines, resolves responses, queues notifications and starts one task
   per incoming request. It never awaits user code, so a slow handler cannot stall it. A line longer than
-  `max_line_bytes` is skipped up to the next newline without being buffered; a line that is not UTF-8,
-  not JSON, or not a JSON-RPC 2.0 envelope is skipped. Both are logged and reported to
+  `max_line_bytes` is skipped up to the next newline, buffering at most `max_line_bytes` of it; a line
+  that is not UTF-8, not JSON, or not a JSON-RPC 2.0 envelope is skipped. Both are logged and reported to
   `on_protocol_error`, and the connection goes on.
 * the **writer** is the only task that touches the send stream: each message is handed over as a whole
   line and written with one `send`, so concurrent senders never interleave bytes, and a caller cancelled
@@ -269,7 +269,7 @@ class Connection:
             are dropped. It may be a plain function (then it is not awaited) or return an awaitable (awaited
             before the next notification). Its exceptions are logged and never close the connection.
         on_protocol_error: told (synchronously, from the reader) about every line skipped as a protocol error.
-        max_line_bytes: longer lines are discarded without being buffered.
+        max_line_bytes: longer lines are discarded; memory for a line stays within this bound.
         name: names this connection in log messages.
         typed_notifications: method -> params type for hot notifications (ACP: ``session/update``): such a
             line is decoded in one pass and the handler gets the typed params instead of `msgspec.Raw`.
