@@ -7,18 +7,21 @@ starts. The vocabulary below is the whole contract between callers, the service 
 from __future__ import annotations
 
 from subagent.events import EventHub, EventName
-from subagent.service import RunState, ServiceRun, SubagentService
+from subagent.service import DEFAULT_PROGRESS_INTERVAL, RunState, ServiceRun, SubagentService
 from subagent.types import (
     START_TIME_FEATURES,
     Disposer,
     ErrorCode,
+    ObservableRun,
     ProviderSnapshot,
+    QueueableRun,
     ResumableRun,
     StartTimeFeature,
     SteerableRun,
     StopReason,
     SubagentCapabilities,
     SubagentError,
+    SubagentProgressInfo,
     SubagentProvider,
     SubagentRequest,
     SubagentResult,
@@ -30,12 +33,15 @@ from subagent.types import (
 )
 
 __all__ = [
+    "DEFAULT_PROGRESS_INTERVAL",
     "START_TIME_FEATURES",
     "Disposer",
     "ErrorCode",
     "EventHub",
     "EventName",
+    "ObservableRun",
     "ProviderSnapshot",
+    "QueueableRun",
     "ResumableRun",
     "RunState",
     "ServiceRun",
@@ -44,6 +50,7 @@ __all__ = [
     "StopReason",
     "SubagentCapabilities",
     "SubagentError",
+    "SubagentProgressInfo",
     "SubagentProvider",
     "SubagentRequest",
     "SubagentResult",

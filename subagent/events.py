@@ -11,13 +11,25 @@ import logging
 from collections.abc import Callable
 from typing import Any, Literal, overload
 
-from subagent.types import Disposer, ProviderSnapshot, SubagentRunEndInfo, SubagentRunInfo
+from subagent.types import (
+    Disposer,
+    ProviderSnapshot,
+    SubagentProgressInfo,
+    SubagentRunEndInfo,
+    SubagentRunInfo,
+)
 
 __all__ = ["EventHub", "EventName"]
 
 logger = logging.getLogger(__name__)
 
-EventName = Literal["subagent/provider-added", "subagent/provider-removed", "subagent/start", "subagent/end"]
+EventName = Literal[
+    "subagent/provider-added",
+    "subagent/provider-removed",
+    "subagent/start",
+    "subagent/progress",
+    "subagent/end",
+]
 
 
 class EventHub:
@@ -37,6 +49,10 @@ class EventHub:
     @overload
     def on(
         self, event: Literal["subagent/start"], listener: Callable[[SubagentRunInfo], object]
+    ) -> Disposer: ...
+    @overload
+    def on(
+        self, event: Literal["subagent/progress"], listener: Callable[[SubagentProgressInfo], object]
     ) -> Disposer: ...
     @overload
     def on(
@@ -61,6 +77,8 @@ class EventHub:
     def emit(self, event: Literal["subagent/provider-removed"], payload: str) -> None: ...
     @overload
     def emit(self, event: Literal["subagent/start"], payload: SubagentRunInfo) -> None: ...
+    @overload
+    def emit(self, event: Literal["subagent/progress"], payload: SubagentProgressInfo) -> None: ...
     @overload
     def emit(self, event: Literal["subagent/end"], payload: SubagentRunEndInfo) -> None: ...
     def emit(self, event: EventName, payload: object) -> None:

@@ -8,6 +8,12 @@ start was emitted: a result that settles before readiness is buffered until then
 readiness fails emits neither. The caller's ``started()`` and ``result()`` return only after the
 observer has emitted the matching event, so listeners always see a run before its caller does.
 
+Progress: for a provider run that is an :class:`~subagent.types.ObservableRun`, the observer also
+runs a heartbeat in its own task group, started right after ``subagent/start`` and stopped right
+before ``subagent/end``: every ``progress_interval`` seconds it emits ``subagent/progress`` with the
+child's idle time and whether it waits on a permission answer. Owned by the observer, it can neither
+fire outside that window nor outlive the run.
+
 Ownership: leaving ``async with service.start(...)`` disposes the run, whatever the exit path;
 closing the service disposes every run still live, then ends its task group.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -27,11 +34,14 @@ from subagent.events import EventHub
 from subagent.types import (
     Disposer,
     ErrorCode,
+    ObservableRun,
     ProviderSnapshot,
+    QueueableRun,
     ResumableRun,
     SteerableRun,
     SubagentCapabilities,
     SubagentError,
+    SubagentProgressInfo,
     SubagentProvider,
     SubagentRequest,
     SubagentResult,
@@ -43,7 +53,7 @@ from subagent.types import (
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
-__all__ = ["RunState", "ServiceRun", "SubagentService"]
+__all__ = ["DEFAULT_PROGRESS_INTERVAL", "RunState", "ServiceRun", "SubagentService"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +62,16 @@ OBSERVER_SETTLE_TIMEOUT: float = 5.0
 ``dispose()`` returned. A provider that keeps its contract settles both before returning; this
 bound only keeps a faulty provider from hanging the caller (its observer is then cancelled)."""
 
+DEFAULT_PROGRESS_INTERVAL: float = 10.0
+"""Seconds between ``subagent/progress`` heartbeats: often enough that a person never stares at a
+silent child for long, rare enough to cost nothing with a hundred runs."""
+
 
 class RunState(enum.Enum):
     """Where a run is in its life, as the service has observed it."""
 
+    QUEUED = "queued"
+    """The provider holds the run back until a concurrency slot frees: no child exists yet."""
     STARTING = "starting"
     """The child is not ready yet."""
     RUNNING = "running"
@@ -97,12 +113,20 @@ class SubagentService:
 
     Use it as an async context manager: it owns a task group, and closing it disposes every run
     still live. Providers may be registered before or after it is opened.
+
+    Args:
+        progress_interval: seconds between ``subagent/progress`` heartbeats of each started run
+            whose provider run is an :class:`~subagent.types.ObservableRun`; None emits none.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, progress_interval: float | None = DEFAULT_PROGRESS_INTERVAL) -> None:
+        if progress_interval is not None and not progress_interval > 0:
+            raise ValueError(f"progress_interval must be > 0 seconds or None, got {progress_interval}")
+        self.progress_interval = progress_interval
+        """Seconds between ``subagent/progress`` heartbeats (None: none); read when a run starts."""
         self.events = EventHub()
         """Lifecycle events: ``subagent/provider-added``, ``subagent/provider-removed``,
-        ``subagent/start``, ``subagent/end``."""
+        ``subagent/start``, ``subagent/progress``, ``subagent/end``."""
         self._registrations: dict[str, _Registration] = {}
         self._runs: dict[ServiceRun, None] = {}  # live runs, in start order
         self._task_group: TaskGroup | None = None
@@ -239,7 +263,10 @@ class ServiceRun:
     """A provider's run as the service hands it out: watched, gated and owned.
 
     Runtime capabilities pass through: the run is a :class:`~subagent.types.SteerableRun` or
-    :class:`~subagent.types.ResumableRun` exactly when the provider's run is.
+    :class:`~subagent.types.ResumableRun` exactly when the provider's run is. When the provider's
+    run is an :class:`~subagent.types.ObservableRun`, :meth:`progress` reports its liveness and the
+    service emits it as ``subagent/progress``; when it is a :class:`~subagent.types.QueueableRun`,
+    :attr:`state` says :attr:`RunState.QUEUED` while it waits for a slot.
     """
 
     def __init__(
@@ -266,6 +293,12 @@ class ServiceRun:
         self._observer_done = anyio.Event()
         self._dispose_started = False
         self._disposed = anyio.Event()
+        # Checked once: presence of the properties is the capability, as for the runtime methods.
+        self._observable = provider_run if isinstance(provider_run, ObservableRun) else None
+        self._queueable = provider_run if isinstance(provider_run, QueueableRun) else None
+        self._started_at: float | None = None
+        self._progress_scope = anyio.CancelScope()
+        self._progress_stopped = False
 
     @property
     def id(self) -> str:
@@ -288,10 +321,33 @@ class ServiceRun:
             return RunState.ENDED
         if self._start_emitted:
             return RunState.RUNNING
+        if self._queueable is not None and not self._ready_settled.is_set() and self._queueable.queued:
+            return RunState.QUEUED
         return RunState.STARTING
 
     def __repr__(self) -> str:
         return f"<ServiceRun {self.id!r} provider={self.provider!r} {self.state.value}>"
+
+    def progress(self) -> SubagentProgressInfo | None:
+        """The child's liveness now, as ``subagent/progress`` carries it.
+
+        None unless the provider's run is an :class:`~subagent.types.ObservableRun` and the run is
+        between ``subagent/start`` and ``subagent/end``.
+        """
+        observable, started_at = self._observable, self._started_at
+        if observable is None or started_at is None or self._progress_stopped:
+            return None
+        now = time.monotonic()
+        last_activity = observable.last_activity
+        since = started_at if last_activity is None else last_activity
+        return SubagentProgressInfo(
+            id=self.id,
+            provider=self.provider,
+            idle_seconds=max(0.0, now - since),
+            waiting_on_permission=observable.pending_permissions > 0,
+            updates=observable.update_count,
+            elapsed_seconds=max(0.0, now - started_at),
+        )
 
     async def started(self) -> None:
         """Return once the child is ready and ``subagent/start`` was emitted.
@@ -390,6 +446,11 @@ class ServiceRun:
                         self._ready_error.__cause__ = exc
                     else:
                         self._emit_start()
+                        interval = self._service.progress_interval
+                        if self._observable is not None and interval is not None:
+                            task_group.start_soon(
+                                self._heartbeat, interval, name=f"subagent progress {self.id}"
+                            )
                     self._ready_settled.set()
                     await self._result_settled.wait()
                     self._emit_end_if_owed()
@@ -437,9 +498,33 @@ class ServiceRun:
 
     def _emit_start(self) -> None:
         self._start_emitted = True
+        self._started_at = time.monotonic()
         self._service.events.emit("subagent/start", self.info)
 
+    async def _heartbeat(self, interval: float) -> None:
+        """Emit ``subagent/progress`` every ``interval`` seconds until the end is emitted."""
+        with self._progress_scope:
+            while True:
+                await anyio.sleep(interval)
+                # The flag, not only the scope: a sleep that ended just as the end was emitted
+                # must not sneak one more heartbeat in after it.
+                if self._progress_stopped:
+                    return
+                try:
+                    info = self.progress()
+                except Exception:
+                    # A provider bug in a liveness property must not take the observer down.
+                    logger.exception(
+                        "provider %r: reading the liveness of run %r raised", self.provider, self.id
+                    )
+                    return
+                if info is not None:
+                    self._service.events.emit("subagent/progress", info)
+
     def _emit_end_if_owed(self) -> None:
+        # Progress stops first: no heartbeat after the end, even when the end is not owed.
+        self._progress_stopped = True
+        self._progress_scope.cancel()
         end_info, self._end_info = self._end_info, None  # emitted at most once
         if self._start_emitted and end_info is not None:
             self._service.events.emit("subagent/end", end_info)

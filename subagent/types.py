@@ -10,6 +10,11 @@ Capabilities come in two kinds:
   lacks, before any child exists;
 * runtime features are optional methods on the run (``send_message``, ``resume``); their presence
   is the capability, checked with ``isinstance(run, SteerableRun)`` / ``isinstance(run, ResumableRun)``.
+
+Runs may also expose what they are doing, again by presence: an :class:`ObservableRun` reports its
+child's last sign of life and pending permission questions (the service turns that into
+``subagent/progress`` heartbeats), and a :class:`QueueableRun` says whether it is still waiting for a
+concurrency slot.
 """
 
 from __future__ import annotations
@@ -28,13 +33,16 @@ __all__ = [
     "START_TIME_FEATURES",
     "Disposer",
     "ErrorCode",
+    "ObservableRun",
     "ProviderSnapshot",
+    "QueueableRun",
     "ResumableRun",
     "StartTimeFeature",
     "SteerableRun",
     "StopReason",
     "SubagentCapabilities",
     "SubagentError",
+    "SubagentProgressInfo",
     "SubagentProvider",
     "SubagentRequest",
     "SubagentResult",
@@ -291,6 +299,41 @@ class ResumableRun(Protocol):
         ...
 
 
+@runtime_checkable
+class ObservableRun(Protocol):
+    """A run whose child's liveness can be watched while it works.
+
+    Timestamps are ``time.monotonic()`` values. The service reads these properties on a timer to
+    emit ``subagent/progress`` between a run's ``subagent/start`` and ``subagent/end``; reading
+    them must be cheap and must not block or raise.
+    """
+
+    @property
+    def last_activity(self) -> float | None:
+        """When the child last showed a sign of life (an update, a request); None before it exists."""
+        ...
+
+    @property
+    def pending_permissions(self) -> int:
+        """How many permission questions from the child are waiting for an answer now."""
+        ...
+
+    @property
+    def update_count(self) -> int:
+        """How many updates (messages, tool calls, plans...) the child has sent so far."""
+        ...
+
+
+@runtime_checkable
+class QueueableRun(Protocol):
+    """A run that may wait for a concurrency slot before its child is created."""
+
+    @property
+    def queued(self) -> bool:
+        """Whether the run is waiting for a slot now: no child exists for it yet."""
+        ...
+
+
 class SubagentProvider(Protocol):
     """One way to run a child agent. The service snapshots these fields at registration."""
 
@@ -350,3 +393,35 @@ class SubagentRunEndInfo:
     stop_reason: StopReason | None
     last_assistant_message: str | None
     error: str | None
+
+
+def _seconds(value: float) -> str:
+    # Tenths while they matter to a reader, whole seconds after that.
+    return f"{value:.1f} s" if value < 10 else f"{value:.0f} s"
+
+
+@dataclass(frozen=True, slots=True)
+class SubagentProgressInfo:
+    """Payload of ``subagent/progress``: a heartbeat of a started run whose child is observable.
+
+    ``idle_seconds`` is the time since the child's last sign of life; while
+    ``waiting_on_permission`` it is how long the child has been waiting for the answer (time the
+    inactivity timeout does not count). ``updates`` counts the updates the child has sent so far
+    and ``elapsed_seconds`` is the time since ``subagent/start``.
+    """
+
+    id: str
+    provider: str
+    idle_seconds: float
+    waiting_on_permission: bool
+    updates: int
+    elapsed_seconds: float
+
+    def describe(self) -> str:
+        """One line for a person: ``child alive, last update 12 s ago``,
+        ``waiting on a permission answer for 40 s``."""
+        if self.waiting_on_permission:
+            return f"waiting on a permission answer for {_seconds(self.idle_seconds)}"
+        if self.updates == 0:
+            return f"child alive, no update yet after {_seconds(self.elapsed_seconds)}"
+        return f"child alive, last update {_seconds(self.idle_seconds)} ago"

@@ -3,12 +3,15 @@
 A `FakeRun` simulates a child with a task in the service's task group that lives until the run is
 disposed, so tests can check that nothing outlives `dispose()`. Readiness and the result are
 settled by the test (`make_ready`, `fail_ready`, `finish`, `fail_result`), or by `cancel()` and
-`dispose()` the way a real provider settles them.
+`dispose()` the way a real provider settles them. `ObservableFakeRun` adds liveness the test sets
+(`last_activity`, `pending_permissions`, `update_count`), and `QueuedFakeRun` starts out queued
+until the test calls `admit()`.
 """
 
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
@@ -121,6 +124,32 @@ class SteerableFakeRun(FakeRun):
 class ResumableFakeRun(FakeRun):
     async def resume(self, prompt: str) -> SubagentResult:
         return SubagentResult(output=f"resumed: {prompt}", stop_reason="completed")
+
+
+class ObservableFakeRun(FakeRun):
+    """A fake whose child's liveness is whatever the test sets (an `ObservableRun`)."""
+
+    def __init__(self, request: SubagentRequest, task_group: TaskGroup) -> None:
+        super().__init__(request, task_group)
+        self.last_activity: float | None = time.monotonic()
+        self.pending_permissions = 0
+        self.update_count = 0
+
+    def update(self) -> None:
+        """Simulate the child sending an update now."""
+        self.update_count += 1
+        self.last_activity = time.monotonic()
+
+
+class QueuedFakeRun(FakeRun):
+    """A fake that waits for a concurrency slot until the test calls `admit()` (a `QueueableRun`)."""
+
+    def __init__(self, request: SubagentRequest, task_group: TaskGroup) -> None:
+        super().__init__(request, task_group)
+        self.queued = True
+
+    def admit(self) -> None:
+        self.queued = False
 
 
 @dataclass

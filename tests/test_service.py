@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -12,14 +14,18 @@ import pytest
 from anyio.abc import TaskGroup
 
 from subagent import (
+    DEFAULT_PROGRESS_INTERVAL,
     ErrorCode,
+    ObservableRun,
     ProviderSnapshot,
+    QueueableRun,
     ResumableRun,
     RunState,
     ServiceRun,
     SteerableRun,
     SubagentCapabilities,
     SubagentError,
+    SubagentProgressInfo,
     SubagentRequest,
     SubagentResult,
     SubagentRunEndInfo,
@@ -28,11 +34,19 @@ from subagent import (
     ToolFilter,
 )
 from subagent.types import thaw_json
-from tests.fakes import FakeProvider, FakeRun, ResumableFakeRun, SteerableFakeRun
+from tests.fakes import (
+    FakeProvider,
+    FakeRun,
+    ObservableFakeRun,
+    QueuedFakeRun,
+    ResumableFakeRun,
+    SteerableFakeRun,
+)
 
 pytestmark = pytest.mark.anyio
 
 WAIT = 5  # seconds; a bound on every wait, never a sleep
+BEAT = 0.05  # seconds between progress heartbeats in these tests: short, so tests stay fast
 
 
 def state_of(run: ServiceRun) -> RunState:
@@ -45,10 +59,12 @@ def running_task_ids() -> set[int]:
 
 
 @asynccontextmanager
-async def open_service(*providers: FakeProvider) -> AsyncIterator[SubagentService]:
+async def open_service(
+    *providers: FakeProvider, progress_interval: float | None = DEFAULT_PROGRESS_INTERVAL
+) -> AsyncIterator[SubagentService]:
     """An open service with `providers` registered; on exit, asserts no task was left running."""
     before = running_task_ids()
-    async with SubagentService() as service:
+    async with SubagentService(progress_interval=progress_interval) as service:
         for provider in providers:
             service.register_provider(provider)
         yield service
@@ -615,6 +631,290 @@ async def test_cancel_settles_the_result_as_cancelled() -> None:
         assert provider.runs[0].cancel_calls == 1
 
 
+# -- progress heartbeats and queueing ---------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Beat:
+    """One `subagent/progress` event, with what the test could see when it arrived."""
+
+    info: SubagentProgressInfo
+    received_at: float  # time.monotonic() in the listener
+    last_activity: float | None  # the fake's last_activity at that moment
+
+
+class Timeline:
+    """Records start, progress and end events in order; waits for progress events by run."""
+
+    def __init__(self, service: SubagentService, *providers: FakeProvider) -> None:
+        self.events: list[tuple[str, str]] = []  # (event, run id)
+        self.beats: list[Beat] = []
+        self._providers = providers
+        self._arrived = anyio.Event()
+        service.events.on("subagent/start", lambda info: self.events.append(("start", info.id)))
+        service.events.on("subagent/end", lambda info: self.events.append(("end", info.id)))
+        service.events.on("subagent/progress", self._on_progress)
+
+    def _on_progress(self, info: SubagentProgressInfo) -> None:
+        (fake,) = [run for provider in self._providers for run in provider.runs if run.id == info.id]
+        last_activity = fake.last_activity if isinstance(fake, ObservableFakeRun) else None
+        self.beats.append(Beat(info, time.monotonic(), last_activity))
+        self.events.append(("progress", info.id))
+        self._arrived.set()
+
+    def beats_of(self, run_id: str) -> list[Beat]:
+        return [beat for beat in self.beats if beat.info.id == run_id]
+
+    async def wait_for(self, condition: Callable[[], bool]) -> None:
+        """Return once `condition()` holds, re-checking at each progress event (bounded by the caller)."""
+        while not condition():
+            self._arrived = anyio.Event()
+            await self._arrived.wait()
+
+    async def wait_for_beats(self, run_id: str, count: int) -> list[Beat]:
+        """Return the first `count` progress events of `run_id`, once they all arrived."""
+        await self.wait_for(lambda: len(self.beats_of(run_id)) >= count)
+        return self.beats_of(run_id)[:count]
+
+    def indexes(self, event: str, run_id: str) -> list[int]:
+        return [index for index, entry in enumerate(self.events) if entry == (event, run_id)]
+
+
+def assert_idle_is_time_since_last_activity(beat: Beat) -> None:
+    assert beat.last_activity is not None
+    # Computed just before the listener ran, in the same synchronous step: only microseconds apart.
+    gap = (beat.received_at - beat.last_activity) - beat.info.idle_seconds
+    assert 0 <= gap < 0.01
+
+
+def progress_tasks() -> list[str]:
+    return [str(task.name) for task in anyio.get_running_tasks() if "subagent progress" in str(task.name)]
+
+
+async def test_progress_comes_every_interval_after_start_with_idle_growing_until_an_update_resets_it() -> (
+    None
+):
+    provider = FakeProvider(run_class=ObservableFakeRun)
+    async with open_service(provider, progress_interval=BEAT) as service:
+        timeline = Timeline(service, provider)
+        async with service.start("fake", SubagentRequest(prompt="p")) as run:
+            fake = provider.runs[0]
+            assert isinstance(fake, ObservableFakeRun)
+            fake.make_ready()
+            with fail_after_wait():
+                await run.started()
+                silent = await timeline.wait_for_beats(fake.id, 3)
+            assert [beat.info.provider for beat in silent] == ["fake"] * 3
+            assert [(beat.info.updates, beat.info.waiting_on_permission) for beat in silent] == [
+                (0, False)
+            ] * 3
+            for count, beat in enumerate(silent, start=1):
+                assert beat.info.elapsed_seconds >= count * BEAT - 0.001  # one interval between beats
+                assert_idle_is_time_since_last_activity(beat)
+            idle = [beat.info.idle_seconds for beat in silent]
+            assert idle[0] < idle[1] < idle[2]
+
+            fake.update()
+            seen = len(timeline.beats_of(fake.id))
+            with fail_after_wait():
+                after = (await timeline.wait_for_beats(fake.id, seen + 1))[-1]
+            assert after.info.updates == 1
+            assert after.last_activity is not None
+            assert silent[-1].last_activity is not None
+            assert after.last_activity > silent[-1].last_activity  # the clock restarted at the update
+            assert_idle_is_time_since_last_activity(after)
+            assert after.info.describe().startswith("child alive, last update ")
+
+
+async def test_progress_flags_a_pending_permission_question_and_says_how_long_it_has_waited() -> None:
+    provider = FakeProvider(run_class=ObservableFakeRun)
+    async with open_service(provider, progress_interval=BEAT) as service:
+        timeline = Timeline(service, provider)
+        async with service.start("fake", SubagentRequest(prompt="p")) as run:
+            fake = provider.runs[0]
+            assert isinstance(fake, ObservableFakeRun)
+            fake.make_ready()
+            fake.update()
+            fake.pending_permissions = 1
+            with fail_after_wait():
+                await run.started()
+                asking = await timeline.wait_for_beats(fake.id, 2)
+            assert [beat.info.waiting_on_permission for beat in asking] == [True, True]
+            assert asking[0].info.idle_seconds < asking[1].info.idle_seconds
+            assert asking[1].info.describe().startswith("waiting on a permission answer for ")
+
+            fake.pending_permissions = 0
+            fake.update()  # the answer went out and the child went on
+            with fail_after_wait():
+                answered = (await timeline.wait_for_beats(fake.id, 3))[-1]
+            assert answered.info.waiting_on_permission is False
+            assert answered.info.updates == 2
+
+
+async def test_progress_never_fires_before_start_or_after_end() -> None:
+    provider = FakeProvider(run_class=ObservableFakeRun)
+    async with open_service(provider, progress_interval=BEAT) as service:
+        timeline = Timeline(service, provider)
+        # A second run that keeps beating is the clock: waiting for its beats lets time pass
+        # without a sleep, and proves the heartbeat machinery was running all along.
+        clock = service.start("fake", SubagentRequest(prompt="clock"))
+        subject = service.start("fake", SubagentRequest(prompt="subject"))
+        provider.runs[0].make_ready()
+        with fail_after_wait():
+            await timeline.wait_for_beats(clock.id, 3)
+        assert timeline.beats_of(subject.id) == []  # not started: no heartbeat
+
+        provider.runs[1].make_ready()
+        with fail_after_wait():
+            await subject.started()
+            await timeline.wait_for_beats(subject.id, 2)
+        provider.runs[1].finish(completed())
+        with fail_after_wait():
+            await subject.result()
+            clock_beats = len(timeline.beats_of(clock.id))
+            await timeline.wait_for_beats(clock.id, clock_beats + 3)
+        (start,) = timeline.indexes("start", subject.id)
+        (end,) = timeline.indexes("end", subject.id)
+        beats = timeline.indexes("progress", subject.id)
+        assert len(beats) >= 2
+        assert start < min(beats)
+        assert max(beats) < end
+        assert subject.progress() is None  # ended: nothing to report
+
+
+async def test_no_progress_is_emitted_when_disabled_and_the_run_still_reports_it_on_demand() -> None:
+    provider = FakeProvider(run_class=ObservableFakeRun)
+    async with open_service(provider, progress_interval=None) as service:
+        timeline = Timeline(service, provider)
+        async with service.start("fake", SubagentRequest(prompt="p")) as run:
+            provider.runs[0].make_ready()
+            with fail_after_wait():
+                await run.started()
+            await anyio.wait_all_tasks_blocked()
+            assert progress_tasks() == []  # no heartbeat exists to fire
+            info = run.progress()
+            assert info is not None
+            assert (info.id, info.updates, info.waiting_on_permission) == (run.id, 0, False)
+        assert timeline.beats == []
+
+
+async def test_a_run_that_is_not_observable_gets_no_progress() -> None:
+    observable = FakeProvider(name="observable", run_class=ObservableFakeRun)
+    plain = FakeProvider(name="plain")
+    async with open_service(observable, plain, progress_interval=BEAT) as service:
+        timeline = Timeline(service, observable, plain)
+        clock = service.start("observable", SubagentRequest(prompt="clock"))
+        run = service.start("plain", SubagentRequest(prompt="p"))
+        assert isinstance(observable.runs[0], ObservableRun)
+        assert not isinstance(plain.runs[0], ObservableRun)
+        observable.runs[0].make_ready()
+        plain.runs[0].make_ready()
+        with fail_after_wait():
+            await run.started()
+            await timeline.wait_for_beats(clock.id, 3)
+        assert timeline.beats_of(run.id) == []
+        assert run.progress() is None
+
+
+async def test_closing_the_service_stops_every_heartbeat_before_the_end_and_leaves_no_task() -> None:
+    provider = FakeProvider(run_class=ObservableFakeRun)
+    async with open_service(provider, progress_interval=BEAT) as service:
+        timeline = Timeline(service, provider)
+        runs = [service.start("fake", SubagentRequest(prompt=f"job {i}")) for i in range(3)]
+        for fake in provider.runs:
+            fake.make_ready()
+        with fail_after_wait():
+            for run in runs:
+                await timeline.wait_for_beats(run.id, 2)
+        assert len(progress_tasks()) == 3
+    # open_service asserted that no task is left; every run's beats all come before its end.
+    for run in runs:
+        (end,) = timeline.indexes("end", run.id)
+        assert max(timeline.indexes("progress", run.id)) < end
+
+
+async def test_a_liveness_property_that_raises_stops_only_the_heartbeat(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class BrokenLiveness(ObservableFakeRun):
+        broken = False
+
+        @property
+        def update_count(self) -> int:
+            if self.broken:
+                raise RuntimeError("provider bug")
+            return 0
+
+        @update_count.setter
+        def update_count(self, value: int) -> None:
+            pass
+
+    logged = anyio.Event()
+
+    class Signal(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "liveness" in record.getMessage():
+                logged.set()
+
+    signal = Signal()
+    logging.getLogger("subagent.service").addHandler(signal)
+    provider = FakeProvider(run_class=BrokenLiveness)
+    async with open_service(provider, progress_interval=BEAT) as service:
+        timeline = Timeline(service, provider)
+        async with service.start("fake", SubagentRequest(prompt="p")) as run:
+            fake = provider.runs[0]
+            assert isinstance(fake, BrokenLiveness)
+            fake.make_ready()
+            with fail_after_wait():
+                await timeline.wait_for_beats(run.id, 1)
+            fake.broken = True
+            try:
+                with fail_after_wait():
+                    await logged.wait()
+            finally:
+                logging.getLogger("subagent.service").removeHandler(signal)
+            await anyio.wait_all_tasks_blocked()
+            assert progress_tasks() == []
+            fake.finish(completed("fine"))
+            with fail_after_wait():
+                assert await run.result() == completed("fine")
+    assert [name for name, run_id in timeline.events if name != "progress"] == ["start", "end"]
+    assert [r.levelno for r in caplog.records if "liveness" in r.getMessage()] == [logging.ERROR]
+
+
+async def test_a_queued_provider_run_reports_queued_until_it_gets_its_slot() -> None:
+    provider = FakeProvider(run_class=QueuedFakeRun)
+    async with open_service(provider) as service:
+        async with service.start("fake", SubagentRequest(prompt="p")) as run:
+            fake = provider.runs[0]
+            assert isinstance(fake, QueuedFakeRun)
+            assert isinstance(fake, QueueableRun)
+            assert state_of(run) is RunState.QUEUED
+            assert "queued" in repr(run)
+            fake.admit()
+            assert state_of(run) is RunState.STARTING
+            fake.make_ready()
+            with fail_after_wait():
+                await run.started()
+            assert state_of(run) is RunState.RUNNING
+        assert state_of(run) is RunState.DISPOSED
+
+
+async def test_a_run_disposed_while_queued_fails_its_start_with_disposed_and_emits_nothing() -> None:
+    provider = FakeProvider(run_class=QueuedFakeRun)
+    async with open_service(provider) as service:
+        recorder = Recorder(service)
+        run = service.start("fake", SubagentRequest(prompt="p"))
+        assert state_of(run) is RunState.QUEUED
+        with fail_after_wait():
+            await run.dispose()
+        with pytest.raises(SubagentError) as caught:
+            await run.started()
+        assert caught.value.code == ErrorCode.DISPOSED
+        assert state_of(run) is RunState.DISPOSED
+    assert recorder.names() == []
+
+
 # -- runtime capabilities ---------------------------------------------------------------------------
 
 
@@ -702,3 +1002,44 @@ def test_a_request_with_an_impossible_bound_is_refused(fields: dict[str, Any]) -
 def test_requested_features_lists_what_the_request_asks_in_check_order() -> None:
     request = SubagentRequest(prompt="p", persona="x", depth_limit=0)
     assert request.requested_features() == ("depth_limit", "persona")
+
+
+@pytest.mark.parametrize("interval", [0, -1.0])
+def test_a_progress_interval_that_is_not_positive_is_refused(interval: float) -> None:
+    with pytest.raises(ValueError, match="progress_interval"):
+        SubagentService(progress_interval=interval)
+
+
+def test_the_default_progress_interval_is_ten_seconds() -> None:
+    assert DEFAULT_PROGRESS_INTERVAL == 10.0
+    assert SubagentService().progress_interval == 10.0
+    assert SubagentService(progress_interval=None).progress_interval is None
+
+
+@pytest.mark.parametrize(
+    ("idle", "waiting", "updates", "elapsed", "described"),
+    [
+        (12.4, False, 3, 60.0, "child alive, last update 12 s ago"),
+        (0.34, False, 1, 2.0, "child alive, last update 0.3 s ago"),
+        (40.2, True, 5, 90.0, "waiting on a permission answer for 40 s"),
+        (3.4, False, 0, 3.4, "child alive, no update yet after 3.4 s"),
+    ],
+)
+def test_progress_describes_itself_in_one_line(
+    idle: float, waiting: bool, updates: int, elapsed: float, described: str
+) -> None:
+    info = SubagentProgressInfo(
+        id="acp-1",
+        provider="acp",
+        idle_seconds=idle,
+        waiting_on_permission=waiting,
+        updates=updates,
+        elapsed_seconds=elapsed,
+    )
+    assert info.describe() == described
+
+
+def test_a_progress_payload_is_frozen() -> None:
+    info = SubagentProgressInfo("acp-1", "acp", 1.0, False, 0, 1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        info.idle_seconds = 0.0  # type: ignore[misc]

@@ -22,7 +22,19 @@ silence past ``timeout``   ``timeout`` (the clock pauses while a permission ques
 
 ``output`` is the agent's final message (its text after the turn's last tool call); every update
 of every turn stays readable as ``run.updates``. The child stays alive after the first turn so
-that ``resume()`` can run more turns in the same session, until the run is disposed.
+that ``resume()`` can run more turns in the same session, until the run is disposed, or until the
+child is lost (it exited, or a turn found its connection gone): a lost child is torn down at once,
+and ``resume()`` then answers an ``error`` result saying why.
+
+Concurrency: a provider lets at most ``max_concurrent`` children work at once (default
+:data:`DEFAULT_MAX_CONCURRENT`): starting up, or in a turn. A run past the limit is not refused: it
+waits in a first-come, first-served queue (``run.queued``; ``provider.running`` /
+``provider.waiting`` count both sides), and ``started()`` covers the wait. The slot is taken before
+the child is spawned and given back when its first turn ends (or its process is reaped, whatever
+ended it: a crash, a failed start, a cancel, a dispose). A child idle between turns holds no slot,
+so code that awaits every result before disposing any run cannot wait on itself; ``resume()``
+queues for a slot again before its turn. A run cancelled or disposed while it waits never spawns a
+child. ``ready_timeout`` starts at the spawn, so time spent queued never counts against it.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import os
 import re
 import shlex
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Self
@@ -69,7 +82,13 @@ from subagent.types import (
 if TYPE_CHECKING:
     from subagent.acp.terminals import TerminalHost
 
-__all__ = ["DEFAULT_CANCEL_GRACE", "DEFAULT_READY_TIMEOUT", "AcpProvider", "AcpRun"]
+__all__ = [
+    "DEFAULT_CANCEL_GRACE",
+    "DEFAULT_MAX_CONCURRENT",
+    "DEFAULT_READY_TIMEOUT",
+    "AcpProvider",
+    "AcpRun",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +97,11 @@ DEFAULT_READY_TIMEOUT: float = 60.0
 
 DEFAULT_CANCEL_GRACE: float = 5.0
 """How long a cancelled turn may take to answer ``cancelled`` before the child is torn down."""
+
+DEFAULT_MAX_CONCURRENT: int = 8
+"""Children alive at once per provider. Each is a whole agent process (often node plus a model
+client, hundreds of MB) with its own rate-limited API traffic: 8 keeps a laptop or a 2-4 core CI
+runner responsive, and a fan-out of 100 queues instead of thrashing or failing."""
 
 _IDLE_POLL_WHILE_ASKING: float = 0.5
 """While a permission question waits, how often the inactivity watchdog looks again (the clock is
@@ -106,7 +130,8 @@ class AcpProvider:
         fs_roots: where the agent may read and write through the client (default: the session cwd).
         terminal: serve ``terminal/*`` (off by default); commands run confined to the same roots.
         auth_method: the auth method id to use when the agent demands authentication.
-        ready_timeout: spawn to a ready session, in seconds.
+        ready_timeout: spawn to a ready session, in seconds. It starts at the spawn, after the run
+            got its concurrency slot: time spent queued behind other runs never counts.
         idle_timeout: default inactivity timeout of a turn (a request's ``timeout`` overrides it).
         structured_output: offer ``output_schema`` (the answer is parsed and validated as JSON).
         cancel_grace: how long a cancelled turn may take before the child is torn down.
@@ -114,6 +139,8 @@ class AcpProvider:
             64 KiB are kept for error messages either way).
         process_options: teardown timings and other options of
             :func:`~subagent.acp.process.open_agent_process`.
+        max_concurrent: how many children may exist at once (None: no limit). Runs past it wait
+            for a slot, first come first served; see the module docstring.
     """
 
     inherits_parent_context = False
@@ -136,9 +163,13 @@ class AcpProvider:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         on_stderr_line: Callable[[str], object] | None = None,
         process_options: Mapping[str, Any] | None = None,
+        max_concurrent: int | None = DEFAULT_MAX_CONCURRENT,
     ) -> None:
         if isinstance(command, str) or not command:
             raise ValueError("command must be a non-empty argv list, e.g. ['npx', 'some-acp-agent']")
+        limit: object = max_concurrent  # checked as the caller may pass it, typed or not
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ValueError(f"max_concurrent must be an int >= 1 or None, got {max_concurrent!r}")
         self.command = [os.fspath(part) for part in command]
         self.name = name
         self.env = dict(env) if env is not None else None
@@ -154,17 +185,73 @@ class AcpProvider:
         self.on_stderr_line = on_stderr_line
         self.process_options = dict(process_options or {})
         self.capabilities = SubagentCapabilities(output_schema=structured_output)
+        self._max_concurrent = max_concurrent
+        self._running = 0  # runs holding a slot: their child is being spawned, or alive
+        self._queue: deque[AcpRun] = deque()  # runs waiting for a slot, in arrival order
 
     def __repr__(self) -> str:
         return f"AcpProvider(name={self.name!r}, command={shlex.join(self.command)!r})"
 
+    @property
+    def max_concurrent(self) -> int | None:
+        """How many children may exist at once (None: no limit). Fixed at construction."""
+        return self._max_concurrent
+
+    @property
+    def running(self) -> int:
+        """Runs holding a slot now: their child is being spawned, is starting, or is in a turn (an
+        idle child between turns holds none). Never more than :attr:`max_concurrent`."""
+        return self._running
+
+    @property
+    def waiting(self) -> int:
+        """Runs queued for a slot now; none of them has a child yet."""
+        return len(self._queue)
+
     def start(self, request: SubagentRequest, task_group: anyio.abc.TaskGroup) -> AcpRun:
-        """Create the run and start its child in ``task_group``; readiness comes later."""
+        """Create the run and start its child in ``task_group``; readiness comes later.
+
+        Past :attr:`max_concurrent` the run is queued instead (``run.queued``); it spawns its child
+        when a slot frees, in the order runs were started.
+        """
         if request.output_schema is not None:
             _check_schema(request.output_schema)
         run = AcpRun(self, request)
-        task_group.start_soon(run._main, name=f"acp run {run.id}")
+        # Admitted here, synchronously, rather than in the run's task: tasks may first run in any
+        # order (trio shuffles them), and slots must go out in the order runs were started.
+        self._admit(run)
+        try:
+            task_group.start_soon(run._main, name=f"acp run {run.id}")
+        except BaseException:
+            self._leave(run)
+            raise
         return run
+
+    # -- slots: a FIFO admission queue, driven synchronously by the runs --------------------------
+
+    def _admit(self, run: AcpRun) -> None:
+        limit = self._max_concurrent
+        if limit is None or (self._running < limit and not self._queue):
+            self._running += 1
+            run._grant_slot()
+        else:
+            run._queued = True
+            self._queue.append(run)
+
+    def _leave(self, run: AcpRun) -> None:
+        """Give back ``run``'s slot (handing it to the first waiting run), or its place in the queue.
+        Idempotent."""
+        if run._holds_slot:
+            run._holds_slot = False
+            if self._queue:
+                # Handed over directly, never put back in the pool: a run started later cannot
+                # take it before the one that has waited longest.
+                self._queue.popleft()._grant_slot()
+            else:
+                self._running -= 1
+        elif run._queued:
+            run._queued = False
+            self._queue.remove(run)
 
 
 class AcpRun:
@@ -196,12 +283,37 @@ class AcpRun:
         self._turn_scope: anyio.CancelScope | None = None
         self._turn_done: anyio.Event | None = None
         self._cancelling = False
-        self._child_lost: str | None = None
+        self._disposing = False
+        self._child_lost: str | None = None  # why the child can take no more turns, once it cannot
+        self._child_lost_event = anyio.Event()
+        self._child_exited = anyio.Event()
         self._listeners: list[Callable[[schema.SessionUpdate], object]] = []
+        # Slot bookkeeping, driven by the provider (see AcpProvider._admit / _leave).
+        self._queued = False
+        self._holds_slot = False
+        self._slot_granted = anyio.Event()
 
     def __repr__(self) -> str:
-        state = "disposed" if self._done.is_set() else "settled" if self._settled.is_set() else "running"
+        state = (
+            ("disposed" if self._stop.is_set() else "done")
+            if self._done.is_set()
+            else "settled"
+            if self._settled.is_set()
+            else "queued"
+            if self._queued
+            else "running"
+        )
         return f"<AcpRun {self.id!r} {self.command_line!r} session={self.session_id!r} {state}>"
+
+    def _grant_slot(self) -> None:
+        self._queued = False
+        self._holds_slot = True
+        self._slot_granted.set()
+
+    @property
+    def queued(self) -> bool:
+        """Whether the run waits for a concurrency slot: to spawn its child, or for a resumed turn."""
+        return self._queued
 
     def on_update(self, listener: Callable[[schema.SessionUpdate], object]) -> Callable[[], None]:
         """Call ``listener`` with each session update as it arrives (for live progress); returns a
@@ -214,6 +326,11 @@ class AcpRun:
 
         return dispose
 
+    async def wait_child_exited(self) -> None:
+        """Return once this run's child process is gone and reaped (a crash, a lost connection, a
+        cancel that needed teardown, or dispose), or at once if it never had one."""
+        await self._child_exited.wait()
+
     @property
     def pid(self) -> int | None:
         """The agent process's pid (also its process group id), once it was spawned."""
@@ -224,6 +341,16 @@ class AcpRun:
     def last_activity(self) -> float | None:
         """When the agent last sent anything for this run's session (``time.monotonic()``), if it has one."""
         return None if self._session is None else self._session.last_activity
+
+    @property
+    def pending_permissions(self) -> int:
+        """How many of the agent's permission questions wait for the policy's answer now."""
+        return 0 if self._session is None else self._session.pending_permissions
+
+    @property
+    def update_count(self) -> int:
+        """How many session updates the agent has sent for this run so far (``len(run.updates)``)."""
+        return len(self.updates)
 
     # -- the SubagentRun protocol ------------------------------------------------------------------
 
@@ -249,7 +376,8 @@ class AcpRun:
     async def cancel(self) -> None:
         """Ask the agent to stop the running turn (``session/cancel``; pending permission questions
         are answered ``cancelled``) and wait up to the grace for it; tear the child down if it does
-        not comply. Before readiness, abandons the start instead."""
+        not comply. Before readiness, abandons the start instead (a queued run never spawns):
+        ``started()`` then raises ``START_FAILED`` and the result is ``cancelled``."""
         if self._done.is_set():
             return
         if not self._ready.is_set():
@@ -270,7 +398,7 @@ class AcpRun:
             self.command_line,
             self.provider.cancel_grace,
         )
-        self._child_lost = "the agent ignored session/cancel and was torn down"
+        self._lose_child("the agent ignored session/cancel and was torn down")
         if self._turn_scope is not None:
             self._turn_scope.cancel()
         self._stop.set()
@@ -280,8 +408,18 @@ class AcpRun:
         """Tear the child down (close stdin, wait, SIGTERM the group, wait, SIGKILL, reap) and
         return once nothing of the run is left. Idempotent."""
         self._stop.set()
-        if not self._ready.is_set() or (self._turn_done is not None and not self._turn_done.is_set()):
-            self._main_scope.cancel()  # do not wait for a handshake or a turn to finish first
+        self._disposing = True
+        if self._ready.is_set() and self._queued:
+            # A resume() queued for a slot: leave the queue and wake it (it then raises DISPOSED).
+            self.provider._leave(self)
+            self._slot_granted.set()
+        if not self._ready.is_set():
+            self._main_scope.cancel()  # do not wait for a slot or a handshake to finish first
+        elif not self._settled.is_set() and self._turn_scope is not None:
+            # The first turn runs in _main. Stopping only the turn keeps the connection up, so the
+            # agent is told (session/cancel) and its stdin closed at once; cancelling the whole
+            # connection would leave that notice stuck on a cancelled writer until its timeout.
+            self._turn_scope.cancel()
         with anyio.CancelScope(shield=True):
             await self._done.wait()
 
@@ -293,15 +431,35 @@ class AcpRun:
         """
         await self.started()
         await self._settled.wait()
-        if self._stop.is_set() or self._done.is_set():
-            raise SubagentError(
-                ErrorCode.DISPOSED, f"run {self.id!r} is disposed", provider=self.provider.name
-            )
+        disposed = SubagentError(
+            ErrorCode.DISPOSED, f"run {self.id!r} is disposed", provider=self.provider.name
+        )
+        if self._stop.is_set():
+            raise disposed
+        if self._child_lost is not None:
+            # The child died (and was let go): another turn cannot run, and the death is the answer.
+            return SubagentResult(output="", stop_reason="error", error=self._child_lost)
+        if self._done.is_set():
+            raise disposed
         session = self._session
         assert session is not None
-        if self._child_lost is not None:
-            return SubagentResult(output="", stop_reason="error", error=self._child_lost)
-        return await self._run_turn(session, prompt, structured=False)
+        await self._take_slot_for_turn()
+        try:
+            if self._stop.is_set():
+                raise disposed  # disposed while queued for a slot
+            return await self._run_turn(session, prompt, structured=False)
+        finally:
+            self.provider._leave(self)
+
+    async def _take_slot_for_turn(self) -> None:
+        """Queue for a slot (first come, first served) before another turn; dispose() wakes us."""
+        self._slot_granted = anyio.Event()
+        self.provider._admit(self)
+        try:
+            await self._slot_granted.wait()
+        except BaseException:
+            self.provider._leave(self)  # a cancelled caller gives up its place or its slot
+            raise
 
     async def __aenter__(self) -> Self:
         return self
@@ -316,6 +474,8 @@ class AcpRun:
     async def _main(self) -> None:
         try:
             with self._main_scope:
+                # A queued run waits here; cancel() and dispose() cancel the wait, so it never spawns.
+                await self._slot_granted.wait()
                 await self._live()
         except AgentSpawnError as exc:
             self._fail_start(f"{exc}")
@@ -328,14 +488,20 @@ class AcpRun:
                 SubagentResult(output=final_message(self.updates), stop_reason="error", error=message)
             )
         finally:
+            if self._queued:
+                when = "while it waited for a concurrency slot"
+            elif self._client is None:
+                when = "before its agent was spawned"
+            else:
+                when = "before the agent was ready"
+            # The child (if any) is reaped by now: its slot goes to the next waiting run.
+            self.provider._leave(self)
             if not self._ready.is_set() and self._cancelling and not self._stop.is_set():
                 # cancel() before readiness abandons the start: no child, and a cancelled result.
                 self._settle(SubagentResult(output="", stop_reason="cancelled"))
-                self._fail_start("the start was cancelled before the agent was ready")
+                self._fail_start(f"the start was cancelled {when}")
             elif not self._ready.is_set():
-                self._fail_start(
-                    f"run {self.id!r} was disposed before the agent was ready", code=ErrorCode.DISPOSED
-                )
+                self._fail_start(f"run {self.id!r} was disposed {when}", code=ErrorCode.DISPOSED)
             if not self._settled.is_set():
                 self._settle(
                     SubagentError(
@@ -344,6 +510,7 @@ class AcpRun:
                         provider=self.provider.name,
                     )
                 )
+            self._child_exited.set()  # also when no child was ever spawned
             self._done.set()
 
     async def _live(self) -> None:
@@ -374,14 +541,46 @@ class AcpRun:
                     return
                 self._session = session
                 self._ready.set()
-                self._settle(await self._run_turn(session, self.request.prompt, structured=True))
-                await self._stop.wait()
+                first = await self._run_turn(session, self.request.prompt, structured=True)
+                # The turn is over: an idle child works no more, so its slot goes to the next run.
+                self.provider._leave(self)
+                if self._disposing:
+                    return  # disposed during the turn: the result is DISPOSED (settled by _main)
+                self._settle(first)
+                await self._keep_for_resume(client)
         finally:
             if self._client is not None:
                 self._record_exit(self._client)
+            self._child_exited.set()  # spawn_agent has returned: the process group is reaped
             if terminals is not None:
                 # Not handed our exception: its task group would wrap it in an exception group.
                 await terminals.__aexit__(None, None, None)
+
+    async def _keep_for_resume(self, client: AcpClient) -> None:
+        """Keep the child for ``resume()`` until the run is disposed or the child is lost: it
+        exited, or a turn found its connection gone.
+
+        A lost child is let go at once rather than when someone disposes the run: it can take no
+        more turns, and it holds a concurrency slot that a waiting run can use. ``resume()`` then
+        answers with why it was lost.
+        """
+        async with anyio.create_task_group() as watchers:
+
+            async def let_go_on(event: anyio.Event) -> None:
+                await event.wait()
+                watchers.cancel_scope.cancel()
+
+            watchers.start_soon(let_go_on, self._stop)
+            watchers.start_soon(let_go_on, self._child_lost_event)
+            if client.process is not None:
+                exit_info = await client.process.wait_exit()
+                self._lose_child(str(exit_info))
+            await anyio.sleep_forever()
+        if not self._stop.is_set():
+            # A resume() turn in flight learns of the death from its own connection first, with
+            # the full diagnosis, before leaving here closes that connection.
+            async with self._turn_lock:
+                pass
 
     async def _handshake(self, client: AcpClient, cwd: str) -> ClientSession | None:
         """initialize, session/new (authenticating once when demanded); None after a failure."""
@@ -435,6 +634,10 @@ class AcpRun:
             return await self._validate_structured(session, result, schema_wanted)
 
     async def _one_turn(self, session: ClientSession, text: str) -> SubagentResult:
+        if self._disposing:
+            # Disposed between turns (before a structured-output repair, or while a resume() waited
+            # for the turn lock): start no new turn. No checkpoint from here to the turn's scope.
+            return SubagentResult(output="", stop_reason="cancelled", error=f"run {self.id!r} is disposed")
         turn_updates: list[schema.SessionUpdate] = []
 
         def record(update: schema.SessionUpdate) -> None:
@@ -471,7 +674,7 @@ class AcpRun:
                     turn_done.set()
                     watchers.cancel_scope.cancel()
         if isinstance(failure, AgentExitedError):
-            self._child_lost = str(failure)
+            self._lose_child(str(failure))
             return SubagentResult(output=final_message(turn_updates), stop_reason="error", error=str(failure))
         if isinstance(failure, RequestError):
             detail = f" ({json.dumps(failure.data)})" if failure.data is not None else ""
@@ -539,6 +742,12 @@ class AcpRun:
         if not self._settled.is_set():
             self._result = outcome
             self._settled.set()
+
+    def _lose_child(self, why: str) -> None:
+        """Record that the child can take no more turns (the first reason stays)."""
+        if self._child_lost is None:
+            self._child_lost = why
+            self._child_lost_event.set()
 
     def _record_exit(self, client: AcpClient) -> None:
         if client.process is not None and self.exit_info is None:
