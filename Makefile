@@ -46,7 +46,7 @@ demo: $(STAMP) ## a full turn against the bundled stub agent: no network, no key
 
 bench: $(STAMP) ## run the benchmarks under bench/ (installs the bench-only extra first)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
-	@for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+	@for script in bench/[!_]*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 schema: $(STAMP) ## regenerate subagent/acp/schema.py from schema/acp/v1/schema.json
 	$(BIN)/python scripts/gen_schema.py
