@@ -34,6 +34,7 @@ does (for a child process, closing its stdin is the first step of teardown).
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable, Mapping
@@ -218,12 +219,15 @@ def decode_params(params: msgspec.Raw | None, params_type: type[T]) -> T:
         raise RequestError.invalid_params({"details": str(exc)}) from exc
 
 
+@functools.lru_cache(maxsize=16)
 def _typed_notification_decoder(
-    types: Mapping[str, type[msgspec.Struct]],
+    types: tuple[tuple[str, type[msgspec.Struct]], ...],
 ) -> tuple[msgspec.json.Decoder[Any] | None, msgspec.json.Decoder[Any] | None, dict[type, str]]:
     """Decoders for whole notification lines of the given methods (one line, and a JSON array of
     lines), as a union tagged by `method`, and the method of each member type (msgspec does not
-    keep the tag as an attribute)."""
+    keep the tag as an attribute). Cached: every connection of a client shares one set, rather than
+    making new classes per connection (measured by the soak benchmark: ~1.5 MiB pinned by typing's
+    caches, ~31 us per spawn)."""
     if not types:
         return None, None, {}
     members = tuple(
@@ -237,9 +241,9 @@ def _typed_notification_decoder(
             tag_field="method",
             tag=method,
         )
-        for index, (method, params_type) in enumerate(types.items())
+        for index, (method, params_type) in enumerate(types)
     )
-    methods = dict(zip(members, types, strict=True))
+    methods = dict(zip(members, (method for method, _ in types), strict=True))
     union: Any = Union.__getitem__(members)  # a runtime union of types made above
     return msgspec.json.Decoder(union), msgspec.json.Decoder(list.__class_getitem__(union)), methods
 
@@ -305,7 +309,7 @@ class Connection:
         self._encoder = msgspec.json.Encoder()
         self._value_encoder = value_encoder
         self._typed_decoder, self._typed_list_decoder, self._typed_methods = _typed_notification_decoder(
-            typed_notifications or {}
+            tuple((typed_notifications or {}).items())
         )
 
         self._started = False
