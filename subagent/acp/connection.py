@@ -240,6 +240,7 @@ def _typed_notification_decoder(
             ],
             tag_field="method",
             tag=method,
+            gc=False,  # like the params it wraps: a tree, never part of a cycle
         )
         for index, (method, params_type) in enumerate(types)
     )
