@@ -201,9 +201,9 @@ async def test_session_new_answers_the_handlers_session() -> None:
     async with connected(BaseAgent()) as peers:
         with anyio.fail_after(TIMEOUT):
             result = await peers.client.request(
-                "session/new", {"cwd": "/work", "mcpServers": []}, result_type=object
+                "session/new", {"cwd": "/home/user", "mcpServers": []}, result_type=object
             )
-    assert result == {"sessionId": "session-in-/work"}
+    assert result == {"sessionId": "session-in-/home/user"}
 
 
 class StreamingAgent(BaseAgent):
@@ -427,7 +427,7 @@ async def test_a_permission_request_round_trips_through_the_client() -> None:
 class FileWritingAgent(BaseAgent):
     async def prompt(self, params: schema.PromptRequest, turn: PromptTurn) -> schema.PromptResponse:
         written = await turn.client.write_text_file(
-            schema.WriteTextFileRequest(session_id=turn.session_id, path="/work/a.txt", content="hi")
+            schema.WriteTextFileRequest(session_id=turn.session_id, path="/home/user/a.txt", content="hi")
         )
         assert written == schema.WriteTextFileResponse()
         try:

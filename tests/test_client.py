@@ -144,7 +144,7 @@ async def connected(agent: FakeAgent, **client_options: Any) -> AsyncIterator[Ac
 
 async def ready_session(client: AcpClient) -> ClientSession:
     await client.initialize()
-    return await client.new_session("/work")
+    return await client.new_session("/home/user")
 
 
 # -- handshake ------------------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ async def test_a_session_refused_for_authentication_lists_the_agents_auth_method
         with anyio.fail_after(5):
             await client.initialize()
             with pytest.raises(AuthenticationRequiredError) as caught:
-                await client.new_session("/work")
+                await client.new_session("/home/user")
             await_auth = client.authenticate("oauth")
             with pytest.raises(RequestError):  # the fake has no authenticate handler
                 await await_auth
@@ -246,8 +246,8 @@ async def test_resume_needs_the_advertised_capability_and_load_records_the_repla
         with anyio.fail_after(5):
             await client.initialize()
             with pytest.raises(AgentCapabilityError):
-                await client.resume_session("old", "/work")
-            session = await client.load_session("old", "/work")
+                await client.resume_session("old", "/home/user")
+            session = await client.load_session("old", "/home/user")
     assert [type(u).__name__ for u in session.replayed] == ["UserMessageChunk", "AgentMessageChunk"]
     assert final_message(session.replayed) == "hello"
 

@@ -214,9 +214,9 @@ def test_omitted_fields_take_the_schema_defaults_and_defaults_are_not_written() 
 
 def test_session_new_round_trips_with_a_stdio_server_that_has_no_type_on_the_wire() -> None:
     request = {
-        "cwd": "/work/project",
+        "cwd": "/home/user/project",
         "mcpServers": [
-            {"name": "fs", "command": "/usr/bin/mcp-fs", "args": ["--root", "/work"], "env": []},
+            {"name": "fs", "command": "/usr/bin/mcp-fs", "args": ["--root", "/home/user"], "env": []},
             {
                 "type": "http",
                 "name": "search",
@@ -227,7 +227,7 @@ def test_session_new_round_trips_with_a_stdio_server_that_has_no_type_on_the_wir
     }
     value = round_trip(request, schema.NewSessionRequest)
     assert value.mcp_servers == [
-        schema.McpServerStdio(name="fs", command="/usr/bin/mcp-fs", args=["--root", "/work"], env=[]),
+        schema.McpServerStdio(name="fs", command="/usr/bin/mcp-fs", args=["--root", "/home/user"], env=[]),
         schema.McpServerHttp(
             name="search",
             url="https://mcp.example/search",
@@ -270,7 +270,7 @@ def test_a_prompt_with_text_and_resource_link_blocks_round_trips() -> None:
             {"type": "text", "text": "Summarise this file."},
             {
                 "type": "resource_link",
-                "uri": "file:///work/project/README.md",
+                "uri": "file:///home/user/project/README.md",
                 "name": "README.md",
                 "mimeType": "text/markdown",
                 "size": 2048,
@@ -282,7 +282,7 @@ def test_a_prompt_with_text_and_resource_link_blocks_round_trips() -> None:
     assert value.prompt == [
         schema.TextContent(text="Summarise this file."),
         schema.ResourceLink(
-            uri="file:///work/project/README.md",
+            uri="file:///home/user/project/README.md",
             name="README.md",
             mime_type="text/markdown",
             size=2048,
@@ -312,7 +312,7 @@ def test_embedded_text_and_blob_resources_decode_to_their_own_types_without_a_ta
     ]
 
 
-DIFF = {"type": "diff", "path": "/work/project/app.py", "oldText": "x = 1\n", "newText": "x = 2\n"}
+DIFF = {"type": "diff", "path": "/home/user/project/app.py", "oldText": "x = 1\n", "newText": "x = 2\n"}
 
 SESSION_UPDATES: dict[str, tuple[dict[str, Any], type[schema.WireStruct]]] = {
     "user_message_chunk": (
@@ -342,8 +342,8 @@ SESSION_UPDATES: dict[str, tuple[dict[str, Any], type[schema.WireStruct]]] = {
             "kind": "edit",
             "status": "pending",
             "content": [DIFF, {"type": "content", "content": {"type": "text", "text": "one line"}}],
-            "locations": [{"path": "/work/project/app.py", "line": 1}],
-            "rawInput": {"file_path": "/work/project/app.py", "replace_all": False},
+            "locations": [{"path": "/home/user/project/app.py", "line": 1}],
+            "rawInput": {"file_path": "/home/user/project/app.py", "replace_all": False},
         },
         schema.ToolCall,
     ),
@@ -419,10 +419,10 @@ def test_each_known_session_update_kind_round_trips_to_its_own_class(kind: str) 
 
 def test_tool_call_and_tool_call_update_carry_typed_diff_content() -> None:
     tool_call = round_trip(notification(SESSION_UPDATES["tool_call"][0]), schema.SessionNotification).update
-    expected_diff = schema.Diff(path="/work/project/app.py", old_text="x = 1\n", new_text="x = 2\n")
+    expected_diff = schema.Diff(path="/home/user/project/app.py", old_text="x = 1\n", new_text="x = 2\n")
     assert tool_call.content == [expected_diff, schema.Content(content=schema.TextContent(text="one line"))]
-    assert tool_call.locations == [schema.ToolCallLocation(path="/work/project/app.py", line=1)]
-    assert tool_call.raw_input == {"file_path": "/work/project/app.py", "replace_all": False}
+    assert tool_call.locations == [schema.ToolCallLocation(path="/home/user/project/app.py", line=1)]
+    assert tool_call.raw_input == {"file_path": "/home/user/project/app.py", "replace_all": False}
     progress = round_trip(
         notification(SESSION_UPDATES["tool_call_update"][0]), schema.SessionNotification
     ).update
@@ -433,10 +433,10 @@ def test_tool_call_and_tool_call_update_carry_typed_diff_content() -> None:
 
 
 def test_a_null_optional_field_is_written_back_as_absent_which_the_schema_treats_the_same() -> None:
-    diff = {"type": "diff", "path": "/work/new.py", "oldText": None, "newText": "print(1)\n"}
+    diff = {"type": "diff", "path": "/home/user/new.py", "oldText": None, "newText": "print(1)\n"}
     value = schema.decode(json.dumps(diff).encode(), type=schema.ToolCallContent)
-    assert value == schema.Diff(path="/work/new.py", old_text=None, new_text="print(1)\n")
-    assert wire(value) == {"type": "diff", "path": "/work/new.py", "newText": "print(1)\n"}
+    assert value == schema.Diff(path="/home/user/new.py", old_text=None, new_text="print(1)\n")
+    assert wire(value) == {"type": "diff", "path": "/home/user/new.py", "newText": "print(1)\n"}
 
 
 def test_usage_update_with_used_null_breaks_the_schema_and_decodes_to_the_fallback_verbatim() -> None:
@@ -512,7 +512,7 @@ def test_an_unknown_tool_call_content_type_decodes_to_the_fallback_and_re_encode
     update = {"sessionUpdate": "tool_call_update", "toolCallId": "call_1", "content": [DIFF, hologram]}
     value = round_trip(notification(update), schema.SessionNotification)
     assert value.update.content == [
-        schema.Diff(path="/work/project/app.py", old_text="x = 1\n", new_text="x = 2\n"),
+        schema.Diff(path="/home/user/project/app.py", old_text="x = 1\n", new_text="x = 2\n"),
         schema.UnknownToolCallContent(raw=hologram),
     ]
 
@@ -591,7 +591,7 @@ def test_auth_methods_without_a_type_are_agent_methods_and_unknown_types_stay_op
 
 def test_an_unknown_mcp_server_type_stays_opaque_and_is_written_back_unchanged() -> None:
     server = {"type": "acp", "name": "peer", "id": "agent-2"}
-    value = round_trip({"cwd": "/work", "mcpServers": [server]}, schema.NewSessionRequest)
+    value = round_trip({"cwd": "/home/user", "mcpServers": [server]}, schema.NewSessionRequest)
     assert value.mcp_servers == [schema.UnknownMcpServer(raw=server)]
 
 
