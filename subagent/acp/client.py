@@ -280,6 +280,18 @@ class ClientSession:
                 schema.SESSION_CANCEL, schema.CancelNotification(session_id=self.session_id)
             )
 
+    def _adopt(
+        self,
+        response: schema.NewSessionResponse
+        | schema.LoadSessionResponse
+        | schema.ResumeSessionResponse
+        | None,
+    ) -> None:
+        """Take the modes and config options the agent answered with (a null answer has none)."""
+        if response is not None:
+            self.modes = response.modes
+            self.config_options = response.config_options
+
     async def set_mode(self, mode_id: str) -> None:
         """Switch the session to another of the agent's modes."""
         await self._client._call(
@@ -465,8 +477,7 @@ class AcpClient:
         raw = await self._call_authenticated(schema.SESSION_NEW, request)
         response = schema.decode(raw, type=schema.NewSessionResponse)
         session = self._sessions.setdefault(response.session_id, ClientSession(self, response.session_id))
-        session.modes = response.modes
-        session.config_options = response.config_options
+        session._adopt(response)
         return session
 
     async def load_session(
@@ -496,10 +507,7 @@ class AcpClient:
             raise
         finally:
             session._loading = False
-        response = schema.decode(raw, type=schema.LoadSessionResponse | None)
-        if response is not None:
-            session.modes = response.modes
-            session.config_options = response.config_options
+        session._adopt(schema.decode(raw, type=schema.LoadSessionResponse | None))
         return session
 
     async def resume_session(
@@ -521,11 +529,8 @@ class AcpClient:
             session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers)
         )
         raw = await self._call_authenticated(schema.SESSION_RESUME, request)
-        response = schema.decode(raw, type=schema.ResumeSessionResponse | None)
         session = self._sessions.setdefault(session_id, ClientSession(self, session_id))
-        if response is not None:
-            session.modes = response.modes
-            session.config_options = response.config_options
+        session._adopt(schema.decode(raw, type=schema.ResumeSessionResponse | None))
         return session
 
     def _require_initialized(self) -> schema.InitializeResponse:
