@@ -324,6 +324,9 @@ class AgentProcess:
         returncode = self._process.returncode
         if returncode is None:
             return None
+        return self._describe_exit(returncode)
+
+    def _describe_exit(self, returncode: int) -> ExitInfo:
         return ExitInfo(
             command=self.command,
             pid=self.pid,
@@ -345,14 +348,7 @@ class AgentProcess:
             returncode = self._process.returncode
         with anyio.move_on_after(self._stderr_settle_timeout):
             await self._stderr_done.wait()
-        return ExitInfo(
-            command=self.command,
-            pid=self.pid,
-            returncode=returncode,
-            stderr_tail=self.stderr_tail(),
-            stderr_bytes_total=self._stderr_bytes_total,
-            teardown_signal=self._teardown_signal,
-        )
+        return self._describe_exit(returncode)
 
     async def aclose(self) -> TeardownReport:
         """Tear the process group down (see the module docstring) and close the pipes; idempotent.
