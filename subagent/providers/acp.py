@@ -43,7 +43,6 @@ import itertools
 import json
 import logging
 import os
-import re
 import shlex
 import time
 from collections import deque
@@ -54,6 +53,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import anyio
 import anyio.abc
 
+from subagent import _structured
 from subagent.acp import schema
 from subagent.acp.client import (
     AcpClient,
@@ -76,7 +76,6 @@ from subagent.types import (
     SubagentRequest,
     SubagentResult,
     Usage,
-    thaw_json,
 )
 
 if TYPE_CHECKING:
@@ -215,7 +214,7 @@ class AcpProvider:
         when a slot frees, in the order runs were started.
         """
         if request.output_schema is not None:
-            _check_schema(request.output_schema)
+            _structured.check_schema(request.output_schema)
         run = AcpRun(self, request)
         # Admitted here, synchronously, rather than in the run's task: tasks may first run in any
         # order (trio shuffles them), and slots must go out in the order runs were started.
@@ -627,7 +626,7 @@ class AcpRun:
     async def _run_turn(self, session: ClientSession, prompt: str, *, structured: bool) -> SubagentResult:
         async with self._turn_lock:
             schema_wanted = self.request.output_schema if structured else None
-            text = prompt if schema_wanted is None else _ask_for_json(prompt, schema_wanted)
+            text = prompt if schema_wanted is None else _structured.ask_for_json(prompt, schema_wanted)
             result = await self._one_turn(session, text)
             if schema_wanted is None or result.stop_reason != "completed":
                 return result
@@ -705,7 +704,7 @@ class AcpRun:
     async def _validate_structured(
         self, session: ClientSession, result: SubagentResult, wanted: Mapping[str, Any]
     ) -> SubagentResult:
-        value, problem = _parse_and_validate(result.output, wanted)
+        value, problem = _structured.parse_and_validate(result.output, wanted)
         if problem is None:
             result.structured = value
             return result
@@ -714,10 +713,10 @@ class AcpRun:
             self.command_line,
             problem,
         )
-        repaired = await self._one_turn(session, _repair_request(problem, wanted))
+        repaired = await self._one_turn(session, _structured.repair_request(problem, wanted))
         if repaired.stop_reason != "completed":
             return repaired
-        value, problem = _parse_and_validate(repaired.output, wanted)
+        value, problem = _structured.parse_and_validate(repaired.output, wanted)
         if problem is None:
             repaired.structured = value
             return repaired
@@ -795,49 +794,3 @@ def _usage(raw: Mapping[str, Any] | None) -> Usage | None:
         cached_read_tokens=count("cachedReadTokens"),
         cached_write_tokens=count("cachedWriteTokens"),
     )
-
-
-# -- structured output ----------------------------------------------------------------------------------
-
-
-def _check_schema(output_schema: Mapping[str, Any]) -> None:
-    import jsonschema
-
-    plain = thaw_json(output_schema)
-    jsonschema.validators.validator_for(plain).check_schema(plain)
-
-
-def _ask_for_json(prompt: str, wanted: Mapping[str, Any]) -> str:
-    return (
-        f"{prompt}\n\nAnswer with a single JSON value that matches this JSON Schema, and nothing else: "
-        f"no prose, no code fences.\n\n{json.dumps(thaw_json(wanted), indent=2)}"
-    )
-
-
-def _repair_request(problem: str, wanted: Mapping[str, Any]) -> str:
-    return (
-        f"Your previous answer cannot be used: {problem}\n\nReply again with only the corrected JSON "
-        f"value matching this JSON Schema, and nothing else:\n\n{json.dumps(thaw_json(wanted), indent=2)}"
-    )
-
-
-_FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(?P<body>.*?)\n\s*```\s*$", re.DOTALL)
-
-
-def _parse_and_validate(text: str, wanted: Mapping[str, Any]) -> tuple[Any, str | None]:
-    """The JSON value in ``text`` and None, or None and what is wrong with it."""
-    import jsonschema
-
-    fenced = _FENCE.match(text)
-    candidate = fenced.group("body") if fenced else text
-    try:
-        value = json.loads(candidate)
-    except json.JSONDecodeError as exc:
-        return None, f"it is not valid JSON ({exc})"
-    plain = thaw_json(wanted)
-    validator_class = jsonschema.validators.validator_for(plain)
-    error = jsonschema.exceptions.best_match(validator_class(plain).iter_errors(value))
-    if error is not None:
-        where = "/".join(str(part) for part in error.absolute_path) or "the top level"
-        return None, f"at {where}: {error.message}"
-    return value, None
