@@ -20,6 +20,7 @@ closing the service disposes every run still live, then ends its task group.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import time
@@ -34,6 +35,7 @@ from subagent.events import EventHub
 from subagent.types import (
     Disposer,
     ErrorCode,
+    Lineage,
     ObservableRun,
     ProviderSnapshot,
     QueueableRun,
@@ -129,6 +131,7 @@ class SubagentService:
         ``subagent/start``, ``subagent/progress``, ``subagent/end``."""
         self._registrations: dict[str, _Registration] = {}
         self._runs: dict[ServiceRun, None] = {}  # live runs, in start order
+        self._runs_by_id: dict[str, ServiceRun] = {}  # the same runs, to find a request's parent
         self._task_group: TaskGroup | None = None
         self._closing = False
 
@@ -204,6 +207,7 @@ class SubagentService:
                     provider=name,
                     feature=feature,
                 )
+        request = dataclasses.replace(request, lineage=self._lineage(snapshot, request))
         try:
             provider_run = snapshot.start(request, task_group)
         except SubagentError:
@@ -214,8 +218,55 @@ class SubagentService:
             ) from exc
         run = _managed_run_class(provider_run)(self, snapshot.name, provider_run, request)
         self._runs[run] = None
+        self._runs_by_id.setdefault(run.id, run)
         task_group.start_soon(run._observe, name=f"subagent observer {run.id}")
         return run
+
+    def _lineage(self, snapshot: ProviderSnapshot, request: SubagentRequest) -> Lineage:
+        """Count the child's place in its parent chain; refuse what an ancestor's limits forbid."""
+        parent = self._runs_by_id.get(request.parent_id) if request.parent_id is not None else None
+        if parent is None:
+            # The parent is a root: an agent that is not a run of this service (or none at all).
+            root = () if request.parent_id is None else (request.parent_id,)
+            parent_lineage = Lineage(depth=0, ancestors=root)
+        else:
+            assert parent.request.lineage is not None
+            parent_lineage = dataclasses.replace(
+                parent.request.lineage, ancestors=(parent.id, *parent.request.lineage.ancestors)
+            )
+        budget = parent_lineage.depth_budget
+        if budget == 0:
+            raise SubagentError(
+                ErrorCode.UNSUPPORTED_CAPABILITY,
+                f"depth limit reached: {request.parent_id!r} is at depth {parent_lineage.depth} and its "
+                "depth limit allows no subagent below it",
+                provider=snapshot.name,
+                feature="depth_limit",
+            )
+        if budget is not None:
+            budget -= 1
+        if request.depth_limit is not None:
+            budget = request.depth_limit if budget is None else min(budget, request.depth_limit)
+        inherited = parent_lineage.tool_filter
+        tool_filter = (
+            inherited.narrowed_by(request.tool_filter) if inherited is not None else request.tool_filter
+        )
+        if inherited is not None and not snapshot.capabilities.tool_filter:
+            # An ancestor's filter must hold for every descendant; a provider that cannot narrow a
+            # child's tools cannot promise that, so it is refused rather than trusted.
+            raise SubagentError(
+                ErrorCode.UNSUPPORTED_CAPABILITY,
+                f"provider {snapshot.name!r} cannot apply the tool filter {request.parent_id!r} inherited "
+                "from its ancestors",
+                provider=snapshot.name,
+                feature="tool_filter",
+            )
+        return Lineage(
+            depth=parent_lineage.depth + 1,
+            ancestors=parent_lineage.ancestors,
+            depth_budget=budget,
+            tool_filter=tool_filter,
+        )
 
     def _require_open(self) -> TaskGroup:
         if self._closing:
@@ -226,6 +277,8 @@ class SubagentService:
 
     def _forget(self, run: ServiceRun) -> None:
         self._runs.pop(run, None)
+        if self._runs_by_id.get(run.id) is run:
+            del self._runs_by_id[run.id]
 
     # -- lifecycle -----------------------------------------------------------------------------
 

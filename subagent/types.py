@@ -33,6 +33,7 @@ __all__ = [
     "START_TIME_FEATURES",
     "Disposer",
     "ErrorCode",
+    "Lineage",
     "ObservableRun",
     "ProviderSnapshot",
     "QueueableRun",
@@ -129,6 +130,43 @@ class ToolFilter:
         """Whether a tool of that name passes this filter."""
         return tool not in self.deny and (self.allow is None or tool in self.allow)
 
+    def narrowed_by(self, other: ToolFilter | None) -> ToolFilter:
+        """The filter that permits exactly what both this one and ``other`` permit."""
+        if other is None:
+            return self
+        if self.allow is None:
+            allow = other.allow
+        elif other.allow is None:
+            allow = self.allow
+        else:
+            allow = self.allow & other.allow
+        return ToolFilter(allow=allow, deny=self.deny | other.deny)
+
+
+@dataclass(frozen=True, slots=True)
+class Lineage:
+    """Where a child sits in its parent chain, as the service counted it from ``parent_id``.
+
+    The service fills this in on the request it hands a provider; a caller never sets it.
+
+    ``depth`` is 1 for a child of a root (an agent that is not itself a run of the service), 2 for
+    a grandchild, and so on. ``ancestors`` lists the ids up the chain, nearest first (the root's id
+    last, when the root had one). ``depth_budget`` is how many levels of subagents the child may
+    still start below itself (None: no limit); it is the smallest of the request's
+    ``depth_limit`` and every ancestor's remaining budget. ``tool_filter`` is the request's filter
+    narrowed by every ancestor's: what the child may have, never more than an ancestor had.
+    """
+
+    depth: int = 1
+    ancestors: tuple[str, ...] = ()
+    depth_budget: int | None = None
+    tool_filter: ToolFilter | None = None
+
+    @property
+    def parent_id(self) -> str | None:
+        """The nearest ancestor's id, when there is one."""
+        return self.ancestors[0] if self.ancestors else None
+
 
 def freeze_json(value: Any) -> Any:
     """A deep, immutable copy of a JSON value: objects become read-only mappings, arrays tuples."""
@@ -173,6 +211,8 @@ class SubagentRequest:
     timeout: float | None = None
     parent_id: str | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    lineage: Lineage | None = field(default=None, compare=False)
+    """Filled in by the service before the provider sees the request; a caller's value is replaced."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_schema", _frozen_mapping(self.output_schema))

@@ -16,6 +16,7 @@ from anyio.abc import TaskGroup
 from subagent import (
     DEFAULT_PROGRESS_INTERVAL,
     ErrorCode,
+    Lineage,
     ObservableRun,
     ProviderSnapshot,
     QueueableRun,
@@ -242,7 +243,16 @@ async def test_supported_start_time_features_reach_the_provider_unchanged() -> N
         persona="a careful reviewer",
     )
     async with open_service(provider) as service, service.start("spawn", request):
-        assert provider.runs[0].request is request
+        seen = provider.runs[0].request
+        assert seen == request
+        assert (seen.output_schema, seen.depth_limit, seen.tool_filter, seen.persona) == (
+            request.output_schema,
+            request.depth_limit,
+            request.tool_filter,
+            request.persona,
+        )
+        # The only addition: where the child sits in its chain, as the service counted it.
+        assert seen.lineage == Lineage(depth=1, ancestors=(), depth_budget=2, tool_filter=request.tool_filter)
         assert request.tool_filter is not None
         assert request.tool_filter.permits("read")
         assert not request.tool_filter.permits("grep")
