@@ -1,0 +1,648 @@
+"""The in-process agent: a message log, a persona, tools, an LLM adapter, and the turn loop.
+
+A turn appends the prompt, then loops: deliver injected messages, call the model, run the tool
+calls it asked for, call the model again, until the model answers without tools. Idle points are
+the moments between model calls and the end of the turn: messages sent with :meth:`Agent.send_message`
+while a turn runs wait in a queue until the next one. A message sent while no turn runs goes into
+the log at once (the agent is idle now), so the next turn sees it. Closing the agent refuses what
+is still queued, with the reason, to the sender and in the log: a message is delivered or refused,
+never dropped.
+
+Turn results are :class:`~subagent.types.SubagentResult` values: the seam's vocabulary, so a
+provider hands them on unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import anyio
+import jsonschema
+
+from subagent import _structured
+from subagent.runtime.llm import LlmAdapter, LlmError, LlmErrorKind
+from subagent.runtime.messages import (
+    Completion,
+    CompletionRequest,
+    Message,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+)
+from subagent.runtime.tools import Approver, Tool, ToolError, ToolInvocation
+from subagent.types import Disposer, StopReason, SubagentResult, Usage, freeze_json, thaw_json
+
+__all__ = [
+    "DEFAULT_MAX_MODEL_CALLS",
+    "Agent",
+    "AgentClosedError",
+    "AgentEvent",
+    "AgentRegistry",
+    "MessageDelivered",
+    "MessageRefused",
+    "MessageRefusedError",
+    "PendingMessage",
+    "ToolCallFinished",
+    "ToolCallStarted",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_CALLS = 32
+"""Model calls one turn may make before it stops with ``max_turns``: a model that keeps calling
+tools forever costs money and never answers."""
+
+
+class AgentClosedError(RuntimeError):
+    """The agent was closed: it takes no more turns and no more messages."""
+
+
+class MessageRefusedError(Exception):
+    """A message sent to an agent was refused; ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class PendingMessage:
+    """A message sent to an agent: queued until the next idle point, then delivered or refused."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.status: Literal["queued", "delivered", "refused"] = "queued"
+        self.reason: str | None = None
+        """Why the message was refused, when it was."""
+        self._settled = anyio.Event()
+
+    def __repr__(self) -> str:
+        return f"<PendingMessage {self.status} {self.text[:40]!r}>"
+
+    async def wait(self) -> None:
+        """Return once the message is in the agent's log.
+
+        Raises:
+            MessageRefusedError: the message was refused (the agent closed first), with the reason.
+        """
+        await self._settled.wait()
+        if self.status == "refused":
+            raise MessageRefusedError(self.reason or "refused")
+
+    def _deliver(self) -> None:
+        self.status = "delivered"
+        self._settled.set()
+
+    def _refuse(self, reason: str) -> None:
+        self.status = "refused"
+        self.reason = reason
+        self._settled.set()
+
+
+# -- events -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    """A tool call is about to run (after approval, when it needed one)."""
+
+    invocation: ToolInvocation
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallFinished:
+    """A tool call ended; ``output`` is what the model reads."""
+
+    call: ToolCall
+    output: str
+    is_error: bool
+
+
+@dataclass(frozen=True, slots=True)
+class MessageDelivered:
+    """A message sent with ``send_message`` entered the log."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRefused:
+    """A message sent with ``send_message`` was refused, with the reason."""
+
+    text: str
+    reason: str
+
+
+AgentEvent = (
+    TextDelta | ToolCallDelta | ToolCallStarted | ToolCallFinished | MessageDelivered | MessageRefused
+)
+"""What an agent reports to its listeners while it works, in order."""
+
+
+# -- the registry -------------------------------------------------------------------------------------
+
+
+class AgentRegistry:
+    """The live agents of a context, by id. Agents join when made with the registry and leave when
+    closed, so ``get`` never returns a closed agent."""
+
+    def __init__(self) -> None:
+        self._agents: dict[str, Agent] = {}
+
+    def get(self, agent_id: str) -> Agent | None:
+        """The live agent with that id, or None."""
+        return self._agents.get(agent_id)
+
+    def list(self) -> list[str]:
+        """The ids of the live agents, oldest first."""
+        return list(self._agents)
+
+    def __contains__(self, agent_id: object) -> bool:
+        return agent_id in self._agents
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    def _add(self, agent: Agent) -> None:
+        if agent.id in self._agents:
+            raise ValueError(f"an agent with id {agent.id!r} is already live")
+        self._agents[agent.id] = agent
+
+    def _remove(self, agent: Agent) -> None:
+        if self._agents.get(agent.id) is agent:
+            del self._agents[agent.id]
+
+
+# -- the agent ----------------------------------------------------------------------------------------
+
+
+class Agent:
+    """An in-process agent.
+
+    Args:
+        llm: the adapter its model calls go through.
+        id: its id (default: a fresh ``agent-…`` id). Runs of the spawn and fork providers use
+            the run's id, so ``registry.get(info.id)`` finds the child of a ``subagent/start``.
+        parent_id: the id of the agent that started it, if any.
+        depth: how far below the root of its chain it is (the root is 0).
+        persona: the system prompt; the first message of the log when given.
+        tools: what it can call. Names must be unique.
+        history: messages it starts with (a fork's seed); counted as completed turns.
+        approver: decides on calls of tools that need approval; without one they are refused.
+        max_model_calls: how many model calls one turn may make before it stops with ``max_turns``.
+        registry: where it is live until :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        *,
+        llm: LlmAdapter,
+        id: str | None = None,
+        parent_id: str | None = None,
+        depth: int = 0,
+        persona: str | None = None,
+        tools: Sequence[Tool] = (),
+        history: Sequence[Message] = (),
+        approver: Approver | None = None,
+        max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+        registry: AgentRegistry | None = None,
+    ) -> None:
+        if max_model_calls < 1:
+            raise ValueError(f"max_model_calls must be >= 1, got {max_model_calls}")
+        names = [tool.spec.name for tool in tools]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"tool names must be unique; repeated: {', '.join(duplicates)}")
+        self.id = id or f"agent-{uuid.uuid4().hex[:12]}"
+        self.parent_id = parent_id
+        self.depth = depth
+        self.persona = persona
+        self.llm = llm
+        self.tools: tuple[Tool, ...] = tuple(tools)
+        self.approver = approver
+        self.max_model_calls = max_model_calls
+        self._log: list[Message] = []
+        if persona:
+            self._log.append(Message.system(persona))
+        self._log.extend(history)
+        self._completed_end = len(self._log)
+        self._turn_start = len(self._log)
+        self._inbox: deque[PendingMessage] = deque()
+        self._listeners: dict[int, Callable[[AgentEvent], object]] = {}
+        self._next_listener = 0
+        self._turn_scope: anyio.CancelScope | None = None
+        self._turn_lock = anyio.Lock()
+        self._closed = False
+        self._last_activity: float | None = None
+        self._pending_approvals = 0
+        self._update_count = 0
+        self._registry = registry
+        if registry is not None:
+            registry._add(self)
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("busy" if self.busy else "idle")
+        return f"<Agent {self.id!r} depth={self.depth} {state}>"
+
+    # -- what can be read ---------------------------------------------------------------------------
+
+    @property
+    def messages(self) -> tuple[Message, ...]:
+        """The whole log, a turn in flight included."""
+        return tuple(self._log)
+
+    @property
+    def completed_messages(self) -> tuple[Message, ...]:
+        """The log up to the end of the last turn that ended: never a turn in flight."""
+        return tuple(self._log[: self._completed_end])
+
+    @property
+    def busy(self) -> bool:
+        """Whether a turn is in flight."""
+        return self._turn_scope is not None
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._closed
+
+    @property
+    def pending_messages(self) -> tuple[PendingMessage, ...]:
+        """Messages waiting for the next idle point."""
+        return tuple(self._inbox)
+
+    @property
+    def last_activity(self) -> float | None:
+        """``time.monotonic()`` of the model's or a tool's last sign of life; None before any turn."""
+        return self._last_activity
+
+    @property
+    def pending_approvals(self) -> int:
+        """Tool calls waiting for the approver now."""
+        return self._pending_approvals
+
+    @property
+    def update_count(self) -> int:
+        """Deltas and tool calls seen so far, over every turn."""
+        return self._update_count
+
+    def tool(self, name: str) -> Tool | None:
+        """The tool of that name, or None."""
+        return next((tool for tool in self.tools if tool.spec.name == name), None)
+
+    def on_event(self, listener: Callable[[AgentEvent], object]) -> Disposer:
+        """Call ``listener`` with each event, in order; returns the disposer. A listener that raises is
+        logged and changes nothing."""
+        key = self._next_listener
+        self._next_listener += 1
+        self._listeners[key] = listener
+
+        def dispose() -> None:
+            self._listeners.pop(key, None)
+
+        return dispose
+
+    # -- messages -----------------------------------------------------------------------------------
+
+    def send_message(self, text: str) -> PendingMessage:
+        """Send ``text`` to the agent: into the log now when it is idle, else at the next idle point.
+
+        Raises:
+            AgentClosedError: the agent is closed.
+        """
+        if self._closed:
+            raise AgentClosedError(f"agent {self.id!r} is closed")
+        pending = PendingMessage(text)
+        self._inbox.append(pending)
+        if not self.busy:
+            self._deliver_pending()
+        return pending
+
+    def _deliver_pending(self) -> bool:
+        delivered = False
+        while self._inbox:
+            pending = self._inbox.popleft()
+            self._log.append(Message.user(pending.text))
+            pending._deliver()
+            self._emit(MessageDelivered(pending.text))
+            delivered = True
+        return delivered
+
+    # -- turns --------------------------------------------------------------------------------------
+
+    def cancel(self) -> None:
+        """Stop the turn in flight, if any: it ends with ``cancelled``. The agent stays usable."""
+        if self._turn_scope is not None:
+            self._turn_scope.cancel()
+
+    async def run_turn(
+        self,
+        prompt: str,
+        *,
+        output_schema: Any = None,
+        idle_timeout: float | None = None,
+    ) -> SubagentResult:
+        """Run one turn and return how it ended. One turn at a time; a second call waits its turn.
+
+        ``output_schema``: the answer must be JSON matching it; it is asked for, validated, and
+        repaired once, else the turn ends with ``error``. ``idle_timeout``: seconds without a sign
+        of life from the model or a tool before the turn ends with ``timeout`` (time spent waiting
+        for approval does not count).
+
+        Raises:
+            AgentClosedError: the agent is closed.
+        """
+        async with self._turn_lock:
+            if self._closed:
+                raise AgentClosedError(f"agent {self.id!r} is closed")
+            scope = anyio.CancelScope()
+            self._turn_scope = scope
+            timed_out = False
+            usage = _UsageSum()
+            outcome: SubagentResult | None = None
+            try:
+                with scope:
+                    async with anyio.create_task_group() as task_group:
+                        if idle_timeout is not None:
+
+                            async def on_idle() -> None:
+                                nonlocal timed_out
+                                timed_out = True
+                                scope.cancel()
+
+                            task_group.start_soon(self._watch_idle, idle_timeout, on_idle)
+                        outcome = await self._turn(prompt, output_schema, usage)
+                        task_group.cancel_scope.cancel()
+            finally:
+                self._turn_scope = None
+                self._close_dangling_calls()
+                self._completed_end = len(self._log)
+                if not self._closed:
+                    self._deliver_pending()
+            if outcome is None:
+                reason: StopReason = "timeout" if timed_out else "cancelled"
+                return SubagentResult(
+                    output=self._partial_output(),
+                    stop_reason=reason,
+                    error=f"no sign of life from the model or a tool for {idle_timeout:g} s"
+                    if timed_out and idle_timeout is not None
+                    else None,
+                    usage=usage.total(),
+                )
+            outcome.usage = usage.total()
+            return outcome
+
+    async def _turn(self, prompt: str, output_schema: Any, usage: _UsageSum) -> SubagentResult:
+        self._turn_start = len(self._log)
+        self._touch()
+        wanted = freeze_json(output_schema) if output_schema is not None else None
+        text = prompt if wanted is None else _structured.ask_for_json(prompt, wanted)
+        self._log.append(Message.user(text))
+        result = await self._loop(wanted, usage)
+        if wanted is None or result.stop_reason != "completed":
+            return result
+        value, problem = _structured.parse_and_validate(result.output, wanted)
+        if problem is None:
+            result.structured = value
+            return result
+        logger.info("agent %s: answer does not match the output schema (%s); repairing", self.id, problem)
+        self._log.append(Message.user(_structured.repair_request(problem, wanted)))
+        repaired = await self._loop(wanted, usage)
+        if repaired.stop_reason != "completed":
+            return repaired
+        value, problem = _structured.parse_and_validate(repaired.output, wanted)
+        if problem is None:
+            repaired.structured = value
+            return repaired
+        return SubagentResult(
+            output=repaired.output,
+            stop_reason="error",
+            error=f"the answer does not match the output schema after one repair turn: {problem}",
+        )
+
+    async def _loop(self, wanted: Any, usage: _UsageSum) -> SubagentResult:
+        calls = 0
+        while True:
+            self._deliver_pending()  # an idle point: before each model call
+            if calls >= self.max_model_calls:
+                return SubagentResult(
+                    output=self._partial_output(),
+                    stop_reason="max_turns",
+                    error=f"the model asked for tools {calls} times in one turn without answering",
+                )
+            calls += 1
+            try:
+                completion = await self._call_model(wanted)
+            except LlmError as exc:
+                return SubagentResult(
+                    output=self._partial_output(),
+                    stop_reason="error",
+                    error=f"the model call failed ({exc.kind.value}): {exc.message}",
+                )
+            usage.add(completion.usage)
+            message = completion.message
+            self._log.append(message)
+            if completion.finish_reason == "length":
+                return SubagentResult(output=message.content, stop_reason="max_tokens")
+            if completion.finish_reason == "content_filter":
+                return SubagentResult(output=message.content, stop_reason="refusal")
+            if message.tool_calls:
+                await self._run_tool_calls(message.tool_calls)
+                continue
+            if self._inbox:
+                continue  # messages arrived during the call: the model answers them before the turn ends
+            return SubagentResult(output=message.content, stop_reason="completed")
+
+    async def _call_model(self, wanted: Any) -> Completion:
+        request = CompletionRequest(
+            messages=tuple(self._log),
+            tools=tuple(tool.spec for tool in self.tools),
+            response_schema=wanted,
+        )
+        completion: Completion | None = None
+        stream = self.llm.stream(request)
+        try:
+            async for event in stream:
+                self._touch()
+                if isinstance(event, Completion):
+                    completion = event
+                    break
+                self._update_count += 1
+                self._emit(event)
+        finally:
+            # Closed at once on every exit, so an abandoned completion releases its connection.
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                with anyio.CancelScope(shield=True):
+                    await aclose()
+        if completion is None:
+            raise LlmError(LlmErrorKind.PROTOCOL, "the adapter's stream ended without a completion")
+        return completion
+
+    # -- tools --------------------------------------------------------------------------------------
+
+    async def _run_tool_calls(self, calls: Sequence[ToolCall]) -> None:
+        outputs: list[tuple[str, bool] | None] = [None] * len(calls)
+
+        async def run_one(index: int, call: ToolCall) -> None:
+            outputs[index] = await self._run_tool_call(call)
+
+        if len(calls) == 1:
+            await run_one(0, calls[0])
+        else:
+            # Independent calls run together (several subagents at once); results keep call order.
+            async with anyio.create_task_group() as task_group:
+                for index, call in enumerate(calls):
+                    task_group.start_soon(run_one, index, call)
+        for call, produced in zip(calls, outputs, strict=True):
+            assert produced is not None
+            output, is_error = produced
+            self._log.append(Message.tool_result(call, output))
+            self._emit(ToolCallFinished(call, output, is_error))
+        self._touch()
+
+    async def _run_tool_call(self, call: ToolCall) -> tuple[str, bool]:
+        self._update_count += 1
+        tool = self.tool(call.name)
+        if tool is None:
+            known = ", ".join(repr(t.spec.name) for t in self.tools) or "none"
+            return f"error: there is no tool named {call.name!r} (available: {known})", True
+        try:
+            decoded = json.loads(call.arguments) if call.arguments.strip() else {}
+        except json.JSONDecodeError as exc:
+            return f"error: the arguments are not valid JSON ({exc}); nothing was run", True
+        problem = _argument_problem(tool, decoded)
+        if problem is not None:
+            return f"error: {problem}; nothing was run", True
+        # Frozen once: the approver decides on this snapshot and the tool runs with the same one.
+        invocation = ToolInvocation(call.id, call.name, freeze_json(decoded), self)
+        if tool.needs_approval and not await self._approve(invocation):
+            return "error: this tool call was not approved, so it did not run", True
+        self._emit(ToolCallStarted(invocation))
+        try:
+            output = await tool.run(invocation)
+        except ToolError as exc:
+            return f"error: {exc}", True
+        except Exception as exc:
+            logger.exception("agent %s: tool %r raised", self.id, call.name)
+            return f"error: the tool failed ({type(exc).__name__}: {exc})", True
+        finally:
+            self._touch()
+        return output, False
+
+    async def _approve(self, invocation: ToolInvocation) -> bool:
+        if self.approver is None:
+            return False
+        self._pending_approvals += 1
+        try:
+            decision = self.approver(invocation)
+            if not isinstance(decision, bool):
+                decision = await decision
+            return decision is True
+        except Exception:
+            logger.exception("agent %s: the approver raised; the call is refused", self.id)
+            return False
+        finally:
+            self._pending_approvals -= 1
+            self._touch()
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    async def close(self, reason: str = "the agent was closed before its next idle point") -> None:
+        """Stop: cancel the turn in flight, refuse queued messages with ``reason``, leave the
+        registry. Idempotent; returns once no turn is running."""
+        if not self._closed:
+            self._closed = True
+            self.cancel()
+            while self._inbox:
+                pending = self._inbox.popleft()
+                pending._refuse(reason)
+                logger.warning("agent %s: message refused (%s): %r", self.id, reason, pending.text[:200])
+                self._emit(MessageRefused(pending.text, reason))
+            if self._registry is not None:
+                self._registry._remove(self)
+        # The turn lock is held for a turn's whole length: taking it means none is running.
+        with anyio.CancelScope(shield=True):
+            async with self._turn_lock:
+                pass
+
+    # -- internals ----------------------------------------------------------------------------------
+
+    def _touch(self) -> None:
+        self._last_activity = time.monotonic()
+
+    def _emit(self, event: AgentEvent) -> None:
+        for listener in tuple(self._listeners.values()):
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("agent %s: an event listener raised", self.id)
+
+    def _partial_output(self) -> str:
+        for message in reversed(self._log[self._turn_start :]):
+            if message.role == "assistant":
+                return message.content
+        return ""
+
+    def _close_dangling_calls(self) -> None:
+        # A turn cut short can leave tool calls without results; chat APIs refuse such a log, so
+        # each gets a result saying it never finished.
+        answered = {m.tool_call_id for m in self._log[self._turn_start :] if m.role == "tool"}
+        for message in self._log[self._turn_start :]:
+            for call in message.tool_calls:
+                if call.id not in answered:
+                    unfinished = "error: the turn ended before this call finished"
+                    self._log.append(Message.tool_result(call, unfinished))
+                    answered.add(call.id)
+
+    async def _watch_idle(self, timeout: float, on_idle: Callable[[], Any]) -> None:
+        while True:
+            if self._pending_approvals:
+                # Waiting on a person is not silence: check again later, from a fresh clock.
+                await anyio.sleep(min(timeout, 0.5))
+                self._touch()
+                continue
+            since = self._last_activity if self._last_activity is not None else time.monotonic()
+            remaining = since + timeout - time.monotonic()
+            if remaining <= 0:
+                await on_idle()
+                return
+            await anyio.sleep(remaining)
+
+
+def _argument_problem(tool: Tool, arguments: Any) -> str | None:
+    schema = thaw_json(tool.spec.parameters)
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        error = jsonschema.exceptions.best_match(validator_class(schema).iter_errors(arguments))
+    except jsonschema.exceptions.SchemaError as exc:
+        return f"the tool's own argument schema is invalid ({exc.message})"
+    if error is None:
+        return None
+    where = "/".join(str(part) for part in error.absolute_path) or "the top level"
+    return f"the arguments do not match the tool's schema at {where}: {error.message}"
+
+
+class _UsageSum:
+    def __init__(self) -> None:
+        self._totals: dict[str, int] = {}
+        self._seen = False
+
+    def add(self, usage: Usage | None) -> None:
+        if usage is None:
+            return
+        self._seen = True
+        for name in (f.name for f in dataclasses.fields(Usage)):
+            value = getattr(usage, name)
+            if isinstance(value, int):
+                self._totals[name] = self._totals.get(name, 0) + value
+
+    def total(self) -> Usage | None:
+        return Usage(**self._totals) if self._seen else None
