@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
+from subagent.runtime.messages import ToolSpec
+from subagent.runtime.tools import ToolInvocation
 from subagent.service import SubagentService
 from subagent.types import (
     START_TIME_FEATURES,
@@ -44,9 +46,10 @@ from subagent.types import (
     SubagentResult,
     ToolFilter,
     Usage,
+    thaw_json,
 )
 
-__all__ = ["DEFAULT_TOOL_NAME", "SubagentTool", "SubagentToolResult", "ToolDefinition"]
+__all__ = ["DEFAULT_TOOL_NAME", "AgentSubagentTool", "SubagentTool", "SubagentToolResult", "ToolDefinition"]
 
 DEFAULT_TOOL_NAME = "subagent"
 """The name the tool has unless the host picks another."""
@@ -407,6 +410,15 @@ class SubagentTool:
     ) -> None:
         self.close()
 
+    def for_agents(self) -> AgentSubagentTool:
+        """This tool as a tool of in-process agents (:class:`~subagent.runtime.Agent`).
+
+        One instance serves any number of agents: each call starts the child with the calling
+        agent as its parent, so depth and tool filters follow the real chain. The spec the model
+        sees is this tool's current definition, re-read at every model call.
+        """
+        return AgentSubagentTool(self)
+
     def _snapshots(self) -> list[ProviderSnapshot]:
         snapshots = (self._service.get_provider(name) for name in self._service.list())
         return [snapshot for snapshot in snapshots if snapshot is not None]
@@ -474,8 +486,13 @@ class SubagentTool:
 
     # -- execution ---------------------------------------------------------------------------------
 
-    async def execute(self, arguments: Mapping[str, Any] | str | bytes) -> SubagentToolResult:
+    async def execute(
+        self, arguments: Mapping[str, Any] | str | bytes, *, parent_id: str | None = None
+    ) -> SubagentToolResult:
         """Run one call of the tool, with ``arguments`` as the model produced them.
+
+        ``parent_id`` overrides the tool's own for this call: one tool shared by several agents
+        passes the calling agent's id, so the seam counts depth along the right chain.
 
         ``arguments`` is the decoded JSON object, or its JSON text. Bad input from the model (not an
         object, missing or empty ``prompt``, an unknown provider, a wrong type, an unknown parameter,
@@ -490,7 +507,7 @@ class SubagentTool:
             RuntimeError: the service was never opened (a host bug, not the model's).
             Exception: whatever a faulty provider's result raised other than a ``SubagentError``.
         """
-        prepared = self._prepare(arguments)
+        prepared = self._prepare(arguments, parent_id if parent_id is not None else self._parent_id)
         if isinstance(prepared, SubagentToolResult):
             return prepared
         provider, request = prepared
@@ -545,7 +562,7 @@ class SubagentTool:
         )
 
     def _prepare(
-        self, arguments: Mapping[str, Any] | str | bytes
+        self, arguments: Mapping[str, Any] | str | bytes, parent_id: str | None
     ) -> tuple[str, SubagentRequest] | SubagentToolResult:
         """Validate the model's arguments into ``(provider, request)``, or an error result."""
         if not self._service.list():
@@ -572,7 +589,7 @@ class SubagentTool:
             tool_filter=parsed.tool_filter,
             persona=parsed.persona,
             timeout=self._timeout,
-            parent_id=self._parent_id,
+            parent_id=parent_id,
         )
         unsupported = self._unsupported(parsed.provider, request)
         if unsupported is not None:
@@ -730,3 +747,28 @@ def _check_tool_filter(value: object, parsed: _Parsed) -> list[str]:
             allow=None if allow is None else frozenset(allow), deny=frozenset(deny or ())
         )
     return problems
+
+
+class AgentSubagentTool:
+    """:class:`SubagentTool` as a :class:`~subagent.runtime.Tool`: see :meth:`SubagentTool.for_agents`."""
+
+    needs_approval = False
+
+    def __init__(self, tool: SubagentTool) -> None:
+        self.subagent_tool = tool
+
+    def __repr__(self) -> str:
+        return f"<AgentSubagentTool {self.subagent_tool.name!r}>"
+
+    @property
+    def spec(self) -> ToolSpec:
+        """The tool's current definition, as the runtime's tool spec."""
+        definition = self.subagent_tool.definition
+        return ToolSpec(definition.name, definition.description, definition.input_schema)
+
+    async def run(self, invocation: ToolInvocation) -> str:
+        """Start the child as the calling agent's, await it, and render the outcome for the model."""
+        result = await self.subagent_tool.execute(
+            thaw_json(invocation.arguments), parent_id=invocation.agent.id
+        )
+        return result.render()

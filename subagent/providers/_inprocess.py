@@ -1,0 +1,313 @@
+"""What the ``spawn`` and ``fork`` providers share: a child :class:`~subagent.runtime.Agent` run
+inside this process, and the run that owns it.
+
+The child exists as soon as ``start()`` returns (an agent is only memory), registered in the
+provider's :class:`~subagent.runtime.AgentRegistry` under the run's id, so a ``subagent/start``
+listener finds it with ``agents.get(info.id)``. Its first turn runs in the service's task group;
+after the turn the child stays, for ``resume()`` and ``send_message()``, until ``dispose()``.
+
+Everything the seam promises is applied here, from the lineage the service counted: the child's
+depth, its tools (its parent's, or the provider's for a root parent, narrowed by the effective tool
+filter, so a tool an ancestor lost never comes back), its persona, the output schema (validated
+and repaired once by the agent) and the inactivity timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+import anyio
+import anyio.abc
+
+from subagent import _structured
+from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS, Agent, AgentClosedError, AgentRegistry
+from subagent.runtime.llm import LlmAdapter, LlmService
+from subagent.runtime.messages import Message
+from subagent.runtime.tools import Approver, Tool
+from subagent.types import (
+    ErrorCode,
+    Lineage,
+    SubagentCapabilities,
+    SubagentError,
+    SubagentRequest,
+    SubagentResult,
+)
+
+__all__ = ["InProcessProvider", "InProcessRun"]
+
+logger = logging.getLogger(__name__)
+
+_run_ids = itertools.count(1)
+
+DISPOSED_REASON = "the run was disposed before the child's next idle point"
+"""Why a message still queued for a child at its disposal is refused."""
+
+
+class InProcessProvider:
+    """The base of :class:`~subagent.providers.spawn.SpawnProvider` and
+    :class:`~subagent.providers.fork.ForkProvider`; see those for the arguments."""
+
+    inherits_parent_context: bool = False
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        llm: LlmAdapter | str | None = None,
+        llm_service: LlmService | None = None,
+        agents: AgentRegistry | None = None,
+        tools: Sequence[Tool] = (),
+        persona: str | None = None,
+        approver: Approver | None = None,
+        max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+    ) -> None:
+        if isinstance(llm, str) and llm_service is None:
+            raise ValueError(f"llm={llm!r} names an adapter, so an llm_service to look it up in is needed")
+        if max_model_calls < 1:
+            raise ValueError(f"max_model_calls must be >= 1, got {max_model_calls}")
+        self.name = name
+        self.capabilities = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True)
+        self.llm = llm
+        self.llm_service = llm_service
+        self.agents = agents if agents is not None else AgentRegistry()
+        """The live in-process agents: children join under their run id, and parents are found here."""
+        self.tools: tuple[Tool, ...] = tuple(tools)
+        self.persona = persona
+        self.approver = approver
+        self.max_model_calls = max_model_calls
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} live={len(self.agents)}>"
+
+    def start(self, request: SubagentRequest, task_group: anyio.abc.TaskGroup) -> InProcessRun:
+        """Create the child agent now and run its first turn in ``task_group``.
+
+        Raises:
+            SubagentError: ``START_FAILED`` when the child cannot be made (no LLM adapter, a fork
+                without a live in-process parent, an invalid output schema).
+        """
+        if request.output_schema is not None:
+            try:
+                _structured.check_schema(request.output_schema)
+            except Exception as exc:
+                raise self._cannot_start(f"the output schema is not a valid JSON Schema: {exc}") from exc
+        lineage = request.lineage or Lineage(depth=1)
+        parent = self.agents.get(request.parent_id) if request.parent_id is not None else None
+        run_id = f"{self.name}-{next(_run_ids)}"
+        agent = Agent(
+            llm=self._llm_for(parent),
+            id=run_id,
+            parent_id=request.parent_id,
+            depth=lineage.depth,
+            persona=self._persona_for(request, parent),
+            tools=self._tools_for(parent, lineage),
+            history=self._history_for(request, parent),
+            approver=self.approver if self.approver is not None else (parent.approver if parent else None),
+            max_model_calls=self.max_model_calls,
+            registry=self.agents,
+        )
+        run = InProcessRun(self, request, agent)
+        try:
+            task_group.start_soon(run._main, name=f"{self.name} run {run.id}")
+        except BaseException:
+            self.agents._remove(agent)
+            raise
+        return run
+
+    # -- what a child is made of (the fork provider overrides the history and defaults) ----------
+
+    def _history_for(self, request: SubagentRequest, parent: Agent | None) -> Sequence[Message]:
+        return ()
+
+    def _persona_for(self, request: SubagentRequest, parent: Agent | None) -> str | None:
+        return request.persona if request.persona is not None else self.persona
+
+    def _llm_for(self, parent: Agent | None) -> LlmAdapter:
+        if isinstance(self.llm, str):
+            assert self.llm_service is not None
+            try:
+                return self.llm_service.require(self.llm)
+            except KeyError as exc:
+                raise self._cannot_start(str(exc.args[0])) from exc
+        if self.llm is not None:
+            return self.llm
+        if parent is not None:
+            return parent.llm
+        raise self._cannot_start(
+            "no LLM adapter: the provider has none and the parent is not an in-process agent"
+        )
+
+    def _tools_for(self, parent: Agent | None, lineage: Lineage) -> tuple[Tool, ...]:
+        # A child's tools are its parent's (the provider's own for a root parent), narrowed.
+        base = parent.tools if parent is not None else self.tools
+        narrowing = lineage.tool_filter
+        if narrowing is None:
+            return base
+        return tuple(tool for tool in base if narrowing.permits(tool.spec.name))
+
+    def _cannot_start(self, why: str) -> SubagentError:
+        return SubagentError(ErrorCode.START_FAILED, f"provider {self.name!r}: {why}", provider=self.name)
+
+
+class InProcessRun:
+    """A child agent in this process. Offers ``send_message`` and ``resume``, and reports its
+    liveness (``last_activity``, ``pending_permissions`` counting approvals, ``update_count``)."""
+
+    def __init__(self, provider: InProcessProvider, request: SubagentRequest, agent: Agent) -> None:
+        self.provider = provider
+        self.request = request
+        self.agent = agent
+        """The child agent: its log, tools and persona, readable while it works."""
+        self._result: SubagentResult | SubagentError | None = None
+        self._settled = anyio.Event()
+        self._done = anyio.Event()
+        self._cancelled_before_turn = False
+        self._disposing = False
+
+    @property
+    def id(self) -> str:
+        """The run's id, which is also the child agent's id."""
+        return self.agent.id
+
+    def __repr__(self) -> str:
+        if self._disposing:
+            state = "disposed"
+        elif self._settled.is_set():
+            state = "idle"
+        else:
+            state = "working"
+        return f"<InProcessRun {self.id!r} provider={self.provider.name!r} {state}>"
+
+    # -- liveness ----------------------------------------------------------------------------------
+
+    @property
+    def last_activity(self) -> float | None:
+        """When the child's model or a tool last showed a sign of life (``time.monotonic()``)."""
+        return self.agent.last_activity
+
+    @property
+    def pending_permissions(self) -> int:
+        """Tool calls of the child waiting for approval now."""
+        return self.agent.pending_approvals
+
+    @property
+    def update_count(self) -> int:
+        """Deltas and tool calls the child produced so far."""
+        return self.agent.update_count
+
+    # -- the SubagentRun protocol ---------------------------------------------------------------
+
+    async def started(self) -> None:
+        """Return at once unless disposed: the child agent exists from ``start()`` on.
+
+        Raises:
+            SubagentError: ``DISPOSED`` when the run was disposed before its turn began.
+        """
+        if self._disposing and isinstance(self._result, SubagentError):
+            raise self._result
+
+    async def result(self) -> SubagentResult:
+        """The first turn's outcome; a failing model call is an ``error`` result, not an exception.
+
+        Raises:
+            SubagentError: ``DISPOSED`` when the run was disposed before the turn ended.
+        """
+        await self._settled.wait()
+        outcome = self._result
+        if isinstance(outcome, SubagentError):
+            raise outcome
+        assert outcome is not None
+        return outcome
+
+    async def cancel(self) -> None:
+        """Stop the running turn: ``result()`` settles with ``cancelled``. Messages still queued are
+        delivered into the child's log (the cancelled turn's end is an idle point)."""
+        if self._settled.is_set():
+            return
+        self._cancelled_before_turn = True  # if the turn has not begun, it never will
+        self.agent.cancel()
+        await self._settled.wait()
+
+    async def dispose(self) -> None:
+        """Stop the child: cancel its turn, refuse its queued messages with the reason, take it out
+        of the registry. Idempotent; returns once no task of the run is left."""
+        if not self._disposing:
+            self._disposing = True
+            if not self._settled.is_set():
+                self._settle(self._disposed_error("before its turn ended"))
+        with anyio.CancelScope(shield=True):
+            await self.agent.close(DISPOSED_REASON)
+            await self._done.wait()
+
+    async def send_message(self, text: str) -> None:
+        """Send ``text`` to the child: at once into its log when it is idle, else at its next idle
+        point (between model calls, or the end of the turn).
+
+        Raises:
+            SubagentError: ``DISPOSED`` once the run is disposed.
+        """
+        if self._disposing:
+            raise self._disposed_error("so it takes no more messages")
+        try:
+            self.agent.send_message(text)
+        except AgentClosedError as exc:
+            raise self._disposed_error("so it takes no more messages") from exc
+
+    async def resume(self, prompt: str) -> SubagentResult:
+        """Run another turn in the same child (after the first ended) and return how it ended.
+
+        Raises:
+            SubagentError: ``DISPOSED`` once the run is disposed.
+        """
+        await self._settled.wait()
+        if self._disposing:
+            raise self._disposed_error("so it takes no more turns")
+        try:
+            return await self.agent.run_turn(prompt, idle_timeout=self.request.timeout)
+        except AgentClosedError as exc:
+            raise self._disposed_error("so it takes no more turns") from exc
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.dispose()
+
+    # -- the first turn, in the service's task group -----------------------------------------------
+
+    async def _main(self) -> None:
+        try:
+            if self._cancelled_before_turn or self._disposing:
+                self._settle(SubagentResult(output="", stop_reason="cancelled"))
+                return
+            outcome = await self.agent.run_turn(
+                self.request.prompt,
+                output_schema=self.request.output_schema,
+                idle_timeout=self.request.timeout,
+            )
+            # dispose() settles the result itself (DISPOSED) before the agent's turn comes back.
+            self._settle(outcome)
+        except AgentClosedError:
+            self._settle(self._disposed_error("before its turn began"))
+        except Exception as exc:
+            # A bug, not a child-level failure: fail this run, never the service's task group.
+            logger.exception("run %r of provider %r failed unexpectedly", self.id, self.provider.name)
+            self._settle(SubagentResult(output="", stop_reason="error", error=f"internal error: {exc!r}"))
+        finally:
+            self._done.set()
+
+    def _settle(self, outcome: SubagentResult | SubagentError) -> None:
+        if not self._settled.is_set():
+            self._result = outcome
+            self._settled.set()
+
+    def _disposed_error(self, when: str) -> SubagentError:
+        return SubagentError(
+            ErrorCode.DISPOSED, f"run {self.id!r} was disposed {when}", provider=self.provider.name
+        )

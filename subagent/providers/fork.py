@@ -1,0 +1,83 @@
+"""The ``fork`` provider: an in-process child seeded with the parent's completed turns."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio.abc
+
+from subagent.providers._inprocess import InProcessProvider, InProcessRun
+from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS, Agent, AgentRegistry
+from subagent.runtime.llm import LlmAdapter, LlmService
+from subagent.runtime.messages import Message
+from subagent.runtime.tools import Approver, Tool
+from subagent.types import SubagentRequest
+
+__all__ = ["ForkProvider", "InProcessRun"]
+
+
+class ForkProvider(InProcessProvider):
+    """Runs each request in an in-process :class:`~subagent.runtime.Agent` that starts from its
+    parent's conversation: every turn the parent has completed, never the turn in flight (the one
+    that is delegating right now). The parent must be a live agent in ``agents``.
+
+    Args:
+        agents: the registry of live in-process agents the parents are found in.
+        llm: the child's adapter, or a name in ``llm_service``; None (the default) uses the parent's.
+        persona: the child's system prompt when its request gives none; None keeps the parent's.
+        approver: None inherits the parent's.
+        tools: unused by forks (a fork always has its parent's tools, narrowed); kept so both
+            in-process providers take the same arguments.
+
+    Every start-time feature is supported, as for :class:`~subagent.providers.spawn.SpawnProvider`.
+    """
+
+    inherits_parent_context = True
+
+    def __init__(
+        self,
+        *,
+        agents: AgentRegistry,
+        llm: LlmAdapter | str | None = None,
+        llm_service: LlmService | None = None,
+        tools: Sequence[Tool] = (),
+        persona: str | None = None,
+        approver: Approver | None = None,
+        max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+        name: str = "fork",
+    ) -> None:
+        super().__init__(
+            name=name,
+            llm=llm,
+            llm_service=llm_service,
+            agents=agents,
+            tools=tools,
+            persona=persona,
+            approver=approver,
+            max_model_calls=max_model_calls,
+        )
+
+    def start(self, request: SubagentRequest, task_group: anyio.abc.TaskGroup) -> InProcessRun:
+        """Fork the parent named by ``request.parent_id``.
+
+        Raises:
+            SubagentError: ``START_FAILED`` when the parent is not a live in-process agent here.
+        """
+        if request.parent_id is None or self.agents.get(request.parent_id) is None:
+            raise self._cannot_start(
+                f"a fork needs a live in-process parent agent, and {request.parent_id!r} is none "
+                f"(live agents: {', '.join(self.agents.list()) or 'none'})"
+            )
+        return super().start(request, task_group)
+
+    def _history_for(self, request: SubagentRequest, parent: Agent | None) -> Sequence[Message]:
+        assert parent is not None
+        # The parent's system prompt is replaced by the child's own persona (see _persona_for).
+        return tuple(message for message in parent.completed_messages if message.role != "system")
+
+    def _persona_for(self, request: SubagentRequest, parent: Agent | None) -> str | None:
+        if request.persona is not None:
+            return request.persona
+        if self.persona is not None:
+            return self.persona
+        return parent.persona if parent is not None else None
