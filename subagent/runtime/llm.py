@@ -3,8 +3,9 @@
 An adapter turns a :class:`~subagent.runtime.messages.CompletionRequest` into a stream of
 completion events: text and tool-call deltas as they arrive, then exactly one
 :class:`~subagent.runtime.messages.Completion`. It raises :class:`LlmError` for anything that
-keeps it from finishing (after whatever retries it does itself). Consumers close the stream
-(``contextlib.aclosing``) so that an abandoned completion releases its connection at once.
+keeps it from finishing (after whatever retries it does itself). Consumers close the stream (its
+``aclose()``, when it has one: async generators do) so that an abandoned completion releases its
+connection at once.
 """
 
 from __future__ import annotations

@@ -1,0 +1,798 @@
+"""An adapter for OpenAI-compatible chat-completions servers: OpenAI, DeepSeek, vLLM, Ollama, llama.cpp.
+
+:class:`OpenAiChatAdapter` posts a :class:`~subagent.runtime.messages.CompletionRequest` to
+``{base_url}/chat/completions`` with ``stream: true`` and turns the server-sent events into completion
+events. It retries what is worth retrying (429, 5xx, a connection that failed before any byte of the
+answer arrived) with exponential backoff and jitter, and never once output has reached the consumer.
+Every failure is a :class:`~subagent.runtime.llm.LlmError`; none of them, and no log record, carries
+the API key.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import os
+import random
+import time
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import aclosing
+from types import TracebackType
+from typing import Any, Self
+
+import anyio
+import httpx
+import msgspec
+
+from subagent.runtime.llm import LlmError, LlmErrorKind
+from subagent.runtime.messages import (
+    Completion,
+    CompletionEvent,
+    CompletionRequest,
+    FinishReason,
+    Message,
+    TextDelta,
+    ToolCall,
+    ToolCallDelta,
+)
+from subagent.types import Usage, thaw_json
+
+__all__ = ["OpenAiChatAdapter"]
+
+logger = logging.getLogger(__name__)
+
+_EXCERPT_CHARS = 200
+"""How much of a server's text an error message quotes."""
+_ERROR_BODY_LIMIT = 16 * 1024
+"""How much of an error response's body is read: enough for any error object, bounded against a flood."""
+_JSON_BODY_LIMIT = 64 * 1024 * 1024
+_LINE_LIMIT = 16 * 1024 * 1024
+"""A longer line without a newline is not server-sent events: fail rather than buffer without end."""
+_DRAIN_LIMIT = 64 * 1024
+_DRAIN_SECONDS = 0.25
+"""After ``[DONE]``, how long and how much we read on to end the body, so the connection can be reused."""
+_CLOSE_GRACE = 1.0
+
+_FINISH_REASONS: dict[str, FinishReason] = {
+    "stop": "stop",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "length": "length",
+    "content_filter": "content_filter",
+}
+
+
+# The wire format, as far as we read it. Unknown fields are ignored; a field of the wrong type is a
+# protocol error that names its JSON path.
+class _Function(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class _ToolCallPiece(msgspec.Struct):
+    index: int | None = None
+    id: str | None = None
+    function: _Function | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    tool_calls: list[_ToolCallPiece] | None = None
+
+
+class _Choice(msgspec.Struct):
+    index: int = 0
+    delta: _Delta | None = None
+    message: _Delta | None = None
+    finish_reason: str | None = None
+
+
+class _PromptDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class _CompletionDetails(msgspec.Struct):
+    reasoning_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    prompt_tokens_details: _PromptDetails | None = None
+    completion_tokens_details: _CompletionDetails | None = None
+    prompt_cache_hit_tokens: int | None = None  # DeepSeek's name for cached prompt tokens
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None
+    error: Any = None
+
+
+_CHUNK_DECODER = msgspec.json.Decoder(_Chunk)
+
+
+class _AttemptFailed(Exception):
+    """One attempt failed; the retry loop decides whether to try again or to raise the error."""
+
+    def __init__(
+        self,
+        kind: LlmErrorKind,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+def _excerpt(raw: bytes | str) -> str:
+    text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+    text = text.strip()
+    if len(text) > _EXCERPT_CHARS:
+        return repr(text[:_EXCERPT_CHARS]) + f" (truncated, {len(text)} characters)"
+    return repr(text)
+
+
+def _error_detail(raw: bytes) -> str:
+    """The readable part of an error body: OpenAI's ``error.message`` when there is one, else an excerpt."""
+    if not raw.strip():
+        return "(empty body)"
+    try:
+        decoded = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return _excerpt(raw)
+    error = decoded.get("error") if isinstance(decoded, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return _excerpt(error["message"])
+    if isinstance(error, str):
+        return _excerpt(error)
+    return _excerpt(raw)
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    """The server's requested delay in seconds: ``retry-after-ms`` (OpenAI), else ``Retry-After`` as
+    seconds or as an HTTP date. None when absent or unreadable."""
+    milliseconds = headers.get("retry-after-ms")
+    if milliseconds is not None:
+        try:
+            return max(0.0, float(milliseconds) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, when.timestamp() - time.time())
+    return max(0.0, seconds) if seconds == seconds else None  # NaN is unreadable
+
+
+def _usage(usage: _Usage) -> Usage:
+    cached = usage.prompt_cache_hit_tokens
+    if usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens is not None:
+        cached = usage.prompt_tokens_details.cached_tokens
+    details = usage.completion_tokens_details
+    return Usage(
+        input_tokens=usage.prompt_tokens,
+        output_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        thought_tokens=details.reasoning_tokens if details is not None else None,
+        cached_read_tokens=cached,
+    )
+
+
+def _message_json(position: int, message: Message) -> dict[str, Any]:
+    if message.role == "tool":
+        if message.tool_call_id is None:
+            raise LlmError(
+                LlmErrorKind.BAD_REQUEST, f"message #{position} is a tool result without a tool_call_id"
+            )
+        return {"role": "tool", "tool_call_id": message.tool_call_id, "content": message.content}
+    if message.role == "assistant" and message.tool_calls:
+        return {
+            "role": "assistant",
+            # The documented form of a tool-calls-only answer is a null content.
+            "content": message.content or None,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+                for call in message.tool_calls
+            ],
+        }
+    return {"role": message.role, "content": message.content}
+
+
+class _CallParts:
+    __slots__ = ("arguments", "id", "name")
+
+    def __init__(self) -> None:
+        self.id: str | None = None
+        self.name: str | None = None
+        self.arguments: list[str] = []
+
+
+class _Assembly:
+    """Assembles the answer from chunks, and says what each chunk added as events."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.calls: dict[int, _CallParts] = {}
+        self.last_index: int | None = None
+        self.finish_reason: str | None = None
+        self.usage: Usage | None = None
+
+    def feed(self, chunk: _Chunk) -> list[CompletionEvent]:
+        if chunk.usage is not None:
+            self.usage = _usage(chunk.usage)
+        events: list[CompletionEvent] = []
+        for choice in chunk.choices or ():
+            if (
+                choice.index != 0
+            ):  # we never ask for n > 1; a server that sends more is ignored past the first
+                continue
+            delta = choice.delta if choice.delta is not None else choice.message
+            if delta is not None:
+                if delta.content:
+                    self.text.append(delta.content)
+                    events.append(TextDelta(delta.content))
+                events += [self._tool_piece(piece) for piece in delta.tool_calls or ()]
+            if choice.finish_reason is not None:
+                self.finish_reason = choice.finish_reason
+        return events
+
+    def _tool_piece(self, piece: _ToolCallPiece) -> ToolCallDelta:
+        index = piece.index
+        if index is None:
+            # Some servers omit the index: a new id starts a new call, anything else continues the last.
+            last = self.calls.get(self.last_index) if self.last_index is not None else None
+            if last is None:
+                index = 0
+            elif piece.id and last.id is not None and piece.id != last.id:
+                index = max(self.calls) + 1
+            else:
+                index = self.last_index if self.last_index is not None else 0
+        parts = self.calls.setdefault(index, _CallParts())
+        self.last_index = index
+        name = piece.function.name if piece.function is not None else None
+        arguments = piece.function.arguments if piece.function is not None else None
+        if piece.id and parts.id is None:
+            parts.id = piece.id
+        if name and parts.name is None:
+            parts.name = name
+        if arguments:
+            parts.arguments.append(arguments)
+        return ToolCallDelta(index=index, id=piece.id or None, name=name or None, arguments=arguments or "")
+
+    def completion(self) -> Completion:
+        calls: list[ToolCall] = []
+        for index in sorted(self.calls):
+            parts = self.calls[index]
+            if not parts.name:
+                raise _AttemptFailed(
+                    LlmErrorKind.PROTOCOL, f"tool call #{index} of the answer arrived without a function name"
+                )
+            calls.append(
+                ToolCall(
+                    id=parts.id or f"call_{index}",
+                    name=parts.name,
+                    # No arguments at all is a call without parameters, the same as "{}".
+                    arguments="".join(parts.arguments) or "{}",
+                )
+            )
+        reason = _FINISH_REASONS.get(self.finish_reason or "")
+        if reason is None or (reason == "stop" and calls):
+            # Missing or unknown, or "stop" next to tool calls (Ollama): the calls say what the model wants.
+            reason = "tool_calls" if calls else "stop"
+        return Completion(Message.assistant("".join(self.text), calls), reason, self.usage)
+
+
+class _SseDecoder:
+    """Server-sent events from bytes: the ``data`` of each event; comments and other fields are skipped."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._data: list[bytes] = []
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        self._buffer += chunk
+        events: list[bytes] = []
+        start = 0
+        while (newline := self._buffer.find(b"\n", start)) >= 0:
+            line = bytes(self._buffer[start:newline])
+            start = newline + 1
+            self._line(line[:-1] if line.endswith(b"\r") else line, events)
+        del self._buffer[:start]
+        if len(self._buffer) > _LINE_LIMIT:
+            raise _AttemptFailed(
+                LlmErrorKind.PROTOCOL,
+                f"the stream sent a line longer than {_LINE_LIMIT} bytes: "
+                f"{_excerpt(bytes(self._buffer[:80]))}",
+            )
+        return events
+
+    def flush(self) -> list[bytes]:
+        """The events left when the body ended without a final blank line."""
+        events: list[bytes] = []
+        if self._buffer:
+            line = bytes(self._buffer)
+            self._buffer.clear()
+            self._line(line.rstrip(b"\r"), events)
+        self._line(b"", events)
+        return events
+
+    def _line(self, line: bytes, events: list[bytes]) -> None:
+        if not line:
+            data = b"\n".join(self._data)
+            self._data = []
+            if data:  # as the SSE spec says, an event with empty data is not dispatched
+                events.append(data)
+            return
+        if line.startswith(b":"):  # a comment: keep-alives, "OPENROUTER PROCESSING"
+            return
+        name, _, value = line.partition(b":")
+        if name == b"data":
+            self._data.append(value[1:] if value.startswith(b" ") else value)
+
+
+class _Body:
+    """The body of one response, read chunk by chunk, knowing whether any byte of it arrived."""
+
+    def __init__(self, response: httpx.Response, adapter: OpenAiChatAdapter) -> None:
+        self.response = response
+        self._adapter = adapter
+        self._chunks = response.aiter_bytes()
+        self.started = False
+        self.finished = False
+        self.received = 0
+        self.head = b""
+
+    async def next(self) -> bytes | None:
+        """The next piece of the body, None at its end. Transport failures become `_AttemptFailed`,
+        retryable only while no byte of the body has arrived."""
+        while True:
+            try:
+                chunk = await anext(self._chunks)
+            except StopAsyncIteration:
+                self.finished = True
+                return None
+            except httpx.TimeoutException as exc:
+                self.finished = True
+                raise self._adapter._timeout_failure(exc, body_started=self.started) from exc
+            except httpx.DecodingError as exc:
+                self.finished = True
+                raise _AttemptFailed(
+                    LlmErrorKind.PROTOCOL, f"the response body could not be decoded: {exc}"
+                ) from exc
+            except httpx.TransportError as exc:
+                self.finished = True
+                raise self._adapter._connection_failure(exc, body_started=self.started) from exc
+            except BaseException:
+                self.finished = True
+                raise
+            if chunk:
+                self.started = True
+                self.received += len(chunk)
+                if len(self.head) < _EXCERPT_CHARS:
+                    self.head += chunk[: _EXCERPT_CHARS - len(self.head)]
+                return chunk
+
+    async def read(self, limit: int) -> bytes:
+        """Up to ``limit`` bytes of what is left of the body; a failure mid-way keeps what arrived."""
+        parts: list[bytes] = []
+        size = 0
+        try:
+            while size < limit and (chunk := await self.next()) is not None:
+                parts.append(chunk)
+                size += len(chunk)
+        except _AttemptFailed:
+            pass
+        return b"".join(parts)[:limit]
+
+    async def close(self) -> None:
+        """Close the response at once, whatever state it is in.
+
+        Why the extra reads: httpx reads a body through a chain of nested async generators, and one
+        abandoned mid-body is left to the garbage collector (which, on trio, warns and spawns a task to
+        finalise it). Once the response is closed the next read fails at once, and that failure runs
+        every generator of the chain to its end.
+        """
+        with anyio.CancelScope(shield=True):
+            await self.response.aclose()
+            if self.finished:
+                return
+            self.finished = True
+            # Bounded, should a transport ever block on a closed connection instead of failing.
+            with anyio.move_on_after(_CLOSE_GRACE):
+                try:
+                    while True:
+                        await anext(self._chunks)
+                except Exception:  # the expected read error, or the end of the body
+                    pass
+
+
+class OpenAiChatAdapter:
+    """Streams completions from an OpenAI-compatible ``/chat/completions`` endpoint over httpx.
+
+    Use it as an async context manager (``async with OpenAiChatAdapter(...) as llm:``), or without one:
+    then it creates its HTTP client on first use and ``await aclose()`` must be called when done. An
+    adapter closes the client it created, never one it was given (``client=``).
+
+    Args:
+        model: the ``model`` of every request.
+        base_url: the API root, up to and including the version (``http://localhost:11434/v1``).
+        api_key_env: the environment variable read for the key at each request, so a rotated or
+            monkeypatched key is picked up; None to read none.
+        api_key: the key itself; it takes precedence over ``api_key_env``. With no key at all, no
+            ``Authorization`` header is sent (local servers need none).
+        timeout: seconds allowed to connect, and between any two reads or writes (not the whole answer).
+        max_retries: how many times a retryable failure is retried (so ``max_retries + 1`` attempts).
+        backoff: the base delay in seconds; attempt ``n`` waits about ``backoff * 2**(n-1)``, with jitter.
+        max_backoff: the cap on any delay, the server's ``Retry-After`` included.
+        extra_body: fields merged into every request body last, so they win (``temperature``, ``seed``,
+            ``max_completion_tokens``...).
+        headers: extra request headers; they win over the adapter's own, ``Authorization`` included.
+        client: an ``httpx.AsyncClient`` to use (a proxy, a custom transport); the adapter's ``timeout``
+            still applies to each request.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str = "https://api.openai.com/v1",
+        api_key_env: str | None = "OPENAI_API_KEY",
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        backoff: float = 0.5,
+        max_backoff: float = 20.0,
+        extra_body: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
+        client: httpx.AsyncClient | None = None,
+    ) -> None:
+        if not model:
+            raise ValueError("model must be a non-empty str")
+        url = httpx.URL(base_url.rstrip("/") + "/chat/completions")
+        if url.scheme not in ("http", "https") or not url.host:
+            raise ValueError(f"base_url must be an http(s) URL, got {base_url!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
+        if max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {max_retries}")
+        if backoff < 0 or max_backoff < 0:
+            raise ValueError(f"backoff and max_backoff must be >= 0, got {backoff} and {max_backoff}")
+        self.model = model
+        self._url = url
+        # What messages and logs show: never credentials in the URL, nor a query that might hold one.
+        self._display_url = str(url.copy_with(username=None, password=None, query=None))
+        self._base_url = self._display_url.removesuffix("/chat/completions")
+        self._api_key_env = api_key_env
+        self._api_key = api_key
+        self._timeout = httpx.Timeout(timeout)
+        self._timeout_seconds = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._extra_body = thaw_json(extra_body) if extra_body is not None else {}
+        self._headers = dict(headers or {})
+        self._client = client
+        self._owns_client = client is None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"OpenAiChatAdapter(model={self.model!r}, base_url={self._base_url!r})"
+
+    async def __aenter__(self) -> Self:
+        self._ensure_client()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if the adapter created it. Idempotent; the adapter is unusable after."""
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None and self._owns_client:
+            await client.aclose()
+
+    def _ensure_client(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise RuntimeError("this OpenAiChatAdapter is closed")
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._timeout)
+        return self._client
+
+    def _key(self) -> str | None:
+        if self._api_key:
+            return self._api_key
+        if self._api_key_env:
+            return os.environ.get(self._api_key_env) or None
+        return None
+
+    def _redact(self, text: str) -> str:
+        # A server may echo the key back in an error body; such a body is quoted in our messages.
+        key = self._key()
+        return text.replace(key, "[redacted]") if key else text
+
+    def request_body(self, request: CompletionRequest) -> dict[str, Any]:
+        """The JSON body posted for ``request``: a plain dict, ``extra_body`` merged in last."""
+        body: dict[str, Any] = {
+            "model": self.model,
+            "messages": [
+                _message_json(position, message) for position, message in enumerate(request.messages)
+            ],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.tools:
+            body["tools"] = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": tool.name,
+                        "description": tool.description,
+                        "parameters": thaw_json(tool.parameters),
+                    },
+                }
+                for tool in request.tools
+            ]
+        if request.response_schema is not None:
+            body["response_format"] = {
+                "type": "json_schema",
+                # Not strict: strict mode refuses many schemas (optional fields...); the runtime validates.
+                "json_schema": {
+                    "name": "output",
+                    "schema": thaw_json(request.response_schema),
+                    "strict": False,
+                },
+            }
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
+        body.update(thaw_json(self._extra_body))
+        return body
+
+    def _request_headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        key = self._key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        headers.update(self._headers)
+        return headers
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.max_backoff)
+        ceiling = min(self.max_backoff, self.backoff * 2.0 ** (attempt - 1))
+        # Equal jitter: at least half the exponential delay, so that clients that failed together spread out.
+        return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+    async def stream(self, request: CompletionRequest) -> AsyncGenerator[CompletionEvent, None]:
+        """Yield text and tool-call deltas as they arrive, then one :class:`Completion`.
+
+        Close the iterator (``contextlib.aclosing``) to abandon the completion: the HTTP response is
+        closed at once.
+
+        Raises:
+            LlmError: the completion failed, after the retries when the failure was retryable.
+            RuntimeError: the adapter is closed.
+        """
+        client = self._ensure_client()
+        payload = msgspec.json.encode(self.request_body(request))
+        attempts = self.max_retries + 1
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                async with aclosing(self._attempt(client, payload)) as events:
+                    async for event in events:
+                        yield event
+                return
+            except _AttemptFailed as failed:
+                if not failed.retryable or attempt >= attempts:
+                    message = failed.message
+                    if attempt > 1:
+                        message += f" (gave up after {attempt} attempts)"
+                    raise LlmError(
+                        failed.kind, self._redact(message), status=failed.status, attempts=attempt
+                    ) from failed.__cause__
+                delay = self._delay(attempt, failed.retry_after)
+                logger.info(
+                    "chat completion attempt %d of %d failed (%s), retrying in %.2f s: %s",
+                    attempt,
+                    attempts,
+                    f"HTTP {failed.status}" if failed.status is not None else failed.kind.value,
+                    delay,
+                    self._redact(failed.message),
+                )
+            await anyio.sleep(delay)
+
+    async def _attempt(
+        self, client: httpx.AsyncClient, payload: bytes
+    ) -> AsyncGenerator[CompletionEvent, None]:
+        """One request: its events, or `_AttemptFailed` saying whether another attempt may follow."""
+        http_request = client.build_request(
+            "POST", self._url, content=payload, headers=self._request_headers(), timeout=self._timeout
+        )
+        try:
+            response = await client.send(http_request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise self._timeout_failure(exc, body_started=False) from exc
+        except httpx.TransportError as exc:
+            raise self._connection_failure(exc, body_started=False) from exc
+        body = _Body(response, self)
+        try:
+            if response.status_code >= 300:
+                raise await self._status_failure(response, body)
+            content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
+            if content_type == "application/json":
+                for event in await self._whole_completion(body):
+                    yield event
+                return
+            assembly = _Assembly()
+            decoder = _SseDecoder()
+            chunks = 0
+            done = False
+            while not done:
+                data = await body.next()
+                pending = decoder.flush() if data is None else decoder.feed(data)
+                for event_data in pending:
+                    if event_data.strip() == b"[DONE]":
+                        done = True
+                        break
+                    chunks += 1
+                    for event in assembly.feed(self._decode_chunk(event_data, chunks)):
+                        yield event
+                if data is None:
+                    break
+            if not done and assembly.finish_reason is None:
+                if chunks == 0:
+                    what = f"no data event in {body.received} bytes of {content_type or 'untyped'} body"
+                    raise _AttemptFailed(
+                        LlmErrorKind.PROTOCOL,
+                        f"the stream from {self._display_url} ended early: {what}: {_excerpt(body.head)}",
+                    )
+                raise _AttemptFailed(
+                    LlmErrorKind.PROTOCOL,
+                    f"the stream from {self._display_url} ended early: after {chunks} chunks, "
+                    "with neither a finish_reason nor [DONE]",
+                )
+            completion = assembly.completion()
+            if done:
+                # Read on to the end of the body (the terminating chunk follows [DONE] at once), so that
+                # the connection goes back to the pool: consumers stop at the Completion and close us.
+                with anyio.move_on_after(_DRAIN_SECONDS):
+                    await body.read(_DRAIN_LIMIT)
+            yield completion
+        finally:
+            await body.close()
+
+    async def _whole_completion(self, body: _Body) -> list[CompletionEvent]:
+        """A server that ignored ``stream`` answered one JSON completion: its events, all at once."""
+        raw = await self._read_all(body)
+        try:
+            chunk = _CHUNK_DECODER.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise _AttemptFailed(
+                LlmErrorKind.PROTOCOL, f"the JSON completion is malformed ({exc}): {_excerpt(raw)}"
+            ) from exc
+        if chunk.error is not None:
+            raise _AttemptFailed(
+                LlmErrorKind.SERVER, f"the server answered an error: {_error_detail(raw)}", status=200
+            )
+        if not chunk.choices:
+            raise _AttemptFailed(
+                LlmErrorKind.PROTOCOL, f"the JSON completion has no choices: {_excerpt(raw)}"
+            )
+        assembly = _Assembly()
+        events = assembly.feed(chunk)
+        return [*events, assembly.completion()]
+
+    async def _read_all(self, body: _Body) -> bytes:
+        parts: list[bytes] = []
+        size = 0
+        while (chunk := await body.next()) is not None:
+            parts.append(chunk)
+            size += len(chunk)
+            if size > _JSON_BODY_LIMIT:
+                raise _AttemptFailed(
+                    LlmErrorKind.PROTOCOL, f"the JSON completion is larger than {_JSON_BODY_LIMIT} bytes"
+                )
+        return b"".join(parts)
+
+    def _decode_chunk(self, data: bytes, number: int) -> _Chunk:
+        try:
+            chunk = _CHUNK_DECODER.decode(data)
+        except msgspec.ValidationError as exc:
+            raise _AttemptFailed(
+                LlmErrorKind.PROTOCOL,
+                f"chunk #{number} of the stream is not a chat-completion chunk ({exc}): {_excerpt(data)}",
+            ) from exc
+        except msgspec.DecodeError as exc:
+            raise _AttemptFailed(
+                LlmErrorKind.PROTOCOL,
+                f"chunk #{number} of the stream is not valid JSON ({exc}): {_excerpt(data)}",
+            ) from exc
+        if chunk.error is not None:
+            raise _AttemptFailed(
+                LlmErrorKind.SERVER, f"the server reported an error mid-stream: {_error_detail(data)}"
+            )
+        if chunk.choices is None and chunk.usage is None:
+            raise _AttemptFailed(
+                LlmErrorKind.PROTOCOL, f"chunk #{number} of the stream has no choices: {_excerpt(data)}"
+            )
+        return chunk
+
+    async def _status_failure(self, response: httpx.Response, body: _Body) -> _AttemptFailed:
+        status = response.status_code
+        detail = _error_detail(await body.read(_ERROR_BODY_LIMIT))
+        what = f"{self._display_url} answered HTTP {status} {response.reason_phrase}: {detail}"
+        if status < 400:
+            # Redirects are not followed: a POST must not be replayed somewhere else without being told.
+            location = response.headers.get("location", "nowhere")
+            return _AttemptFailed(
+                LlmErrorKind.BAD_REQUEST,
+                f"{self._display_url} answered HTTP {status} {response.reason_phrase}, a redirect to "
+                f"{_excerpt(location)}: set base_url to where the API is",
+                status=status,
+            )
+        if status == 429:
+            return _AttemptFailed(
+                LlmErrorKind.RATE_LIMITED,
+                what,
+                status=status,
+                retryable=True,
+                retry_after=_retry_after(response.headers),
+            )
+        if status >= 500:
+            return _AttemptFailed(
+                LlmErrorKind.SERVER,
+                what,
+                status=status,
+                retryable=True,
+                retry_after=_retry_after(response.headers),
+            )
+        if status in (401, 403):
+            if self._key() is None:
+                source = f"${self._api_key_env} is not set" if self._api_key_env else "none was configured"
+                what += f" (no API key was sent: {source})"
+            return _AttemptFailed(LlmErrorKind.AUTH, what, status=status)
+        return _AttemptFailed(LlmErrorKind.BAD_REQUEST, what, status=status)
+
+    def _timeout_failure(self, exc: httpx.TimeoutException, *, body_started: bool) -> _AttemptFailed:
+        when = "mid-stream" if body_started else "waiting for the answer"
+        if isinstance(exc, httpx.ConnectTimeout):
+            when = "connecting"
+        elif isinstance(exc, httpx.PoolTimeout):
+            when = "waiting for a free connection"
+        return _AttemptFailed(
+            LlmErrorKind.TIMEOUT,
+            f"no progress from {self._display_url} within {self._timeout_seconds:g} s {when}",
+            retryable=not body_started,
+        )
+
+    def _connection_failure(self, exc: httpx.TransportError, *, body_started: bool) -> _AttemptFailed:
+        reason = str(exc) or type(exc).__name__
+        if body_started:
+            message = f"the connection to {self._display_url} dropped mid-stream: {reason}"
+        else:
+            message = f"the connection to {self._display_url} failed before any answer: {reason}"
+        return _AttemptFailed(LlmErrorKind.CONNECTION, message, retryable=not body_started)
