@@ -4,6 +4,8 @@
 * ``python -m subagent.testing.stub_agent --scenario FILE``: the stub agent itself; `stub_agent_argv`
   builds that command line.
 * `subagent.testing.pytest_plugin`: the ``stub_agent_command`` fixture, registered with pytest on install.
+* `subagent.testing.chat_server`: `serve_chat_completions`, a scripted OpenAI-compatible chat-completions
+  server on loopback, run inside the test's own event loop.
 
 This package deliberately does not import the stub agent or pytest, so importing it stays cheap.
 """
@@ -13,6 +15,20 @@ from __future__ import annotations
 import os
 import sys
 
+from subagent.testing.chat_server import (
+    ChatCompletionsServer,
+    ChatReply,
+    DropConnection,
+    ErrorReply,
+    JsonReply,
+    MalformedChunk,
+    RawStream,
+    ReceivedRequest,
+    StallReply,
+    StreamedReply,
+    ToolCallReply,
+    serve_chat_completions,
+)
 from subagent.testing.scenario import (
     DEFAULT_SCENARIO_PATH,
     Scenario,
@@ -26,12 +42,24 @@ from subagent.testing.scenario import (
 __all__ = [
     "DEFAULT_SCENARIO_PATH",
     "STUB_AGENT_MODULE",
+    "ChatCompletionsServer",
+    "ChatReply",
+    "DropConnection",
+    "ErrorReply",
+    "JsonReply",
+    "MalformedChunk",
+    "RawStream",
+    "ReceivedRequest",
     "Scenario",
     "ScenarioError",
+    "StallReply",
     "Step",
+    "StreamedReply",
+    "ToolCallReply",
     "dump_scenario",
     "load_scenario",
     "parse_scenario",
+    "serve_chat_completions",
     "stub_agent_argv",
 ]
 
