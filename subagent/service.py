@@ -256,8 +256,8 @@ class SubagentService:
             # child's tools cannot promise that, so it is refused rather than trusted.
             raise SubagentError(
                 ErrorCode.UNSUPPORTED_CAPABILITY,
-                f"provider {snapshot.name!r} cannot apply the tool filter {request.parent_id!r} inherited "
-                "from its ancestors",
+                f"provider {snapshot.name!r} cannot narrow a child's tools, and the parent "
+                f"{request.parent_id!r} runs under a tool filter its children must inherit",
                 provider=snapshot.name,
                 feature="tool_filter",
             )

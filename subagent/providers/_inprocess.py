@@ -166,6 +166,10 @@ class InProcessRun:
         self._settled = anyio.Event()
         self._done = anyio.Event()
         self._cancelled_before_turn = False
+        # Around the first turn: cancel() uses it for the moment when _main has entered the
+        # agent's turn but the agent's own cancel scope does not exist yet (agent.cancel() would
+        # then be a no-op and the turn would run to its end regardless).
+        self._first_turn_scope = anyio.CancelScope()
         self._disposing = False
 
     @property
@@ -225,11 +229,22 @@ class InProcessRun:
 
     async def cancel(self) -> None:
         """Stop the running turn: ``result()`` settles with ``cancelled``. Messages still queued are
-        delivered into the child's log (the cancelled turn's end is an idle point)."""
+        delivered into the child's log (the cancelled turn's end is an idle point).
+
+        After the first turn settled, this stops a turn started with :meth:`resume`, if one runs:
+        that ``resume()`` returns a ``cancelled`` result.
+        """
         if self._settled.is_set():
+            self.agent.cancel()
             return
         self._cancelled_before_turn = True  # if the turn has not begun, it never will
-        self.agent.cancel()
+        if self.agent.busy:
+            # The agent's own cancellation keeps the turn's partial output and usage.
+            self.agent.cancel()
+        else:
+            # The first turn has not begun, or is just beginning (the agent's turn scope does not
+            # exist yet): cancel it from outside, wherever it is.
+            self._first_turn_scope.cancel()
         await self._settled.wait()
 
     async def dispose(self) -> None:
@@ -267,9 +282,13 @@ class InProcessRun:
         if self._disposing:
             raise self._disposed_error("so it takes no more turns")
         try:
-            return await self.agent.run_turn(prompt, idle_timeout=self.request.timeout)
+            outcome = await self.agent.run_turn(prompt, idle_timeout=self.request.timeout)
         except AgentClosedError as exc:
             raise self._disposed_error("so it takes no more turns") from exc
+        if self._disposing:
+            # dispose() cut the turn short: the same outcome as a first turn disposed mid-way.
+            raise self._disposed_error("before its resumed turn ended")
+        return outcome
 
     async def __aenter__(self) -> Self:
         return self
@@ -286,13 +305,16 @@ class InProcessRun:
             if self._cancelled_before_turn or self._disposing:
                 self._settle(SubagentResult(output="", stop_reason="cancelled"))
                 return
-            outcome = await self.agent.run_turn(
-                self.request.prompt,
-                output_schema=self.request.output_schema,
-                idle_timeout=self.request.timeout,
-            )
-            # dispose() settles the result itself (DISPOSED) before the agent's turn comes back.
-            self._settle(outcome)
+            with self._first_turn_scope:
+                outcome = await self.agent.run_turn(
+                    self.request.prompt,
+                    output_schema=self.request.output_schema,
+                    idle_timeout=self.request.timeout,
+                )
+                # dispose() settles the result itself (DISPOSED) before the agent's turn comes back.
+                self._settle(outcome)
+            # Reached without a result only when cancel() cancelled the turn as it began.
+            self._settle(SubagentResult(output="", stop_reason="cancelled"))
         except AgentClosedError:
             self._settle(self._disposed_error("before its turn began"))
         except Exception as exc:
@@ -300,6 +322,8 @@ class InProcessRun:
             logger.exception("run %r of provider %r failed unexpectedly", self.id, self.provider.name)
             self._settle(SubagentResult(output="", stop_reason="error", error=f"internal error: {exc!r}"))
         finally:
+            # Cancelled from outside (the service's task group): no waiter may hang on the result.
+            self._settle(SubagentResult(output="", stop_reason="cancelled"))
             self._done.set()
 
     def _settle(self, outcome: SubagentResult | SubagentError) -> None:
