@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from subagent.runtime.messages import ToolSpec
-from subagent.runtime.tools import ToolInvocation
+from subagent.runtime.tools import ToolError, ToolInvocation
 from subagent.service import SubagentService
 from subagent.types import (
     START_TIME_FEATURES,
@@ -767,8 +767,16 @@ class AgentSubagentTool:
         return ToolSpec(definition.name, definition.description, definition.input_schema)
 
     async def run(self, invocation: ToolInvocation) -> str:
-        """Start the child as the calling agent's, await it, and render the outcome for the model."""
-        result = await self.subagent_tool.execute(
-            thaw_json(invocation.arguments), parent_id=invocation.agent.id
-        )
-        return result.render()
+        """Start the child as the calling agent's, await it, and render the outcome for the model.
+
+        Raises:
+            ToolError: the delegation failed (refused, failed to start, or the child stopped early);
+                its message is what the model reads.
+        """
+        arguments = thaw_json(invocation.arguments)
+        result = await self.subagent_tool.execute(arguments, parent_id=invocation.agent.id)
+        text = result.render()
+        if result.is_error:
+            # Raised, so the agent reports a failed call to its listeners; it words the error itself.
+            raise ToolError(text.removeprefix("Error: "))
+        return text
