@@ -18,6 +18,7 @@ the summary:
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import math
 import os
@@ -656,7 +657,9 @@ def _build_parser() -> tuple[_Parser, dict[str, _Parser]]:
     agents.add_argument("--config", metavar="PATH", help="read this config file instead of looking for one")
     agents.add_argument("--json", action="store_true", help="print the list as one JSON object")
     _add_verbose(agents)
-    return parser, {"run": run, "demo": demo, "agents": agents}
+
+    serve = _add_serve_parser(commands)
+    return parser, {"run": run, "demo": demo, "agents": agents, "serve": serve}
 
 
 def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
@@ -832,10 +835,152 @@ def _cmd_agents(args: argparse.Namespace, command: list[str] | None) -> int:
     return 0
 
 
+# -- serve ----------------------------------------------------------------------------------------------
+
+_SERVE_DESCRIPTION: Final = """\
+Serve an in-process agent as an ACP agent on stdin/stdout, for an ACP client to spawn: Zed,
+`subagent run -- subagent serve ...`, or any other. Each session gets its own agent, which can
+delegate to in-process subagents (providers `spawn` and `fork`) with the `subagent` tool; a tool
+call that needs approval is asked about with session/request_permission.
+
+The model is a deterministic script (--script FILE: no network, no keys) or an OpenAI-compatible
+chat-completions server (--base-url URL --model NAME: OpenAI, DeepSeek, vLLM, Ollama, llama.cpp).
+"""
+
+_SERVE_EPILOG: Final = f"""\
+the API key:
+  read from the environment variable --api-key-env names (default: OPENAI_API_KEY), never
+  from the command line; without one no Authorization header is sent (local servers).
+
+scripts (--script):
+  a JSON list of replies, or {{"replies": [...], "fallback": reply}}; a reply is a string or
+  {{"text", "tool_calls": [{{"name", "arguments", "id"?}}], "finish_reason", "usage", "error",
+  "when": {{"last_user_contains", "system_contains", "has_tool", "after_tool_result"}}}}.
+  Each reply is used once, the first unused one whose `when` matches; the session's agent
+  and its subagents share the script. Details: python -m pydoc subagent.runtime.scripted
+
+output:
+  stdout carries only the protocol; logs go to stderr (-v, -vv for more).
+
+exit status:
+  0 when the client closes stdin (requests still unanswered then are dropped, so a client
+  keeps stdin open until it has its answers); 2 for bad usage or a script that cannot be read.
+
+examples:
+  {_PROG} serve --script fixtures/scripts/delegate_to_spawn.json
+  {_PROG} run -p "Ask a subagent what 6 times 7 is" -- {_PROG} serve --script delegate.json
+  OPENAI_API_KEY=... {_PROG} serve --base-url https://api.openai.com/v1 --model gpt-4.1-mini
+"""
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, not {value}")
+        return value
+
+    return parse
+
+
+def _add_serve_parser(commands: argparse._SubParsersAction[_Parser]) -> _Parser:
+    serve: _Parser = commands.add_parser(
+        "serve",
+        help="serve an in-process agent as an ACP agent on stdin/stdout",
+        description=_SERVE_DESCRIPTION,
+        epilog=_SERVE_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage=f"{_PROG} serve (--script FILE | --base-url URL --model NAME [--api-key-env VAR]) [OPTIONS]",
+    )
+    model = serve.add_mutually_exclusive_group()
+    model.add_argument("--script", metavar="FILE", help="answer with this ScriptedLlm JSON script")
+    model.add_argument("--base-url", metavar="URL", help="an OpenAI-compatible API root, e.g. .../v1")
+    serve.add_argument("--model", metavar="NAME", help="the model name to ask for (with --base-url)")
+    serve.add_argument(
+        "--api-key-env",
+        metavar="VAR",
+        help="the environment variable holding the API key (with --base-url; default: OPENAI_API_KEY)",
+    )
+    serve.add_argument(
+        "--persona",
+        metavar="TEXT",
+        help="the system prompt of every session's agent (default: a short generic one; '' for none)",
+    )
+    serve.add_argument(
+        "--max-model-calls",
+        type=_count(1),
+        metavar="N",
+        # The runtime's default (not imported here: building the parser must stay cheap for every command).
+        help="model calls one turn may make before it stops with max_turn_requests (default: 32)",
+    )
+    serve.add_argument("--no-delegate", action="store_true", help="no subagent tool: the agent works alone")
+    serve.add_argument(
+        "--depth-limit",
+        type=_count(0),
+        metavar="N",
+        help="each subagent may start at most N levels of subagents below itself (0: none); a larger "
+        "depth_limit the model asks for is lowered to N (default: the model decides)",
+    )
+    serve.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        default=argparse.SUPPRESS,
+        help="log to stderr: -v sessions opened and closed, -vv protocol detail",
+    )
+    return serve
+
+
+def _cmd_serve(args: argparse.Namespace, command: list[str] | None) -> int:
+    # Imported here: the other commands do not need the in-process runtime.
+    from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS
+    from subagent.serve import DEFAULT_API_KEY_ENV, ServeConfigError, serve
+
+    if command is not None:
+        raise _UsageError("serve takes no `-- COMMAND`: it is the agent")
+    if args.script is None and args.base_url is None:
+        raise _UsageError("no model: give --script FILE, or --base-url URL and --model NAME")
+    if args.base_url is not None and not args.model:
+        raise _UsageError("--base-url needs --model NAME")
+    if args.base_url is None and (args.model is not None or args.api_key_env is not None):
+        raise _UsageError("--model and --api-key-env go with --base-url (a script needs neither)")
+    if args.no_delegate and args.depth_limit is not None:
+        raise _UsageError("--depth-limit limits delegation; it has no meaning with --no-delegate")
+    api_key_env = args.api_key_env or DEFAULT_API_KEY_ENV
+    if args.base_url is not None and api_key_env not in os.environ:
+        logger.info("%s is not set: requests go without an API key", api_key_env)
+    if sys.stdin is not None and sys.stdin.isatty():
+        sys.stderr.write(
+            f"{_PROG} serve: speaking ACP on stdin/stdout, for an ACP client to drive; Ctrl-D ends\n"
+        )
+        sys.stderr.flush()
+    try:
+        anyio.run(
+            functools.partial(
+                serve,
+                script=args.script,
+                base_url=args.base_url,
+                model=args.model,
+                api_key_env=api_key_env,
+                persona=args.persona,
+                max_model_calls=args.max_model_calls or DEFAULT_MAX_MODEL_CALLS,
+                delegate=not args.no_delegate,
+                depth_limit=args.depth_limit,
+            )
+        )
+    except ServeConfigError as exc:
+        raise _UsageError(str(exc)) from exc
+    return 0
+
+
 _COMMANDS: Final[dict[str, Callable[[argparse.Namespace, list[str] | None], int]]] = {
     "run": _cmd_run,
     "demo": _cmd_demo,
     "agents": _cmd_agents,
+    "serve": _cmd_serve,
 }
 
 

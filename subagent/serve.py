@@ -1,0 +1,853 @@
+"""``subagent serve``: an in-process agent served as an ACP agent, so any ACP client can drive it.
+
+Zed, our own :class:`~subagent.providers.acp.AcpProvider`, or any other ACP client spawns
+``subagent serve`` and speaks ACP on its stdin/stdout; :class:`ServedAgent` answers with the
+in-process runtime (:class:`~subagent.runtime.Agent`):
+
+* ``initialize`` negotiates protocol version 1 and says honestly what is supported: text prompts,
+  resource links and embedded text resources (turned into prompt text), ``session/close``; no
+  ``session/load``, no images or audio, no MCP servers.
+* ``session/new`` makes one runtime agent per session, whose id is the session id. Its tools are
+  the model-facing ``subagent`` tool over a :class:`~subagent.service.SubagentService` the server
+  owns, with the ``spawn`` and ``fork`` providers registered (same LLM, same agent registry), so
+  the served agent can delegate to in-process children; plus any extra tools given.
+* ``session/prompt`` runs one turn. Text streams as ``agent_message_chunk``; each tool call shows
+  as a ``tool_call`` (``pending`` while its permission is asked, else ``in_progress``) and ends
+  with a ``tool_call_update`` (``completed`` or ``failed``, with the text the model read). Tool
+  calls of the session's subagents are shown too, as calls of the session (ids prefixed by the
+  subagent's id). Stop reasons map as follows:
+
+  ==================  =====================================================================
+  runtime             ACP answer
+  ==================  =====================================================================
+  ``completed``       ``end_turn``
+  ``cancelled``       ``cancelled``
+  ``max_tokens``      ``max_tokens``
+  ``max_turns``       ``max_turn_requests``
+  ``refusal``         ``refusal``
+  ``error``           JSON-RPC error -32603, ``data: {"stopReason", "details"}``
+  ==================  =====================================================================
+
+  ACP has no stop reason for a failed turn, and a turn that ended with ``end_turn`` plus an error
+  text would read as a success: a client (ours maps it to stop reason ``error`` with the
+  diagnosis; Zed shows it as an error) must learn that the turn failed. The unstable ``usage``
+  of the prompt response is sent when the model reported its token counts.
+* ``session/cancel`` aborts the turn at once (its answer is ``cancelled``) and disposes every
+  subagent it started; ``session/close`` does the same and then closes the session's agent.
+* A tool that needs approval asks the client with ``session/request_permission`` (options
+  ``allow_once`` and ``reject_once``) on the frozen invocation, and runs with exactly that
+  invocation, or not at all. Subagents inherit the approver, so their questions reach the client
+  too, in their parent session.
+
+When the connection ends (the client closed stdin), every session's agent is closed and the
+service disposes every subagent still running: nothing outlives :func:`serve`. End of input
+ends everything at once: a request still being served then is never answered (the connection
+cancels it), so a client keeps stdin open until it has its answers, as ACP clients do.
+
+``depth_limit``: the ``subagent`` tool has no option to force a depth limit on the runs it
+starts, so the server wraps it: with ``depth_limit=N`` every run started through it gets
+``depth_limit`` at most N (a larger value the model asks for is lowered, a missing one set), and
+the tool's description says so. The seam counts depth along the parent chain, so the limit holds
+for the whole tree below each session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType, TracebackType
+from typing import Any, Final, Literal, Self
+
+import anyio
+import msgspec
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from subagent._version import __version__
+from subagent.acp import schema
+from subagent.acp.agent import (
+    AgentHandler,
+    ClientPeer,
+    PromptTurn,
+    negotiate_protocol_version,
+    serve_stdio,
+)
+from subagent.acp.errors import AcpError, RequestError, RpcErrorCode
+from subagent.providers.fork import ForkProvider
+from subagent.providers.spawn import SpawnProvider
+from subagent.runtime.agent import (
+    DEFAULT_MAX_MODEL_CALLS,
+    Agent,
+    AgentClosedError,
+    AgentEvent,
+    AgentRegistry,
+    ToolCallFinished,
+    ToolCallStarted,
+)
+from subagent.runtime.llm import LlmAdapter
+from subagent.runtime.messages import TextDelta, ToolSpec
+from subagent.runtime.scripted import ScriptedLlm
+from subagent.runtime.tools import Tool, ToolError, ToolInvocation
+from subagent.service import SubagentService
+from subagent.tool import DEFAULT_TOOL_NAME, SubagentTool
+from subagent.types import SubagentResult, Usage, freeze_json, thaw_json
+
+__all__ = [
+    "AGENT_NAME",
+    "ALLOW_OPTION_ID",
+    "DEFAULT_API_KEY_ENV",
+    "REJECT_OPTION_ID",
+    "ServeConfigError",
+    "ServedAgent",
+    "ServedSession",
+    "build_llm",
+    "default_persona",
+    "serve",
+]
+
+logger = logging.getLogger(__name__)
+
+AGENT_NAME: Final = "subagent-seam"
+"""The ``agentInfo.name`` the server answers ``initialize`` with."""
+
+DEFAULT_API_KEY_ENV: Final = "OPENAI_API_KEY"
+"""The environment variable the OpenAI-compatible adapter reads its key from unless told otherwise."""
+
+ALLOW_OPTION_ID: Final = "allow"
+"""The ``allow_once`` option of every permission question the server asks."""
+REJECT_OPTION_ID: Final = "reject"
+"""The ``reject_once`` option of every permission question the server asks."""
+
+_PERMISSION_OPTIONS: Final = (
+    schema.PermissionOption(option_id=ALLOW_OPTION_ID, name="Allow", kind="allow_once"),
+    schema.PermissionOption(option_id=REJECT_OPTION_ID, name="Reject", kind="reject_once"),
+)
+
+_STOP_REASONS: Final[Mapping[str, schema.StopReason]] = MappingProxyType(
+    {
+        "completed": "end_turn",
+        "cancelled": "cancelled",
+        "max_tokens": "max_tokens",
+        "max_turns": "max_turn_requests",
+        "refusal": "refusal",
+    }
+)
+
+_TITLE_EXCERPT: Final = 80
+"""How much of a subagent's prompt a tool call's title shows."""
+_UNFINISHED: Final = "the turn ended before this call finished"
+_NOT_APPROVED: Final = "error: this tool call was not approved, so it did not run"
+
+
+class ServeConfigError(ValueError):
+    """The options cannot make an LLM adapter (no script, an unreadable or invalid one, a bad URL)."""
+
+
+def default_persona(*, delegate: bool) -> str:
+    """The system prompt of a session's agent when none is configured."""
+    persona = "You are a helpful assistant. Work on the user's request and answer it."
+    if delegate:
+        persona += (
+            " When a task is large or splits into independent parts, you may delegate parts of it to "
+            "subagents with the `subagent` tool, then answer with what they found."
+        )
+    return persona
+
+
+# -- the LLM ---------------------------------------------------------------------------------------------
+
+
+def build_llm(
+    *,
+    script: str | os.PathLike[str] | None = None,
+    base_url: str | None = None,
+    model: str | None = None,
+    api_key_env: str | None = DEFAULT_API_KEY_ENV,
+) -> LlmAdapter:
+    """The adapter the options describe: a :class:`~subagent.runtime.ScriptedLlm` read from the
+    JSON ``script`` file, or an OpenAI-compatible chat adapter for ``base_url`` and ``model`` whose
+    key is read from the environment variable ``api_key_env`` (never passed as a value).
+
+    Raises:
+        ServeConfigError: not exactly one of ``script`` and ``base_url``; ``base_url`` without
+            ``model``; a script that cannot be read or is not a valid script; an invalid URL.
+    """
+    if (script is None) == (base_url is None):
+        raise ServeConfigError("give either a script file or a base URL and a model name")
+    if script is not None:
+        path = Path(script)
+        try:
+            return ScriptedLlm.from_file(path)
+        except OSError as exc:
+            raise ServeConfigError(f"cannot read the script {str(path)!r}: {exc.strerror or exc}") from exc
+        except ValueError as exc:
+            raise ServeConfigError(f"the script {str(path)!r} is not valid: {exc}") from exc
+    assert base_url is not None
+    if not model:
+        raise ServeConfigError("a base URL needs a model name")
+    # Imported here: a scripted server never needs httpx, and starts faster without it.
+    from subagent.runtime.openai import OpenAiChatAdapter
+
+    try:
+        return OpenAiChatAdapter(model=model, base_url=base_url, api_key_env=api_key_env)
+    except ValueError as exc:
+        raise ServeConfigError(str(exc)) from exc
+
+
+async def serve(
+    llm: LlmAdapter | None = None,
+    *,
+    script: str | os.PathLike[str] | None = None,
+    base_url: str | None = None,
+    model: str | None = None,
+    api_key_env: str | None = DEFAULT_API_KEY_ENV,
+    persona: str | None = None,
+    max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+    delegate: bool = True,
+    depth_limit: int | None = None,
+) -> None:
+    """Serve a :class:`ServedAgent` on this process's stdin/stdout until the client closes stdin.
+
+    The LLM is ``llm`` (the caller's: left open), or else built with :func:`build_llm` from
+    ``script``, or ``base_url``, ``model`` and ``api_key_env`` (then owned: closed at the end). The
+    options are checked before stdin or stdout is touched. The other arguments are
+    :class:`ServedAgent`'s.
+
+    Raises:
+        ServeConfigError: the options cannot make an adapter (see :func:`build_llm`).
+    """
+    async with contextlib.AsyncExitStack() as stack:
+        if llm is None:
+            llm = build_llm(script=script, base_url=base_url, model=model, api_key_env=api_key_env)
+            aclose = getattr(llm, "aclose", None)
+            if aclose is not None:
+                stack.push_async_callback(aclose)
+        elif script is not None or base_url is not None:
+            raise ServeConfigError("give either an adapter or the options to build one, not both")
+        handler = await stack.enter_async_context(
+            ServedAgent(
+                llm,
+                persona=persona,
+                max_model_calls=max_model_calls,
+                delegate=delegate,
+                depth_limit=depth_limit,
+            )
+        )
+        await serve_stdio(handler, name="subagent-serve")
+
+
+# -- sessions --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ServedSession:
+    """One ACP session: its id (also its agent's id), working directory, agent, and ``subagent``
+    tool (None without delegation). ``reporter`` is internal: it turns the agents' work into updates."""
+
+    id: str
+    cwd: str
+    agent: Agent
+    subagent_tool: SubagentTool | None
+    reporter: _Reporter = field(repr=False)
+
+
+class ServedAgent(AgentHandler):
+    """An :class:`~subagent.acp.agent.AgentHandler` that runs each ACP session on an in-process agent.
+
+    Use it as an async context manager around the connection that serves it: it owns the
+    :class:`~subagent.service.SubagentService` the sessions delegate through, and leaving the
+    block closes every session's agent and disposes every subagent::
+
+        async with ServedAgent(llm) as agent:
+            await serve_stdio(agent)
+
+    Args:
+        llm: the adapter of every session's agent and of their subagents.
+        persona: the system prompt of every session's agent; None for :func:`default_persona`,
+            ``""`` for none.
+        max_model_calls: model calls one turn may make (sessions and subagents alike) before it
+            ends with ``max_turn_requests``.
+        delegate: give each session's agent the ``subagent`` tool (``spawn`` and ``fork``).
+        depth_limit: the largest ``depth_limit`` a subagent gets: how many levels of subagents it
+            may start below itself (0: none). None leaves it to the model.
+        tools: more tools for every session's agent (subagents inherit them, narrowed by any
+            tool filter). A tool that needs approval is asked about through the client.
+
+    Raises:
+        ValueError: ``max_model_calls`` < 1, a negative ``depth_limit``, ``depth_limit`` without
+            ``delegate``, or a tool named like the ``subagent`` tool.
+    """
+
+    def __init__(
+        self,
+        llm: LlmAdapter,
+        *,
+        persona: str | None = None,
+        max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+        delegate: bool = True,
+        depth_limit: int | None = None,
+        tools: Sequence[Tool] = (),
+    ) -> None:
+        if max_model_calls < 1:
+            raise ValueError(f"max_model_calls must be >= 1, got {max_model_calls}")
+        if depth_limit is not None and depth_limit < 0:
+            raise ValueError(f"depth_limit must be >= 0, got {depth_limit}")
+        if depth_limit is not None and not delegate:
+            raise ValueError("depth_limit limits delegation, so it needs delegate=True")
+        if delegate and any(tool.spec.name == DEFAULT_TOOL_NAME for tool in tools):
+            raise ValueError(f"a tool named {DEFAULT_TOOL_NAME!r} would clash with the subagent tool")
+        self.llm = llm
+        self.persona = default_persona(delegate=delegate) if persona is None else persona
+        self.max_model_calls = max_model_calls
+        self.delegate = delegate
+        self.depth_limit = depth_limit
+        self.tools: tuple[Tool, ...] = tuple(tools)
+        self.agents = AgentRegistry()
+        """Every live agent: the sessions' agents and their subagents."""
+        self.service = SubagentService()
+        """The service the sessions delegate through, with the ``spawn`` and ``fork`` providers."""
+        # Subagents inherit their parent's approver and tools (the session's), so neither is set here.
+        self.service.register_provider(
+            SpawnProvider(llm=llm, agents=self.agents, max_model_calls=max_model_calls)
+        )
+        self.service.register_provider(
+            ForkProvider(llm=llm, agents=self.agents, max_model_calls=max_model_calls)
+        )
+        self._sessions: dict[str, ServedSession] = {}
+        self._state: Literal["new", "open", "closed"] = "new"
+
+    def __repr__(self) -> str:
+        return f"<ServedAgent {self._state} sessions={len(self._sessions)}>"
+
+    @property
+    def sessions(self) -> Mapping[str, ServedSession]:
+        """The open sessions, by id (a read-only view)."""
+        return MappingProxyType(self._sessions)
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Self:
+        if self._state != "new":
+            raise RuntimeError("a ServedAgent can be opened only once")
+        await self.service.__aenter__()
+        self._state = "open"
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
+        self._state = "closed"
+        # Shielded: a cancelled owner (the connection ended) must still leave no agent behind.
+        with anyio.CancelScope(shield=True):
+            for session in tuple(self._sessions.values()):
+                await self._close_session(session)
+        return await self.service.__aexit__(exc_type, exc, tb)
+
+    # -- requests ----------------------------------------------------------------------------------------
+
+    async def initialize(
+        self, params: schema.InitializeRequest, client: ClientPeer
+    ) -> schema.InitializeResponse:
+        """Protocol version 1, and exactly the capabilities implemented."""
+        return schema.InitializeResponse(
+            protocol_version=negotiate_protocol_version(params.protocol_version),
+            agent_capabilities=schema.AgentCapabilities(
+                load_session=False,
+                prompt_capabilities=schema.PromptCapabilities(embedded_context=True),
+                session_capabilities=schema.SessionCapabilities(close=schema.SessionCloseCapabilities()),
+            ),
+            agent_info=schema.Implementation(
+                name=AGENT_NAME, title="subagent-seam agent", version=__version__
+            ),
+        )
+
+    async def new_session(
+        self, params: schema.NewSessionRequest, client: ClientPeer
+    ) -> schema.NewSessionResponse:
+        """A session with its own agent, rooted at ``cwd``."""
+        if self._state != "open":
+            raise RequestError.internal_error(
+                {"details": "the agent is not serving (closed or never opened)"}
+            )
+        if not os.path.isabs(params.cwd):
+            raise RequestError.invalid_params({"cwd": params.cwd, "reason": "cwd must be an absolute path"})
+        if params.mcp_servers:
+            # Not supported (and not advertised beyond the spec's baseline); a client like Zed sends its
+            # servers anyway, so refusing the session would make the agent unusable there.
+            names = ", ".join(_mcp_server_name(server) for server in params.mcp_servers)
+            logger.warning("ignoring the MCP servers of the new session (not supported): %s", names)
+        session_id = f"session-{uuid.uuid4().hex[:16]}"
+        reporter = _Reporter(session_id, client, DEFAULT_TOOL_NAME if self.delegate else None)
+        subagent_tool: SubagentTool | None = None
+        tools: list[Tool] = []
+        if self.delegate:
+            subagent_tool = SubagentTool(self.service, cwd=params.cwd)
+            delegation: Tool = subagent_tool.for_agents()
+            if self.depth_limit is not None:
+                delegation = _DepthCappedTool(delegation, self.depth_limit)
+            tools.append(delegation)
+        tools.extend(self.tools)
+        try:
+            agent = Agent(
+                llm=self.llm,
+                id=session_id,
+                persona=self.persona or None,
+                # Wrapped per session: subagents inherit these very objects, so their calls are reported
+                # to this session's client.
+                tools=[_ReportedTool(tool, reporter) for tool in tools],
+                approver=reporter.approve,
+                max_model_calls=self.max_model_calls,
+                registry=self.agents,
+            )
+        except BaseException:
+            if subagent_tool is not None:
+                subagent_tool.close()
+            raise
+        reporter.agent = agent
+        agent.on_event(reporter.on_event)
+        self._sessions[session_id] = ServedSession(session_id, params.cwd, agent, subagent_tool, reporter)
+        logger.info("session %s opened in %s", session_id, params.cwd)
+        return schema.NewSessionResponse(session_id=session_id)
+
+    async def prompt(
+        self, params: schema.PromptRequest, turn: PromptTurn
+    ) -> schema.PromptResponse | msgspec.Raw:
+        """Run one turn of the session's agent, streaming its text and tool calls."""
+        session = self._session(params.session_id)
+        text = _prompt_text(params.prompt)
+        if session.reporter.in_turn:
+            raise RequestError.invalid_request(
+                {"sessionId": session.id, "reason": "a prompt is already running in this session"}
+            )
+        result: SubagentResult | None = None
+        async with anyio.create_task_group() as task_group:
+            updates = session.reporter.begin_turn()
+            task_group.start_soon(session.reporter.forward, updates, turn)
+            try:
+                # The cancel scope is cancelled the moment session/cancel (or session/close) arrives, even
+                # before the agent's own turn scope exists; the runtime closes the turn's dangling calls and
+                # the subagent tool disposes its runs on the way out.
+                with turn.abort_on_cancel():
+                    result = await session.agent.run_turn(text)
+            except AgentClosedError:
+                pass  # the session was closed while this prompt waited: answered cancelled below
+            finally:
+                session.reporter.end_turn()
+        # The task group waited for every update to go out: the answer comes after all of them.
+        return _answer(result, turn)
+
+    async def close_session(
+        self, params: schema.CloseSessionRequest, client: ClientPeer
+    ) -> schema.CloseSessionResponse:
+        """Close the session: its turn was cancelled already; close its agent."""
+        session = self._session(params.session_id)
+        await self._close_session(session)
+        return schema.CloseSessionResponse()
+
+    # -- internals ---------------------------------------------------------------------------------------
+
+    def _session(self, session_id: str) -> ServedSession:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise RequestError.invalid_params({"sessionId": session_id, "reason": "unknown session"})
+        return session
+
+    async def _close_session(self, session: ServedSession) -> None:
+        self._sessions.pop(session.id, None)
+        with anyio.CancelScope(shield=True):
+            await session.agent.close("the session was closed")
+        if session.subagent_tool is not None:
+            session.subagent_tool.close()
+        logger.info("session %s closed", session.id)
+
+
+def _answer(result: SubagentResult | None, turn: PromptTurn) -> schema.PromptResponse | msgspec.Raw:
+    """The prompt's answer for how the turn ended (None: it was aborted)."""
+    if result is None or turn.cancel_requested:
+        return schema.PromptResponse(stop_reason="cancelled")
+    stop_reason = _STOP_REASONS.get(result.stop_reason)
+    if stop_reason is None:
+        # error (and timeout, which this server never sets): ACP has no stop reason for a failed turn.
+        raise RequestError(
+            RpcErrorCode.INTERNAL_ERROR,
+            "the agent's turn failed",
+            {"stopReason": result.stop_reason, "details": result.error or "no diagnosis"},
+        )
+    usage = _usage_json(result.usage)
+    if usage is None:
+        return schema.PromptResponse(stop_reason=stop_reason)
+    # `usage` is unstable in ACP, so the schema's PromptResponse has no field for it.
+    return msgspec.Raw(schema.encode({"stopReason": stop_reason, "usage": usage}))
+
+
+def _usage_json(usage: Usage | None) -> dict[str, int] | None:
+    """ACP's unstable ``usage`` object, only when its required counts are known."""
+    if usage is None or usage.input_tokens is None or usage.output_tokens is None:
+        return None
+    total = usage.total_tokens
+    wire = {
+        "inputTokens": usage.input_tokens,
+        "outputTokens": usage.output_tokens,
+        "totalTokens": total if total is not None else usage.input_tokens + usage.output_tokens,
+    }
+    optional = {
+        "thoughtTokens": usage.thought_tokens,
+        "cachedReadTokens": usage.cached_read_tokens,
+        "cachedWriteTokens": usage.cached_write_tokens,
+    }
+    wire.update({key: value for key, value in optional.items() if value is not None})
+    return wire
+
+
+def _prompt_text(blocks: Sequence[schema.ContentBlock]) -> str:
+    """The prompt as text: text blocks as they are, resource links and embedded text resources described.
+
+    Raises:
+        RequestError: -32602 for a block the agent did not advertise (image, audio, binary resource).
+    """
+    parts: list[str] = []
+    for block in blocks:
+        if isinstance(block, schema.TextContent):
+            parts.append(block.text)
+        elif isinstance(block, schema.ResourceLink):
+            parts.append(f"[resource: {block.title or block.name}] {block.uri}")
+        elif isinstance(block, schema.EmbeddedResource) and isinstance(
+            block.resource, schema.TextResourceContents
+        ):
+            resource = block.resource
+            parts.append(f'<resource uri="{resource.uri}">\n{resource.text}\n</resource>')
+        else:
+            raise RequestError.invalid_params(
+                {
+                    "reason": "this agent reads text, resource links and embedded text resources only",
+                    "unsupported": _block_type(block),
+                }
+            )
+    return "\n\n".join(parts)
+
+
+def _block_type(block: schema.ContentBlock) -> str:
+    """The block's ``type`` as on the wire (a binary embedded resource is told apart)."""
+    if isinstance(block, schema.UnknownContentBlock):
+        return block.tag or "(no type)"
+    if isinstance(block, schema.EmbeddedResource):
+        return "resource (blob)"
+    tag = block.__struct_config__.tag
+    return tag if isinstance(tag, str) else type(block).__name__
+
+
+def _mcp_server_name(server: schema.McpServer) -> str:
+    if isinstance(server, schema.UnknownMcpServer):
+        name = server.raw.get("name")
+        return name if isinstance(name, str) else "(unnamed)"
+    return server.name
+
+
+# -- reporting a session's tool calls --------------------------------------------------------------------
+
+
+class _Reporter:
+    """Turns what a session's agents do into ACP session updates, in order, and asks for approvals.
+
+    Updates are queued synchronously (agent events are delivered by plain callbacks) and sent by one
+    forwarding task per turn, so they reach the client in the order they happened. Tool-call state
+    (which calls the client has been shown and not yet seen finish) changes only when an update is
+    queued, so it always matches what the client will have received.
+    """
+
+    def __init__(self, session_id: str, client: ClientPeer, delegate_tool: str | None) -> None:
+        self.session_id = session_id
+        self.client = client
+        self.agent: Agent | None = None
+        """The session's own agent (set once it exists)."""
+        self._delegate_tool = delegate_tool
+        self._outbox: MemoryObjectSendStream[schema.SessionUpdate | anyio.Event] | None = None
+        self._open_calls: dict[str, None] = {}  # shown to the client and not finished, in order
+
+    @property
+    def in_turn(self) -> bool:
+        """Whether a turn is being reported now."""
+        return self._outbox is not None
+
+    # -- the turn ----------------------------------------------------------------------------------------
+
+    def begin_turn(self) -> MemoryObjectReceiveStream[schema.SessionUpdate | anyio.Event]:
+        """Start queueing updates; the returned stream is for :meth:`forward`."""
+        send, receive = anyio.create_memory_object_stream[schema.SessionUpdate | anyio.Event](math.inf)
+        self._outbox = send
+        return receive
+
+    def end_turn(self) -> None:
+        """Fail the calls left open (the turn was cut short), then stop queueing."""
+        for key in tuple(self._open_calls):
+            self._finish(key, f"error: {_UNFINISHED}", failed=True)
+        outbox, self._outbox = self._outbox, None
+        if outbox is not None:
+            outbox.close()
+
+    async def forward(
+        self, updates: MemoryObjectReceiveStream[schema.SessionUpdate | anyio.Event], turn: PromptTurn
+    ) -> None:
+        """Send the queued updates until the turn ends; flush markers are released as they are reached."""
+        gone = False
+        try:
+            async for item in updates:
+                if isinstance(item, anyio.Event):
+                    item.set()
+                elif not gone:
+                    try:
+                        await turn.send_update(item)
+                    except AcpError as exc:
+                        # The client is gone: nothing more can reach it. Keep draining, so that no flush
+                        # waits forever; the turn itself ends with the connection.
+                        logger.debug("session %s: updates can no longer be sent: %s", self.session_id, exc)
+                        gone = True
+        finally:
+            # Cut short (the connection ended): release whoever waits on a flush.
+            with contextlib.suppress(anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                while True:
+                    item = updates.receive_nowait()
+                    if isinstance(item, anyio.Event):
+                        item.set()
+            updates.close()
+
+    def _put(self, item: schema.SessionUpdate | anyio.Event) -> bool:
+        """Queue ``item`` for the turn's forwarder; False when no turn is being reported."""
+        if self._outbox is None:
+            return False
+        try:
+            self._outbox.send_nowait(item)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            return False  # the forwarder was cut short (the connection ended)
+        return True
+
+    def _queue(self, update: schema.SessionUpdate) -> None:
+        if not self._put(update):
+            # Agents act only inside a turn (subagents inside their session's turn): nothing to tell.
+            logger.debug("session %s: no turn to report %s in", self.session_id, type(update).__name__)
+
+    async def _flush(self) -> None:
+        """Return once every update queued so far was sent (or could not be)."""
+        sent = anyio.Event()
+        if self._put(sent):
+            await sent.wait()
+
+    # -- what the agents do ------------------------------------------------------------------------------
+
+    def on_event(self, event: AgentEvent) -> None:
+        """The session agent's events (its subagents' calls come through :class:`_ReportedTool`)."""
+        if isinstance(event, TextDelta):
+            if event.text:
+                self._queue(schema.AgentMessageChunk(content=schema.TextContent(text=event.text)))
+        elif isinstance(event, ToolCallStarted):
+            self.started(event.invocation)
+        elif isinstance(event, ToolCallFinished):
+            key = event.call.id
+            failed = event.is_error
+            if key in self._open_calls:
+                self._finish(key, event.output, failed=failed)
+                return
+            # Never started (bad arguments, no such tool): shown once, already finished.
+            arguments = _decoded_arguments(event.call.arguments)
+            self._queue(
+                schema.ToolCall(
+                    tool_call_id=key,
+                    title=self._title(event.call.name, arguments, None),
+                    kind="other",
+                    status="failed" if failed else "completed",
+                    content=_text_content(event.output),
+                    raw_input=thaw_json(arguments),
+                )
+            )
+
+    def started(self, invocation: ToolInvocation) -> None:
+        """A call is about to run: shown as in progress."""
+        key = self._key(invocation)
+        if key in self._open_calls:  # shown already, while its permission was asked
+            self._queue(schema.ToolCallProgress(tool_call_id=key, status="in_progress"))
+            return
+        title = self._title(invocation.tool, invocation.arguments, self._owner(invocation))
+        self._show(key, title, invocation.arguments, "in_progress")
+
+    def finished(self, invocation: ToolInvocation, output: str, *, failed: bool) -> None:
+        """A call of a subagent ended (the session agent's own calls end through its events)."""
+        key = self._key(invocation)
+        if key in self._open_calls:
+            self._finish(key, output, failed=failed)
+
+    async def approve(self, invocation: ToolInvocation) -> bool:
+        """The approver of the session's agents: ask the client about this frozen invocation."""
+        key = self._key(invocation)
+        owner = self._owner(invocation)
+        title = self._title(invocation.tool, invocation.arguments, owner)
+        self._show(key, title, invocation.arguments, "pending")
+        # The client hears of the call before it is asked about it.
+        await self._flush()
+        request = schema.RequestPermissionRequest(
+            session_id=self.session_id,
+            tool_call=schema.ToolCallUpdate(
+                tool_call_id=key,
+                title=title,
+                kind="other",
+                status="pending",
+                raw_input=thaw_json(invocation.arguments),
+            ),
+            options=list(_PERMISSION_OPTIONS),
+        )
+        try:
+            response = await self.client.request_permission(request)
+        except AcpError as exc:
+            # No answer is no approval: a client that cannot ask refuses, it never hangs the turn.
+            logger.warning(
+                "session %s: asking permission for %s failed (%s); refused", self.session_id, key, exc
+            )
+            allowed = False
+        else:
+            outcome = response.outcome
+            allowed = (
+                isinstance(outcome, schema.SelectedPermissionOutcome) and outcome.option_id == ALLOW_OPTION_ID
+            )
+        if not allowed and owner is not None:
+            # A subagent's refused call never runs, so no tool wrapper finishes it; the session agent's own
+            # refused call is finished by its ToolCallFinished event.
+            self._finish(key, _NOT_APPROVED, failed=True)
+        return allowed
+
+    # -- helpers -----------------------------------------------------------------------------------------
+
+    def _show(self, key: str, title: str, arguments: Any, status: schema.ToolCallStatus) -> None:
+        self._open_calls[key] = None
+        self._queue(
+            schema.ToolCall(
+                tool_call_id=key, title=title, kind="other", status=status, raw_input=thaw_json(arguments)
+            )
+        )
+
+    def _finish(self, key: str, output: str, *, failed: bool) -> None:
+        self._open_calls.pop(key, None)
+        self._queue(
+            schema.ToolCallProgress(
+                tool_call_id=key,
+                status="failed" if failed else "completed",
+                content=_text_content(output),
+            )
+        )
+
+    def _owner(self, invocation: ToolInvocation) -> str | None:
+        """The id of the subagent making the call; None for the session's own agent."""
+        return None if invocation.agent is self.agent else invocation.agent.id
+
+    def _key(self, invocation: ToolInvocation) -> str:
+        # Call ids are unique per model answer, not across agents: a subagent's are prefixed.
+        owner = self._owner(invocation)
+        return invocation.call_id if owner is None else f"{owner}/{invocation.call_id}"
+
+    def _title(self, tool: str, arguments: Any, owner: str | None) -> str:
+        title = tool
+        if tool == self._delegate_tool and isinstance(arguments, Mapping):
+            provider, prompt = arguments.get("provider"), arguments.get("prompt")
+            if isinstance(provider, str) and isinstance(prompt, str):
+                title = f"{tool} ({provider}): {_excerpt(prompt)}"
+        return title if owner is None else f"{owner}: {title}"
+
+
+def _text_content(text: str) -> list[schema.ToolCallContent]:
+    return [schema.Content(content=schema.TextContent(text=text))]
+
+
+def _excerpt(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= _TITLE_EXCERPT else line[: _TITLE_EXCERPT - 1] + "…"
+
+
+def _decoded_arguments(text: str) -> Any:
+    try:
+        return json.loads(text) if text.strip() else {}
+    except ValueError:
+        return text
+
+
+class _ReportedTool:
+    """A tool as one session's agents have it: calls by the session's subagents (which inherit these
+    very objects) are reported to the session's client; the session agent's own calls pass straight
+    through (its events report them)."""
+
+    def __init__(self, inner: Tool, reporter: _Reporter) -> None:
+        self._inner = inner
+        self._reporter = reporter
+
+    def __repr__(self) -> str:
+        return f"<_ReportedTool {self._inner!r}>"
+
+    @property
+    def spec(self) -> ToolSpec:
+        """The inner tool's spec, read each time (the subagent tool's follows the registry)."""
+        return self._inner.spec
+
+    @property
+    def needs_approval(self) -> bool:
+        """Whether the inner tool needs approval."""
+        return self._inner.needs_approval
+
+    async def run(self, invocation: ToolInvocation) -> str:
+        """Run the inner tool; report the call when a subagent makes it."""
+        if invocation.agent is self._reporter.agent:
+            return await self._inner.run(invocation)
+        self._reporter.started(invocation)
+        try:
+            output = await self._inner.run(invocation)
+        except ToolError as exc:
+            self._reporter.finished(invocation, f"error: {exc}", failed=True)
+            raise
+        except Exception as exc:
+            self._reporter.finished(invocation, f"error: the tool failed ({type(exc).__name__})", failed=True)
+            raise
+        self._reporter.finished(invocation, output, failed=False)
+        return output
+
+
+class _DepthCappedTool:
+    """The subagent tool with a ceiling on the ``depth_limit`` of every run it starts."""
+
+    needs_approval = False
+
+    def __init__(self, inner: Tool, cap: int) -> None:
+        self._inner = inner
+        self._cap = cap
+
+    def __repr__(self) -> str:
+        return f"<_DepthCappedTool {self._inner!r} cap={self._cap}>"
+
+    @property
+    def spec(self) -> ToolSpec:
+        """The inner spec, with the ceiling stated in the description (the model is told the truth)."""
+        spec = self._inner.spec
+        if self._cap == 0:
+            note = "Here subagents may not start subagents of their own (`depth_limit` is always 0)."
+        else:
+            note = (
+                f"Here a subagent may start at most {self._cap} level(s) of subagents below itself: "
+                f"`depth_limit` is at most {self._cap}, and {self._cap} when left out."
+            )
+        return ToolSpec(spec.name, f"{spec.description}\n\n{note}", spec.parameters)
+
+    async def run(self, invocation: ToolInvocation) -> str:
+        """Run the inner tool with ``depth_limit`` lowered to the ceiling (or set to it when absent)."""
+        arguments = thaw_json(invocation.arguments)
+        if isinstance(arguments, dict):
+            requested = arguments.get("depth_limit")
+            # Only a missing or a valid, larger value changes: anything else is left for the subagent
+            # tool to refuse with its own explanation.
+            too_deep = (
+                isinstance(requested, int) and not isinstance(requested, bool) and requested > self._cap
+            )
+            if requested is None or too_deep:
+                arguments["depth_limit"] = self._cap
+        capped = ToolInvocation(invocation.call_id, invocation.tool, freeze_json(arguments), invocation.agent)
+        return await self._inner.run(capped)
