@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import io
 import logging
 import math
 import os
@@ -645,6 +646,12 @@ def _build_parser() -> tuple[_Parser, dict[str, _Parser]]:
         help="give the stub agent this scenario file instead of its default "
         "(the format: python -m pydoc subagent.testing.scenario)",
     )
+    demo.add_argument(
+        "--only",
+        choices=("acp", "delegation"),
+        help="run one part: the stub ACP agent's turn, or an in-process agent delegating to fork, spawn "
+        "and acp at once (default: both, in that order)",
+    )
     _add_turn_options(demo, demo=True)
     _add_verbose(demo)
 
@@ -774,11 +781,44 @@ def _cmd_demo(args: argparse.Namespace, command: list[str] | None) -> int:
         progress=_progress_wanted(args, default=True),
         demo=True,
     )
-    if spec.progress:
-        console = Console(sys.stderr, color=use_color(sys.stderr))
-        console.line(console.paint(f"{_PROG} demo: one turn against the bundled stub ACP agent", "1"))
-        console.line(console.paint(f"> {DEMO_PROMPT}", "2"))
-    return _execute(spec)
+    status = EXIT_COMPLETED
+    if args.only in (None, "acp"):
+        if spec.progress:
+            console = Console(sys.stderr, color=use_color(sys.stderr))
+            console.line(console.paint(f"{_PROG} demo: one turn against the bundled stub ACP agent", "1"))
+            console.line(console.paint(f"> {DEMO_PROMPT}", "2"))
+        status = _execute(spec)
+    if args.only in (None, "delegation") and status != EXIT_USAGE:
+        status = max(status, _delegation_demo(args, narrate=spec.progress and not spec.events))
+    return status
+
+
+def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
+    """The in-process half of the demo: an agent delegates to fork, spawn and acp at once."""
+    from subagent._demo import run_delegation_demo
+
+    # Not narrating (--events, --quiet): the narration goes nowhere.
+    console = Console(sys.stderr if narrate else io.StringIO(), color=narrate and use_color(sys.stderr))
+    if narrate:
+        console.line(
+            console.paint(f"{_PROG} demo: an in-process agent delegates to fork, spawn and acp at once", "1")
+        )
+    try:
+        report = anyio.run(run_delegation_demo, console)
+    except Exception as exc:
+        logger.debug("the delegation demo failed", exc_info=True)
+        Console(sys.stderr, color=False).line(f"{_PROG}: the delegation demo failed: {exc}")
+        return EXIT_NOT_COMPLETED
+    if args.json:
+        _print_json({"output": report, "stopReason": "completed", "error": None, "usage": None})
+    else:
+        _print_stdout(report + "\n")
+    if narrate:
+        console.line(
+            "That was the in-process runtime on a scripted model. "
+            "Serve it to any ACP client: subagent serve --script FILE"
+        )
+    return EXIT_COMPLETED
 
 
 def _configured_agent(name: str, explicit_config: str | None) -> AgentConfig:

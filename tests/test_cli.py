@@ -640,15 +640,62 @@ def test_agents_with_none_configured_says_where_it_looked(tmp_path: Path) -> Non
 # -- demo ------------------------------------------------------------------------------------------------
 
 
-def test_demo_completes_unattended_and_prints_the_stub_agents_final_answer(tmp_path: Path) -> None:
+_STUB_ANSWER = (
+    "Permission granted: I wrote the summary to SUMMARY.md. Summary: a project that does useful things."
+)
+_DELEGATION_REPORT = (
+    "Report:\n"
+    "- fork: Review (fork, plan seen): biggest risk: the suite runs only two days before the tag.\n"
+    '- spawn: {"todos": 3}\n'
+    f"- acp: {_STUB_ANSWER}"
+)
+
+
+def test_demo_completes_unattended_and_prints_the_stub_agents_answer_then_the_delegation_report(
+    tmp_path: Path,
+) -> None:
     done = run_cli(tmp_path, "demo")
     assert done.status == 0, done.stderr
-    assert done.stdout == (
-        "Permission granted: I wrote the summary to SUMMARY.md. Summary: a project that does useful things.\n"
-    )
+    assert done.stdout == f"{_STUB_ANSWER}\n{_DELEGATION_REPORT}\n"
+    assert "subagent demo: an in-process agent delegates to fork, spawn and acp at once" in done.stderr
+
+
+def test_the_acp_part_of_the_demo_alone_prints_the_stub_agents_final_answer(tmp_path: Path) -> None:
+    done = run_cli(tmp_path, "demo", "--only", "acp")
+    assert done.status == 0, done.stderr
+    assert done.stdout == f"{_STUB_ANSWER}\n"
     assert "  permission: Write SUMMARY.md -> allowed (demo)" in done.stderr.splitlines()
     assert "  tool Read README.md (read): completed" in done.stderr.splitlines()
     assert "subagent run -- npx @agentclientprotocol/claude-agent-acp" in done.stderr
+    assert "delegates" not in done.stderr
+
+
+def test_the_delegation_demo_runs_fork_spawn_and_acp_children_at_once_and_reports_each(
+    tmp_path: Path,
+) -> None:
+    done = run_cli(tmp_path, "demo", "--only", "delegation")
+    assert done.status == 0, done.stderr
+    assert done.stdout == f"{_DELEGATION_REPORT}\n"
+    lines = done.stderr.splitlines()
+    # The fork inherits the root's tools and sees its plan; the spawned child has only what its filter
+    # allowed; the ACP child is a process.
+    assert "  fork-" in next(
+        line for line in lines if "(fork; in-process, depth 1, tools: subagent, read_notes)" in line
+    )
+    assert any("(spawn; in-process, depth 1, tools: read_notes)" in line for line in lines)
+    assert any("(acp; child process): Summarise README.md." in line for line in lines)
+    assert sum(" completed: " in line for line in lines) == 3
+
+
+def test_the_delegation_demo_prints_one_json_object_with_json(tmp_path: Path) -> None:
+    done = run_cli(tmp_path, "demo", "--only", "delegation", "--json")
+    assert done.status == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "output": _DELEGATION_REPORT,
+        "stopReason": "completed",
+        "error": None,
+        "usage": None,
+    }
 
 
 # -- interrupts ------------------------------------------------------------------------------------------
