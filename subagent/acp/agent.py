@@ -392,8 +392,9 @@ class AgentSideConnection:
 
     Drive it with ``async with AgentSideConnection(...) as agent:`` (served in the background until the
     block exits) or ``await agent.run()`` (returns when the client closes the stream, or on `close`).
-    End of stream stops everything at once: the connection cancels the requests still being served, and
-    they go unanswered. A client that wants its answers keeps the agent's stdin open until it has them.
+    End of stream stops everything at once by default: the connection cancels the requests still being
+    served, and they go unanswered. With ``drain_on_eof`` they may finish first (for a client that writes
+    its requests, closes the agent's stdin and reads the answers: a shell pipe).
 
     Args:
         handler: the agent.
@@ -401,7 +402,7 @@ class AgentSideConnection:
         send_stream: where ours go (the agent process's stdout).
         strict_cancel: answer `cancelled` to a prompt whose turn was cancelled, whatever the handler returned
             or raised after the cancel (the spec's MUST). Turn it off only to emulate a non-compliant agent.
-        max_line_bytes, on_protocol_error: passed to the `Connection`.
+        max_line_bytes, on_protocol_error, drain_on_eof: passed to the `Connection`.
         name: names the connection in log messages.
     """
 
@@ -415,6 +416,7 @@ class AgentSideConnection:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         on_protocol_error: ProtocolErrorCallback | None = None,
         name: str = "acp-agent",
+        drain_on_eof: float = 0.0,
     ) -> None:
         self._handler = handler
         self._name = name
@@ -428,6 +430,7 @@ class AgentSideConnection:
             max_line_bytes=max_line_bytes,
             name=name,
             value_encoder=schema.encode,
+            drain_on_eof=drain_on_eof,
         )
         self._client = ClientPeer(self._connection)
         self._turns: dict[str, list[PromptTurn]] = {}

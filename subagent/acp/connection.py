@@ -26,8 +26,12 @@ it). A notification handler that itself awaits a `request()` is exempt, or it wo
 Closing: EOF, a broken stream, or `close()` fail every pending request at once with a
 `ConnectionClosedError`, and every later `request()`/`notify()` fails with it immediately. Incoming
 request handlers are cancelled. On EOF the notifications already received are still delivered (the
-peer's last words); `close()` stops everything. The connection never closes the streams: their owner
-does (for a child process, closing its stdin is the first step of teardown).
+peer's last words); `close()` stops everything. With `drain_on_eof`, EOF means only "the peer sends
+no more": pending and later requests of ours fail at once (no answer can come), but the peer's
+requests already in flight may finish, for up to that many seconds, and their answers (and any
+notifications their handlers send) still go out before the connection closes.
+The connection never closes the streams: their owner does (for a child process, closing its stdin is
+the first step of teardown).
 `ConnectionClosedError.cause` carries the reason; the process layer adds exit status and stderr tail.
 """
 
@@ -283,6 +287,9 @@ class Connection:
         value_encoder: turns params and handler results (other than `msgspec.Raw` and None) into JSON
             bytes; a protocol layer passes its own encoder here (ACP: `schema.encode`). Without one,
             msgspec encodes them as they are.
+        drain_on_eof: seconds the peer's requests in flight at EOF may take to finish and be answered
+            (0: cancelled at once). For a server whose client writes its requests and then closes its
+            end (a pipe): without it, those requests would never be answered.
     """
 
     def __init__(
@@ -297,9 +304,13 @@ class Connection:
         name: str = "jsonrpc",
         value_encoder: Callable[[Any], bytes] | None = None,
         typed_notifications: Mapping[str, type[msgspec.Struct]] | None = None,
+        drain_on_eof: float = 0.0,
     ) -> None:
         if max_line_bytes < 1:
             raise ValueError(f"max_line_bytes must be positive, not {max_line_bytes}")
+        if not drain_on_eof >= 0:  # `not >=` also refuses NaN
+            raise ValueError(f"drain_on_eof must be >= 0 seconds, not {drain_on_eof}")
+        self._drain_on_eof = drain_on_eof
         self._receive_stream = receive_stream
         self._send_stream = send_stream
         self._request_handler = request_handler
@@ -328,6 +339,9 @@ class Connection:
         self._pending: dict[int, _Pending] = {}
         self._abandoned: dict[int, None] = {}  # insertion-ordered set of recently abandoned ids
         self._incoming: dict[RequestId, anyio.CancelScope] = {}
+        self._serving = 0  # the peer's requests not yet answered (handled, or their answer being sent)
+        self._served_all: anyio.Event | None = None  # set when _serving drops to 0, while draining
+        self._input_ended: ConnectionClosedError | None = None  # EOF seen; draining before the close
         self._read_buffer = bytearray()
         self._notifications_received = 0
         self._notifications_handled = 0
@@ -391,13 +405,43 @@ class Connection:
                     task_group.start_soon(self._notify_loop, notifications_receive)
                     async with anyio.create_task_group() as self._handlers:
                         task_status.started()
+                        ended: ConnectionClosedError | None = None
                         with anyio.CancelScope() as self._reader_scope:
-                            self._close(await self._read_loop())
+                            ended = await self._read_loop()
+                        # None: the reader was stopped because the connection closed another way.
+                        if ended is not None:
+                            if ended.end_of_stream and self._drain_on_eof > 0:
+                                await self._drain(ended)
+                            self._close(ended)
         finally:
             self._close(ConnectionClosedError("the connection stopped"))
             outgoing_receive.close()
             notifications_receive.close()
             self._release_barrier_waiters()
+
+    async def _drain(self, ended: ConnectionClosedError) -> None:
+        """After EOF: let the peer's requests in flight finish and be answered, within the grace."""
+        self._input_ended = ended
+        self._fail_pending(ended)  # nothing more comes from the peer, so no answer to ours either
+        if self._serving == 0:
+            return
+        logger.debug("%s: end of stream; draining %d request(s) in flight", self._name, self._serving)
+        self._served_all = anyio.Event()
+        with anyio.move_on_after(self._drain_on_eof):
+            await self._served_all.wait()
+            return
+        logger.warning(
+            "%s: %d request(s) still unanswered %.1f s after the end of stream; cancelling them",
+            self._name,
+            self._serving,
+            self._drain_on_eof,
+        )
+
+    def _fail_pending(self, error: ConnectionClosedError) -> None:
+        pending, self._pending = self._pending, {}
+        for waiter in pending.values():
+            waiter.error = error.copy()
+            waiter.done.set()
 
     def close(self, cause: BaseException | None = None) -> None:
         """Close now: fail pending requests with `ConnectionClosedError(cause=cause)` and stop `run()`.
@@ -430,10 +474,7 @@ class Connection:
             return
         self._closed = error
         logger.debug("%s: closing: %s", self._name, error)
-        pending, self._pending = self._pending, {}
-        for waiter in pending.values():
-            waiter.error = error.copy()
-            waiter.done.set()
+        self._fail_pending(error)
         if self._handlers is not None:
             self._handlers.cancel_scope.cancel()
         if self._reader_scope is not None:
@@ -478,6 +519,8 @@ class Connection:
             RuntimeError: the connection was never started.
         """
         self._check_open()
+        if self._input_ended is not None:
+            raise self._input_ended.copy()  # draining after EOF: the peer can no longer answer
         request_id = self._next_id
         self._next_id += 1
         line = self._encode(_OutRequest(_JSONRPC, request_id, method, self._wire_params(params)))
@@ -625,7 +668,7 @@ class Connection:
             self._take_lines([bytes(buffer)])
             buffer.clear()
         self._flush_notifications()
-        return ConnectionClosedError("the peer closed the connection (end of stream)")
+        return ConnectionClosedError("the peer closed the connection (end of stream)", end_of_stream=True)
 
     def _take_lines(self, lines: list[bytes]) -> None:
         limit = self._max_line_bytes
@@ -801,6 +844,7 @@ class Connection:
             return
         # Registered before the task starts, so a `$/cancel_request` right behind it finds it.
         scope = self._incoming[request_id] = anyio.CancelScope()
+        self._serving += 1
         assert self._handlers is not None
         # Like a response, a request is handled only after the notifications sent before it: an agent's
         # permission question must not overtake the tool call update it is about.
@@ -827,7 +871,12 @@ class Connection:
                 line = self._encode_error(request_id, RequestError.request_cancelled())
         finally:
             self._incoming.pop(request_id, None)
-        await self._send_quietly(line)
+        try:
+            await self._send_quietly(line)
+        finally:
+            self._serving -= 1
+            if self._serving == 0 and self._served_all is not None:
+                self._served_all.set()
 
     async def _answer(self, request_id: RequestId, method: str, params: msgspec.Raw | None) -> bytes:
         """Run the request handler and encode its outcome: the single exception-to-wire boundary."""

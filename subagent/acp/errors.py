@@ -131,18 +131,26 @@ class ConnectionClosedError(AcpError):
     exc`.
     """
 
-    def __init__(self, message: str = "connection closed", *, cause: BaseException | None = None) -> None:
+    def __init__(
+        self,
+        message: str = "connection closed",
+        *,
+        cause: BaseException | None = None,
+        end_of_stream: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.cause = cause
         self.__cause__ = cause
+        self.end_of_stream = end_of_stream
+        """Whether the peer closed its end cleanly (EOF), rather than the stream breaking or a local close."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.message!r}, cause={self.cause!r})"
 
     def copy(self) -> ConnectionClosedError:
         """Return a fresh instance with the same message and cause, so that each waiter raises its own."""
-        return type(self)(self.message, cause=self.cause)
+        return type(self)(self.message, cause=self.cause, end_of_stream=self.end_of_stream)
 
 
 class ProtocolError(AcpError):
