@@ -903,8 +903,8 @@ output:
   stdout carries only the protocol; logs go to stderr (-v, -vv for more).
 
 exit status:
-  0 when the client closes stdin (requests still unanswered then are dropped, so a client
-  keeps stdin open until it has its answers); 2 for bad usage or a script that cannot be read.
+  0 when the client closes stdin, once the requests still in flight then are answered (a
+  pipe gets every answer); 2 for bad usage or a script that cannot be read.
 
 examples:
   {_PROG} serve --script fixtures/scripts/delegate_to_spawn.json

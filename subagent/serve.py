@@ -113,6 +113,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+EOF_DRAIN_SECONDS: float = 600.0
+"""How long prompts in flight when the client closes our stdin may still run and be answered. A client
+that writes its requests and closes its end (a shell pipe) still gets its answers; one that went away
+breaks our stdout, which stops everything at once, so the grace only runs for a client still reading."""
+
 AGENT_NAME: Final = "subagent-seam"
 """The ``agentInfo.name`` the server answers ``initialize`` with."""
 
@@ -239,7 +244,7 @@ async def serve(
                 depth_limit=depth_limit,
             )
         )
-        await serve_stdio(handler, name="subagent-serve")
+        await serve_stdio(handler, name="subagent-serve", drain_on_eof=EOF_DRAIN_SECONDS)
 
 
 # -- sessions --------------------------------------------------------------------------------------------

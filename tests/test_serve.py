@@ -741,6 +741,33 @@ def test_serve_exits_0_when_the_client_closes_stdin() -> None:
     assert (finished.returncode, finished.stdout, finished.stderr) == (0, b"", b"")
 
 
+@pytest.mark.subprocess
+def test_a_client_that_writes_its_requests_and_closes_stdin_still_gets_every_answer(tmp_path: Path) -> None:
+    # A shell pipe: everything is written, stdin closed, then the answers are read. The requests in
+    # flight at the end of stdin are drained, not dropped.
+    requests = [
+        {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": 1}},
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "session/new",
+            "params": {"cwd": str(tmp_path), "mcpServers": ()},
+        },
+    ]
+    finished = subprocess.run(
+        [*SERVE, "--script", str(FIXTURE)],
+        input=b"".join(json.dumps(request).encode() + b"\n" for request in requests),
+        capture_output=True,
+        timeout=PROCESS_WAIT,
+        check=False,
+    )
+    assert (finished.returncode, finished.stderr) == (0, b"")
+    answers = [json.loads(line) for line in finished.stdout.splitlines()]
+    assert [answer["id"] for answer in answers] == [0, 1]
+    assert answers[0]["result"]["protocolVersion"] == 1
+    assert answers[1]["result"]["sessionId"].startswith("session-")
+
+
 # -- end to end: our ACP provider drives `subagent serve` -----------------------------------------------
 
 
