@@ -96,7 +96,7 @@ from subagent.runtime.scripted import ScriptedLlm
 from subagent.runtime.tools import Tool, ToolError, ToolInvocation
 from subagent.service import SubagentService
 from subagent.tool import DEFAULT_TOOL_NAME, SubagentTool
-from subagent.types import SubagentResult, Usage, freeze_json, thaw_json
+from subagent.types import LINEAGE_META_KEY, SubagentResult, Usage, freeze_json, thaw_json
 
 __all__ = [
     "AGENT_NAME",
@@ -391,11 +391,17 @@ class ServedAgent(AgentHandler):
         reporter = _Reporter(session_id, client, DEFAULT_TOOL_NAME if self.delegate else None)
         subagent_tool: SubagentTool | None = None
         tools: list[Tool] = []
-        if self.delegate:
+        budget = _inherited_depth_budget(params.meta)
+        # The client's chain may allow no level below this session (its budget is 0): then the
+        # session's agent works alone; otherwise its children get at most budget - 1 below them.
+        cap = self.depth_limit
+        if budget is not None and budget > 0:
+            cap = budget - 1 if cap is None else min(cap, budget - 1)
+        if self.delegate and (budget is None or budget > 0):
             subagent_tool = SubagentTool(self.service, cwd=params.cwd)
             delegation: Tool = subagent_tool.for_agents()
-            if self.depth_limit is not None:
-                delegation = _DepthCappedTool(delegation, self.depth_limit)
+            if cap is not None:
+                delegation = _DepthCappedTool(delegation, cap)
             tools.append(delegation)
         tools.extend(self.tools)
         try:
@@ -760,6 +766,17 @@ class _Reporter:
             if isinstance(provider, str) and isinstance(prompt, str):
                 title = f"{tool} ({provider}): {_excerpt(prompt)}"
         return title if owner is None else f"{owner}: {title}"
+
+
+def _inherited_depth_budget(meta: Mapping[str, Any] | None) -> int | None:
+    """The depth budget the client's chain left this session (``LINEAGE_META_KEY``), if it sent one."""
+    lineage = meta.get(LINEAGE_META_KEY) if meta is not None else None
+    budget = lineage.get("depthBudget") if isinstance(lineage, Mapping) else None
+    if isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0:
+        return budget
+    if lineage is not None:
+        logger.warning("ignoring a malformed %s in session/new: %r", LINEAGE_META_KEY, lineage)
+    return None
 
 
 def _text_content(text: str) -> list[schema.ToolCallContent]:

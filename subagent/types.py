@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
 __all__ = [
+    "LINEAGE_META_KEY",
     "START_TIME_FEATURES",
     "Disposer",
     "ErrorCode",
@@ -166,6 +167,12 @@ class Lineage:
     def parent_id(self) -> str | None:
         """The nearest ancestor's id, when there is one."""
         return self.ancestors[0] if self.ancestors else None
+
+
+LINEAGE_META_KEY = "subagent-seam/lineage"
+"""The ``_meta`` key under which the ACP provider tells a child agent its place in the chain:
+``{"depth": int, "depthBudget": int}`` in ``session/new``, sent when a depth budget applies.
+``subagent serve`` honours it, so a depth limit holds across the process boundary too."""
 
 
 def freeze_json(value: Any) -> Any:

@@ -32,10 +32,11 @@ from subagent.acp.errors import RequestError
 from subagent.acp.handlers import PermissionQuestion
 from subagent.cli import main
 from subagent.providers.acp import AcpProvider, AcpRun
+from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import FunctionTool, Reply, ScriptedLlm, When, call
 from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS
 from subagent.serve import ServedAgent
-from subagent.types import Usage
+from subagent.types import LINEAGE_META_KEY, Usage
 from tests.leaks import assert_no_leaks
 
 pytestmark = pytest.mark.anyio
@@ -175,6 +176,35 @@ async def test_each_session_gets_its_own_agent_whose_id_is_the_session_id(tmp_pa
         agent = handler.sessions[first.session_id].agent
         assert agent.id == first.session_id
         assert [tool.spec.name for tool in agent.tools] == ["subagent"]
+
+
+async def test_a_depth_budget_from_the_clients_chain_limits_the_sessions_delegation(tmp_path: Path) -> None:
+    async with served(ScriptedLlm()) as (handler, client):
+        with anyio.fail_after(WAIT):
+            exhausted = await client.new_session(tmp_path, meta={LINEAGE_META_KEY: {"depthBudget": 0}})
+            two_more = await client.new_session(tmp_path, meta={LINEAGE_META_KEY: {"depthBudget": 2}})
+            unlimited = await client.new_session(tmp_path)
+        # Budget 0: no level below this session, so its agent is not offered the tool at all.
+        assert [tool.spec.name for tool in handler.sessions[exhausted.session_id].agent.tools] == []
+        assert handler.sessions[exhausted.session_id].subagent_tool is None
+        # Budget 2: its children may start at most 1 level below them.
+        (capped,) = handler.sessions[two_more.session_id].agent.tools
+        assert capped.spec.description.endswith(
+            "Here a subagent may start at most 1 level(s) of subagents below itself: "
+            "`depth_limit` is at most 1, and 1 when left out."
+        )
+        (free,) = handler.sessions[unlimited.session_id].agent.tools
+        assert "Here a subagent may start" not in free.spec.description
+
+
+async def test_a_malformed_depth_budget_is_ignored_with_a_warning(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with served(ScriptedLlm()) as (handler, client):
+        with anyio.fail_after(WAIT):
+            session = await client.new_session(tmp_path, meta={LINEAGE_META_KEY: {"depthBudget": -1}})
+        assert [tool.spec.name for tool in handler.sessions[session.session_id].agent.tools] == ["subagent"]
+    assert f"ignoring a malformed {LINEAGE_META_KEY} in session/new: {{'depthBudget': -1}}" in caplog.text
 
 
 async def test_a_relative_cwd_is_refused_with_invalid_params() -> None:
@@ -806,6 +836,37 @@ async def test_the_acp_provider_drives_subagent_serve_which_delegates_to_a_spawn
             raw_input={"provider": "spawn", "prompt": CHILD_PROMPT},
         ),
         schema.ToolCallProgress(tool_call_id="call-delegate", status="completed", content=content("42")),
+    ]
+
+
+@pytest.mark.subprocess
+async def test_a_depth_limit_holds_across_the_process_boundary_into_subagent_serve(tmp_path: Path) -> None:
+    # The served agent's parent run may start one level below itself and no more: the served agent
+    # may start no subagent, so the tool its scripted model calls is not there, and no child is
+    # spawned in the served process.
+    provider = AcpProvider([*SERVE, "--script", str(FIXTURE)], cwd=tmp_path)
+    async with assert_no_leaks(), SubagentService() as service:
+        service.register_provider(provider)
+        service.register_provider(SpawnProvider(llm=ScriptedLlm(["parent done"])))
+        parent = service.start("spawn", SubagentRequest(prompt="parent", depth_limit=1))
+        request = SubagentRequest(prompt=USER_PROMPT, parent_id=parent.id)
+        async with parent, service.start(provider.name, request) as run:
+            assert run.request.lineage is not None
+            assert (run.request.lineage.depth, run.request.lineage.depth_budget) == (2, 0)
+            with anyio.fail_after(PROCESS_WAIT):
+                result = await run.result()
+            acp_run = run.provider_run
+            assert isinstance(acp_run, AcpRun)
+    assert result.stop_reason == "completed"
+    assert tool_updates(acp_run.updates) == [
+        schema.ToolCall(
+            tool_call_id="call-delegate",
+            title=DELEGATION_TITLE,
+            kind="other",
+            status="failed",
+            content=content("error: there is no tool named 'subagent' (available: none)"),
+            raw_input={"provider": "spawn", "prompt": CHILD_PROMPT},
+        )
     ]
 
 

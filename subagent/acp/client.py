@@ -466,14 +466,21 @@ class AcpClient:
         await self._call(schema.AUTHENTICATE, schema.AuthenticateRequest(method_id=method_id))
 
     async def new_session(
-        self, cwd: str | os.PathLike[str], *, mcp_servers: Sequence[schema.McpServer] = ()
+        self,
+        cwd: str | os.PathLike[str],
+        *,
+        mcp_servers: Sequence[schema.McpServer] = (),
+        meta: Mapping[str, Any] | None = None,
     ) -> ClientSession:
-        """Open a new session rooted at ``cwd`` (made absolute).
+        """Open a new session rooted at ``cwd`` (made absolute). ``meta`` goes out as the request's
+        ``_meta`` (ACP's extension point: agents ignore keys they do not know).
 
         Raises:
             AuthenticationRequiredError: the agent wants ``authenticate`` first.
         """
-        request = schema.NewSessionRequest(cwd=_absolute(cwd), mcp_servers=list(mcp_servers))
+        request = schema.NewSessionRequest(
+            cwd=_absolute(cwd), mcp_servers=list(mcp_servers), meta=None if meta is None else dict(meta)
+        )
         raw = await self._call_authenticated(schema.SESSION_NEW, request)
         response = schema.decode(raw, type=schema.NewSessionResponse)
         session = self._sessions.setdefault(response.session_id, ClientSession(self, response.session_id))

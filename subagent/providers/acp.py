@@ -69,6 +69,7 @@ from subagent.acp.errors import AcpError, RequestError
 from subagent.acp.handlers import FsSandbox, PermissionCallback, PermissionPolicy
 from subagent.acp.process import AgentSpawnError, ExitInfo
 from subagent.types import (
+    LINEAGE_META_KEY,
     ErrorCode,
     StopReason,
     SubagentCapabilities,
@@ -581,6 +582,13 @@ class AcpRun:
             async with self._turn_lock:
                 pass
 
+    def _session_meta(self) -> dict[str, Any] | None:
+        """The child's place in the chain, for an agent that can honour it (``subagent serve``)."""
+        lineage = self.request.lineage
+        if lineage is None or lineage.depth_budget is None:
+            return None
+        return {LINEAGE_META_KEY: {"depth": lineage.depth, "depthBudget": lineage.depth_budget}}
+
     async def _handshake(self, client: AcpClient, cwd: str) -> ClientSession | None:
         """initialize, session/new (authenticating once when demanded); None after a failure."""
         provider = self.provider
@@ -588,7 +596,7 @@ class AcpRun:
             with anyio.fail_after(provider.ready_timeout):
                 self.agent = await client.initialize()
                 try:
-                    session = await client.new_session(cwd)
+                    session = await client.new_session(cwd, meta=self._session_meta())
                 except AuthenticationRequiredError as exc:
                     if provider.auth_method is None:
                         raise
@@ -598,7 +606,7 @@ class AcpRun:
                         provider.auth_method,
                     )
                     await client.authenticate(provider.auth_method)
-                    session = await client.new_session(cwd)
+                    session = await client.new_session(cwd, meta=self._session_meta())
                     del exc
         except TimeoutError:
             self._fail_start(
