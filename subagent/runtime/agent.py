@@ -14,6 +14,7 @@ provider hands them on unchanged.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import json
 import logging
@@ -59,6 +60,16 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_MODEL_CALLS = 32
 """Model calls one turn may make before it stops with ``max_turns``: a model that keeps calling
 tools forever costs money and never answers."""
+
+
+_TURNS_IN_FLIGHT: contextvars.ContextVar[tuple[Agent, ...]] = contextvars.ContextVar(
+    "subagent_runtime_turns_in_flight", default=()
+)
+"""The agents whose turn the current code runs inside (its tools and approver inherit it): closing
+one of them from there must not wait for that turn to end, which waits for the caller."""
+
+_UNFINISHED = "error: the turn ended before this call finished"
+"""The result of a tool call the turn ended before: chat APIs refuse a call without a result."""
 
 
 class AgentClosedError(RuntimeError):
@@ -362,42 +373,60 @@ class Agent:
         async with self._turn_lock:
             if self._closed:
                 raise AgentClosedError(f"agent {self.id!r} is closed")
-            scope = anyio.CancelScope()
-            self._turn_scope = scope
-            timed_out = False
-            usage = _UsageSum()
-            outcome: SubagentResult | None = None
+            inside = _TURNS_IN_FLIGHT.set((*_TURNS_IN_FLIGHT.get(), self))
             try:
-                with scope:
-                    async with anyio.create_task_group() as task_group:
-                        if idle_timeout is not None:
-
-                            async def on_idle() -> None:
-                                nonlocal timed_out
-                                timed_out = True
-                                scope.cancel()
-
-                            task_group.start_soon(self._watch_idle, idle_timeout, on_idle)
-                        outcome = await self._turn(prompt, output_schema, usage)
-                        task_group.cancel_scope.cancel()
+                return await self._run_turn_locked(prompt, output_schema, idle_timeout)
             finally:
-                self._turn_scope = None
-                self._close_dangling_calls()
-                self._completed_end = len(self._log)
-                if not self._closed:
-                    self._deliver_pending()
-            if outcome is None:
-                reason: StopReason = "timeout" if timed_out else "cancelled"
-                return SubagentResult(
-                    output=self._partial_output(),
-                    stop_reason=reason,
-                    error=f"no sign of life from the model or a tool for {idle_timeout:g} s"
-                    if timed_out and idle_timeout is not None
-                    else None,
-                    usage=usage.total(),
-                )
-            outcome.usage = usage.total()
-            return outcome
+                _TURNS_IN_FLIGHT.reset(inside)
+
+    async def _run_turn_locked(
+        self, prompt: str, output_schema: Any, idle_timeout: float | None
+    ) -> SubagentResult:
+        """The turn itself, with the turn lock held."""
+        scope = anyio.CancelScope()
+        self._turn_scope = scope
+        timed_out = False
+        usage = _UsageSum()
+        outcome: SubagentResult | None = None
+        failure: Exception | None = None
+        try:
+            with scope:
+                async with anyio.create_task_group() as task_group:
+                    if idle_timeout is not None:
+
+                        async def on_idle() -> None:
+                            nonlocal timed_out
+                            timed_out = True
+                            scope.cancel()
+
+                        task_group.start_soon(self._watch_idle, idle_timeout, on_idle)
+                    try:
+                        outcome = await self._turn(prompt, output_schema, usage)
+                    except Exception as exc:
+                        # A bug (an adapter raising something other than LlmError): re-raised
+                        # below as itself, not wrapped in the task group's ExceptionGroup.
+                        failure = exc
+                    task_group.cancel_scope.cancel()
+        finally:
+            self._turn_scope = None
+            self._close_dangling_calls()
+            self._completed_end = len(self._log)
+            if not self._closed:
+                self._deliver_pending()
+        if failure is not None:
+            raise failure
+        if outcome is None:
+            reason: StopReason = "timeout" if timed_out else "cancelled"
+            return SubagentResult(
+                output=self._partial_output(),
+                stop_reason=reason,
+                error=f"no sign of life from the model or a tool for {idle_timeout:g} s"
+                if timed_out and idle_timeout is not None
+                else None,
+                usage=usage.total(),
+            )
+        outcome.usage = usage.total()
+        return outcome
 
     async def _turn(self, prompt: str, output_schema: Any, usage: _UsageSum) -> SubagentResult:
         self._turn_start = len(self._log)
@@ -430,6 +459,9 @@ class Agent:
     async def _loop(self, wanted: Any, usage: _UsageSum) -> SubagentResult:
         calls = 0
         while True:
+            # A turn cancelled by code that did not yield since (a tool calling cancel() or close())
+            # ends here rather than start one more model call.
+            await anyio.lowlevel.checkpoint_if_cancelled()
             self._deliver_pending()  # an idle point: before each model call
             if calls >= self.max_model_calls:
                 return SubagentResult(
@@ -494,19 +526,22 @@ class Agent:
         async def run_one(index: int, call: ToolCall) -> None:
             outputs[index] = await self._run_tool_call(call)
 
-        if len(calls) == 1:
-            await run_one(0, calls[0])
-        else:
-            # Independent calls run together (several subagents at once); results keep call order.
-            async with anyio.create_task_group() as task_group:
-                for index, call in enumerate(calls):
-                    task_group.start_soon(run_one, index, call)
-        for call, produced in zip(calls, outputs, strict=True):
-            assert produced is not None
-            output, is_error = produced
-            self._log.append(Message.tool_result(call, output))
-            self._emit(ToolCallFinished(call, output, is_error))
-        self._touch()
+        try:
+            if len(calls) == 1:
+                await run_one(0, calls[0])
+            else:
+                # Independent calls run together (several subagents at once); results keep call order.
+                async with anyio.create_task_group() as task_group:
+                    for index, call in enumerate(calls):
+                        task_group.start_soon(run_one, index, call)
+        finally:
+            # Also when the turn is cut short: a call that finished keeps its real result (its work
+            # is done, and the model must not be told otherwise); a call cut short says so.
+            for call, produced in zip(calls, outputs, strict=True):
+                output, is_error = produced if produced is not None else (_UNFINISHED, True)
+                self._log.append(Message.tool_result(call, output))
+                self._emit(ToolCallFinished(call, output, is_error))
+            self._touch()
 
     async def _run_tool_call(self, call: ToolCall) -> tuple[str, bool]:
         self._update_count += 1
@@ -557,7 +592,11 @@ class Agent:
 
     async def close(self, reason: str = "the agent was closed before its next idle point") -> None:
         """Stop: cancel the turn in flight, refuse queued messages with ``reason``, leave the
-        registry. Idempotent; returns once no turn is running."""
+        registry. Idempotent; returns once no turn is running.
+
+        Called from inside the agent's own turn (one of its tools, its approver), it returns at once
+        instead: that turn cannot end before the caller returns, and ends ``cancelled`` when it does.
+        """
         if not self._closed:
             self._closed = True
             self.cancel()
@@ -568,6 +607,8 @@ class Agent:
                 self._emit(MessageRefused(pending.text, reason))
             if self._registry is not None:
                 self._registry._remove(self)
+        if self in _TURNS_IN_FLIGHT.get():
+            return
         # The turn lock is held for a turn's whole length: taking it means none is running.
         with anyio.CancelScope(shield=True):
             async with self._turn_lock:
@@ -598,16 +639,16 @@ class Agent:
         for message in self._log[self._turn_start :]:
             for call in message.tool_calls:
                 if call.id not in answered:
-                    unfinished = "error: the turn ended before this call finished"
-                    self._log.append(Message.tool_result(call, unfinished))
+                    self._log.append(Message.tool_result(call, _UNFINISHED))
                     answered.add(call.id)
 
     async def _watch_idle(self, timeout: float, on_idle: Callable[[], Any]) -> None:
         while True:
             if self._pending_approvals:
-                # Waiting on a person is not silence: check again later, from a fresh clock.
+                # Waiting on a person is not silence: check again later. The approval's end restarts
+                # the clock (``_approve`` touches); touching here too would stretch the silence
+                # allowed after it by up to one polling interval.
                 await anyio.sleep(min(timeout, 0.5))
-                self._touch()
                 continue
             since = self._last_activity if self._last_activity is not None else time.monotonic()
             remaining = since + timeout - time.monotonic()
@@ -621,9 +662,14 @@ def _argument_problem(tool: Tool, arguments: Any) -> str | None:
     schema = thaw_json(tool.spec.parameters)
     try:
         validator_class = jsonschema.validators.validator_for(schema)
+        # Validators do not check their schema themselves: an invalid one raises anything, or nothing.
+        validator_class.check_schema(schema)
         error = jsonschema.exceptions.best_match(validator_class(schema).iter_errors(arguments))
     except jsonschema.exceptions.SchemaError as exc:
         return f"the tool's own argument schema is invalid ({exc.message})"
+    except Exception as exc:
+        # A schema valid against its metaschema can still fail to apply: a $ref pointing nowhere.
+        return f"the tool's own argument schema cannot be applied ({exc})"
     if error is None:
         return None
     where = "/".join(str(part) for part in error.absolute_path) or "the top level"

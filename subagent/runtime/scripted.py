@@ -16,6 +16,7 @@ llm = ScriptedLlm([
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import re
@@ -23,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import msgspec
@@ -144,7 +145,7 @@ class ScriptedLlm:
         return self._used.count(False)
 
     @classmethod
-    def from_json(cls, data: bytes | str | Sequence[Any]) -> ScriptedLlm:
+    def from_json(cls, data: bytes | str | Sequence[Any] | Mapping[str, Any]) -> ScriptedLlm:
         """A script from JSON: a list of replies, each a string or an object with ``text``,
         ``tool_calls`` (``[{"name", "arguments", "id"?}]``), ``finish_reason``, ``usage``
         (``input_tokens``...), ``error`` (a message: the call fails), ``when``
@@ -166,7 +167,7 @@ class ScriptedLlm:
             if raw.get("fallback") is not None:
                 fallback = _reply_from_json(raw["fallback"], "fallback")
             raw = raw.get("replies", [])
-        if not isinstance(raw, list):
+        if not isinstance(raw, list | tuple):
             raise ValueError("a script is a list of replies, or an object with `replies`")
         replies = [_reply_from_json(item, f"reply {index}") for index, item in enumerate(raw)]
         return cls(replies, fallback=fallback)
@@ -241,33 +242,72 @@ def _reply_from_json(item: Any, where: str) -> Reply:
     text = item.get("text", "")
     if not isinstance(text, str):
         raise ValueError(f"{where}: `text` must be a string")
+    raw_calls = item.get("tool_calls")
+    if raw_calls is None:
+        raw_calls = []
+    if not isinstance(raw_calls, list | tuple):
+        raise ValueError(f"{where}: `tool_calls` must be a list")
     calls = []
-    for position, raw_call in enumerate(item.get("tool_calls") or []):
+    for position, raw_call in enumerate(raw_calls):
         if not isinstance(raw_call, Mapping) or not isinstance(raw_call.get("name"), str):
             raise ValueError(f"{where}: tool call {position} needs a string `name`")
         arguments = raw_call.get("arguments", {})
         if not isinstance(arguments, Mapping | str):
             raise ValueError(f"{where}: tool call {position}: `arguments` must be an object or a string")
-        calls.append(call(raw_call["name"], arguments, id=raw_call.get("id")))
+        call_id = raw_call.get("id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise ValueError(f"{where}: tool call {position}: `id` must be a string")
+        calls.append(call(raw_call["name"], arguments, id=call_id))
     finish = item.get("finish_reason")
-    if finish is not None and finish not in _FINISH_REASONS:
+    if finish is not None and (not isinstance(finish, str) or finish not in _FINISH_REASONS):
         raise ValueError(f"{where}: `finish_reason` must be one of {', '.join(sorted(_FINISH_REASONS))}")
     usage = None
     if item.get("usage") is not None:
-        try:
-            usage = Usage(**item["usage"])
-        except TypeError as exc:
-            raise ValueError(f"{where}: bad `usage`: {exc}") from exc
+        usage = _usage_from_json(item["usage"], where)
     error = None
     if item.get("error") is not None:
-        error = LlmError(LlmErrorKind.SCRIPT, str(item["error"]))
+        if not isinstance(item["error"], str):
+            raise ValueError(f"{where}: `error` must be a string (the failure's message)")
+        error = LlmError(LlmErrorKind.SCRIPT, item["error"])
     when = None
     if item.get("when") is not None:
-        try:
-            when = When(**item["when"])
-        except TypeError as exc:
-            raise ValueError(f"{where}: bad `when`: {exc}") from exc
+        when = _when_from_json(item["when"], where)
     chunk = item.get("chunk")
-    if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+    if chunk is not None and (not _is_whole_number(chunk) or chunk < 1):
         raise ValueError(f"{where}: `chunk` must be a whole number >= 1")
-    return Reply(text, tuple(calls), finish, usage, error, chunk, None, when)
+    return Reply(text, tuple(calls), cast(FinishReason | None, finish), usage, error, chunk, None, when)
+
+
+def _is_whole_number(value: Any) -> bool:
+    # JSON true and false decode to bool, a subclass of int: not a count.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_USAGE_KEYS = tuple(field.name for field in dataclasses.fields(Usage))
+_WHEN_TEXT_KEYS = ("last_user_contains", "system_contains", "has_tool")
+
+
+def _usage_from_json(raw: Any, where: str) -> Usage:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: bad `usage`: it must be an object")
+    unknown = set(raw) - set(_USAGE_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: bad `usage`: unknown keys {', '.join(sorted(unknown))}")
+    for key, value in raw.items():
+        if value is not None and not _is_whole_number(value):
+            raise ValueError(f"{where}: bad `usage`: `{key}` must be a whole number")
+    return Usage(**raw)
+
+
+def _when_from_json(raw: Any, where: str) -> When:
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: bad `when`: it must be an object")
+    unknown = set(raw) - {*_WHEN_TEXT_KEYS, "after_tool_result"}
+    if unknown:
+        raise ValueError(f"{where}: bad `when`: unknown keys {', '.join(sorted(unknown))}")
+    for key in _WHEN_TEXT_KEYS:
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise ValueError(f"{where}: bad `when`: `{key}` must be a string")
+    if raw.get("after_tool_result") is not None and not isinstance(raw["after_tool_result"], bool):
+        raise ValueError(f"{where}: bad `when`: `after_tool_result` must be true or false")
+    return When(**raw)
