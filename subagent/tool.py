@@ -31,13 +31,16 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Self
 
+import anyio
+
 from subagent.runtime.messages import ToolSpec
 from subagent.runtime.tools import ToolError, ToolInvocation
-from subagent.service import SubagentService
+from subagent.service import ServiceRun, SubagentService
 from subagent.types import (
     START_TIME_FEATURES,
     Disposer,
     ErrorCode,
+    ObservableRun,
     ProviderSnapshot,
     StartTimeFeature,
     StopReason,
@@ -283,6 +286,44 @@ class SubagentToolResult:
         }
 
 
+ACTIVITY_POLL_INTERVAL = 0.25
+"""Seconds between two looks at a child's liveness for ``execute(on_activity=...)``: short against
+any inactivity timeout worth setting, and an attribute read costs nothing."""
+
+
+async def _result_reporting_activity(run: ServiceRun, on_activity: Callable[[], object]) -> SubagentResult:
+    """``run.result()``, calling ``on_activity`` whenever the child showed a sign of life since the last
+    look (a provider run that cannot say is taken as silent: the caller's clock runs)."""
+    provider_run = run.provider_run
+    if not isinstance(provider_run, ObservableRun):
+        return await run.result()
+    observable = provider_run
+
+    async def watch() -> None:
+        seen = observable.last_activity
+        while True:
+            await anyio.sleep(ACTIVITY_POLL_INTERVAL)
+            latest = observable.last_activity
+            # Waiting on a permission answer is not silence either.
+            if latest != seen or observable.pending_permissions:
+                seen = latest
+                on_activity()
+
+    outcome: SubagentResult | Exception | None = None
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(watch)
+        try:
+            outcome = await run.result()
+        except Exception as exc:
+            outcome = exc  # raised below as itself, not inside the task group's ExceptionGroup
+        finally:
+            task_group.cancel_scope.cancel()
+    if isinstance(outcome, Exception):
+        raise outcome
+    assert outcome is not None
+    return outcome
+
+
 def _invalid(problems: Sequence[str]) -> SubagentToolResult:
     lines = "\n".join(f"- {problem}" for problem in problems)
     return SubagentToolResult(is_error=True, error=f"invalid arguments, no subagent was started:\n{lines}")
@@ -487,12 +528,19 @@ class SubagentTool:
     # -- execution ---------------------------------------------------------------------------------
 
     async def execute(
-        self, arguments: Mapping[str, Any] | str | bytes, *, parent_id: str | None = None
+        self,
+        arguments: Mapping[str, Any] | str | bytes,
+        *,
+        parent_id: str | None = None,
+        on_activity: Callable[[], object] | None = None,
     ) -> SubagentToolResult:
         """Run one call of the tool, with ``arguments`` as the model produced them.
 
         ``parent_id`` overrides the tool's own for this call: one tool shared by several agents
         passes the calling agent's id, so the seam counts depth along the right chain.
+        ``on_activity`` is called (at most every ``ACTIVITY_POLL_INTERVAL`` seconds) while the child
+        shows signs of life, for a caller whose own inactivity clock must not run while its child
+        works: an agent's turn waiting on this call.
 
         ``arguments`` is the decoded JSON object, or its JSON text. Bad input from the model (not an
         object, missing or empty ``prompt``, an unknown provider, a wrong type, an unknown parameter,
@@ -524,7 +572,10 @@ class SubagentTool:
                     exc, lead="the subagent could not be started", provider=provider, run_id=run.id
                 )
             try:
-                result = await run.result()
+                if on_activity is None:
+                    result = await run.result()
+                else:
+                    result = await _result_reporting_activity(run, on_activity)
             except SubagentError as exc:
                 return _seam_failure(exc, lead="the subagent run failed", provider=provider, run_id=run.id)
         return self._map_result(result, request, provider=provider, run_id=run.id)
@@ -774,7 +825,10 @@ class AgentSubagentTool:
                 its message is what the model reads.
         """
         arguments = thaw_json(invocation.arguments)
-        result = await self.subagent_tool.execute(arguments, parent_id=invocation.agent.id)
+        # The calling agent's inactivity clock must not run out while its child is busy.
+        result = await self.subagent_tool.execute(
+            arguments, parent_id=invocation.agent.id, on_activity=invocation.agent.touch
+        )
         text = result.render()
         if result.is_error:
             # Raised, so the agent reports a failed call to its listeners; it words the error itself.

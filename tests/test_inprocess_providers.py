@@ -1100,3 +1100,71 @@ async def test_the_subagent_tool_starts_a_spawned_child_as_the_calling_agents_ch
     assert root.messages[-2].content == '{"files": 2}'
     assert [(end.id, end.stop_reason) for end in ends] == [(info.id, "completed")]
     assert agents.list() == ["root"]  # the tool disposed the child
+
+
+# -- a parent's inactivity clock while its child works ------------------------------------------------------
+
+
+def _ticking_child_model(ticks: int) -> ScriptedLlm:
+    """The child calls `tick` `ticks` times, one call per answer, then says "done"; the parent
+    delegates first and then reports what its child said."""
+
+    def answer(request: CompletionRequest) -> Reply:
+        last_user = next(m.content for m in reversed(request.messages) if m.role == "user")
+        if last_user == "work slowly":
+            done = sum(1 for m in request.messages if m.role == "tool")
+            return Reply(tool_calls=[call("tick")]) if done < ticks else Reply("done")
+        if request.messages[-1].role == "tool":
+            return Reply(f"child said: {request.messages[-1].content}")
+        return Reply(tool_calls=[call("subagent", {"provider": "spawn", "prompt": "work slowly"})])
+
+    return ScriptedLlm(answer)
+
+
+async def _tick(_arguments: Any) -> str:
+    await anyio.sleep(0.05)  # the work being simulated, not a wait for an event
+    return "tick"
+
+
+async def test_a_parent_waiting_on_a_busy_child_does_not_time_out_while_the_child_works() -> None:
+    agents = AgentRegistry()
+    llm = _ticking_child_model(ticks=20)  # about 1 s of work, with a sign of life every 0.05 s
+    tick = FunctionTool("tick", "Do a little work.", NO_ARGUMENTS, _tick)
+    ticked: list[str] = []
+    async with open_service(SpawnProvider(llm=llm, agents=agents)) as service:
+        with SubagentTool(service) as tool:
+            # The child inherits its parent's tools, `tick` among them.
+            parent = Agent(llm=llm, id="root", tools=[tool.for_agents(), tick], registry=agents)
+
+            def watch_child(info: SubagentRunInfo) -> None:
+                child = agents.get(info.id)
+                assert child is not None
+                child.on_event(
+                    lambda event: ticked.append(event.output) if isinstance(event, ToolCallFinished) else None
+                )
+
+            service.events.on("subagent/start", watch_child)
+            with bounded():
+                result = await parent.run_turn("delegate", idle_timeout=0.5)
+            await parent.close()
+    assert (result.stop_reason, result.output) == ("completed", "child said: done")
+    assert ticked == ["tick"] * 20
+
+
+async def test_a_parent_whose_child_falls_silent_times_out_and_the_child_is_disposed() -> None:
+    agents = AgentRegistry()
+    hold = Hold()
+    child_model = ScriptedLlm([Reply("never sent", wait=hold)])
+    parent_model = ScriptedLlm(
+        [Reply(tool_calls=[call("subagent", {"provider": "spawn", "prompt": "hang"})])]
+    )
+    async with open_service(SpawnProvider(llm=child_model, agents=agents)) as service:
+        with SubagentTool(service) as tool:
+            parent = Agent(llm=parent_model, id="root", tools=[tool.for_agents()], registry=agents)
+            with bounded():
+                result = await parent.run_turn("delegate", idle_timeout=0.3)
+            await parent.close()
+        assert agents.list() == []  # the silent child was disposed with the parent's turn
+    assert hold.reached.is_set()
+    assert result.stop_reason == "timeout"
+    assert result.error == "no sign of life from the model or a tool for 0.3 s"

@@ -614,6 +614,11 @@ class Agent:
             async with self._turn_lock:
                 pass
 
+    def touch(self) -> None:
+        """Record a sign of life now. A tool that works for long (one waiting on a subagent that is
+        busy) calls it while it makes progress, so the turn's ``idle_timeout`` counts real silence."""
+        self._touch()
+
     # -- internals ----------------------------------------------------------------------------------
 
     def _touch(self) -> None:
