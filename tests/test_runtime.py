@@ -585,10 +585,26 @@ async def test_a_stream_ending_without_a_completion_is_a_protocol_error() -> Non
     with anyio.fail_after(WAIT):
         result = await agent.run_turn("Answer.")
     assert result == SubagentResult(
-        output="",
+        output="half an answer",  # streamed to listeners already: the partial output says it too
         stop_reason="error",
         error="the model call failed (protocol): the adapter's stream ended without a completion",
     )
+
+
+async def test_text_streamed_before_a_failed_model_call_is_the_partial_output_but_not_in_the_log() -> (
+    None
+):
+    llm = ScriptedLlm([Reply("Half of the answer", error=LlmError(LlmErrorKind.CONNECTION, "dropped"))])
+    agent = Agent(llm=llm)
+    with anyio.fail_after(WAIT):
+        result = await agent.run_turn("Answer.")
+    assert result == SubagentResult(
+        output="Half of the answer",
+        stop_reason="error",
+        error="the model call failed (connection): dropped",
+    )
+    # The log stays one a chat API accepts: no assistant message was completed.
+    assert agent.messages == (Message.user("Answer."),)
 
 
 class ClosingAdapter:

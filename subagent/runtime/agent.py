@@ -245,6 +245,7 @@ class Agent:
         self._log.extend(history)
         self._completed_end = len(self._log)
         self._turn_start = len(self._log)
+        self._streamed: list[str] = []  # text deltas of the model call in flight
         self._inbox: deque[PendingMessage] = deque()
         self._listeners: dict[int, Callable[[AgentEvent], object]] = {}
         self._next_listener = 0
@@ -499,14 +500,18 @@ class Agent:
             response_schema=wanted,
         )
         completion: Completion | None = None
+        self._streamed = []
         stream = self.llm.stream(request)
         try:
             async for event in stream:
                 self._touch()
                 if isinstance(event, Completion):
                     completion = event
+                    self._streamed = []  # the answer is in the log now, whole
                     break
                 self._update_count += 1
+                if isinstance(event, TextDelta):
+                    self._streamed.append(event.text)
                 self._emit(event)
         finally:
             # Closed at once on every exit, so an abandoned completion releases its connection.
@@ -632,6 +637,9 @@ class Agent:
                 logger.exception("agent %s: an event listener raised", self.id)
 
     def _partial_output(self) -> str:
+        # Text of an answer cut short (listeners already saw it stream) is the latest the model said.
+        if self._streamed:
+            return "".join(self._streamed)
         for message in reversed(self._log[self._turn_start :]):
             if message.role == "assistant":
                 return message.content
