@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import anyio
-import jsonschema
 
 from subagent import _structured
 from subagent.runtime.llm import LlmAdapter, LlmError, LlmErrorKind
@@ -672,6 +671,8 @@ class Agent:
 
 
 def _argument_problem(tool: Tool, arguments: Any) -> str | None:
+    import jsonschema  # on first use: ~80 ms that importing the runtime (and the CLI) need not pay
+
     schema = thaw_json(tool.spec.parameters)
     try:
         validator_class = jsonschema.validators.validator_for(schema)
