@@ -8,13 +8,16 @@ matches the caller's JSON Schema; one repair turn is asked for before giving up.
 from __future__ import annotations
 
 import json
+import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from subagent.types import thaw_json
+from subagent.types import SubagentResult, thaw_json
 
-__all__ = ["ask_for_json", "check_schema", "parse_and_validate", "repair_request"]
+__all__ = ["accept_or_repair", "ask_for_json", "check_schema", "parse_and_validate", "repair_request"]
+
+logger = logging.getLogger(__name__)
 
 
 def check_schema(output_schema: Mapping[str, Any]) -> None:
@@ -61,3 +64,37 @@ def parse_and_validate(text: str, wanted: Mapping[str, Any]) -> tuple[Any, str |
         where = "/".join(str(part) for part in error.absolute_path) or "the top level"
         return None, f"at {where}: {error.message}"
     return value, None
+
+
+async def accept_or_repair(
+    result: SubagentResult,
+    wanted: Mapping[str, Any],
+    repair_turn: Callable[[str], Awaitable[SubagentResult]],
+    *,
+    who: str,
+) -> SubagentResult:
+    """``result`` with its validated ``structured`` value; else the outcome of one repair turn
+    (``repair_turn(message)``) validated the same way; else an ``error`` result saying what is wrong.
+
+    A result that did not complete is returned as it is: there is no answer to validate.
+    """
+    if result.stop_reason != "completed":
+        return result
+    value, problem = parse_and_validate(result.output, wanted)
+    if problem is None:
+        result.structured = value
+        return result
+    logger.info("%s: the answer does not match the output schema (%s); one repair turn", who, problem)
+    repaired = await repair_turn(repair_request(problem, wanted))
+    if repaired.stop_reason != "completed":
+        return repaired
+    value, problem = parse_and_validate(repaired.output, wanted)
+    if problem is None:
+        repaired.structured = value
+        return repaired
+    return SubagentResult(
+        output=repaired.output,
+        stop_reason="error",
+        error=f"the answer does not match the output schema after one repair turn: {problem}",
+        usage=repaired.usage,
+    )

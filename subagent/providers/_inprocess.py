@@ -52,11 +52,13 @@ class InProcessProvider:
     :class:`~subagent.providers.fork.ForkProvider`; see those for the arguments."""
 
     inherits_parent_context: bool = False
+    default_name: str = "in-process"
+    """The name a provider of this class registers under unless given another."""
 
     def __init__(
         self,
         *,
-        name: str,
+        name: str | None = None,
         llm: LlmAdapter | str | None = None,
         llm_service: LlmService | None = None,
         agents: AgentRegistry | None = None,
@@ -69,7 +71,7 @@ class InProcessProvider:
             raise ValueError(f"llm={llm!r} names an adapter, so an llm_service to look it up in is needed")
         if max_model_calls < 1:
             raise ValueError(f"max_model_calls must be >= 1, got {max_model_calls}")
-        self.name = name
+        self.name = name or self.default_name
         self.capabilities = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True)
         self.llm = llm
         self.llm_service = llm_service

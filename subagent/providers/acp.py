@@ -638,7 +638,12 @@ class AcpRun:
             result = await self._one_turn(session, text)
             if schema_wanted is None or result.stop_reason != "completed":
                 return result
-            return await self._validate_structured(session, result, schema_wanted)
+            return await _structured.accept_or_repair(
+                result,
+                schema_wanted,
+                lambda repair: self._one_turn(session, repair),
+                who=f"agent `{self.command_line}`",
+            )
 
     async def _one_turn(self, session: ClientSession, text: str) -> SubagentResult:
         if self._disposing:
@@ -707,32 +712,6 @@ class AcpRun:
             if stop == "timeout" and timeout is not None
             else None,
             usage=_usage(turn.usage),
-        )
-
-    async def _validate_structured(
-        self, session: ClientSession, result: SubagentResult, wanted: Mapping[str, Any]
-    ) -> SubagentResult:
-        value, problem = _structured.parse_and_validate(result.output, wanted)
-        if problem is None:
-            result.structured = value
-            return result
-        logger.info(
-            "agent `%s`: answer is not valid JSON for the schema (%s); one repair turn",
-            self.command_line,
-            problem,
-        )
-        repaired = await self._one_turn(session, _structured.repair_request(problem, wanted))
-        if repaired.stop_reason != "completed":
-            return repaired
-        value, problem = _structured.parse_and_validate(repaired.output, wanted)
-        if problem is None:
-            repaired.structured = value
-            return repaired
-        return SubagentResult(
-            output=repaired.output,
-            stop_reason="error",
-            error=f"the answer does not match the output schema after one repair turn: {problem}",
-            usage=repaired.usage,
         )
 
     # -- bookkeeping ---------------------------------------------------------------------------------

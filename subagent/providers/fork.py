@@ -33,6 +33,7 @@ class ForkProvider(InProcessProvider):
     """
 
     inherits_parent_context = True
+    default_name = "fork"
 
     def __init__(
         self,

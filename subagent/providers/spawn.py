@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from subagent.providers._inprocess import InProcessProvider, InProcessRun
-from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS, AgentRegistry
-from subagent.runtime.llm import LlmAdapter, LlmService
-from subagent.runtime.tools import Approver, Tool
 
 __all__ = ["InProcessRun", "SpawnProvider"]
 
@@ -26,32 +21,11 @@ class SpawnProvider(InProcessProvider):
         approver: decides on the child's calls of tools that need approval; None inherits the
             parent's (and without any, such calls are refused).
         max_model_calls: model calls one turn may make before it ends with ``max_turns``.
+        name: the name it registers under (default ``"spawn"``).
 
     Every start-time feature is supported: ``output_schema`` (asked for, validated, repaired once),
     ``depth_limit`` (counted by the service), ``tool_filter`` and ``persona``.
     """
 
     inherits_parent_context = False
-
-    def __init__(
-        self,
-        *,
-        llm: LlmAdapter | str | None = None,
-        llm_service: LlmService | None = None,
-        agents: AgentRegistry | None = None,
-        tools: Sequence[Tool] = (),
-        persona: str | None = None,
-        approver: Approver | None = None,
-        max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
-        name: str = "spawn",
-    ) -> None:
-        super().__init__(
-            name=name,
-            llm=llm,
-            llm_service=llm_service,
-            agents=agents,
-            tools=tools,
-            persona=persona,
-            approver=approver,
-            max_model_calls=max_model_calls,
-        )
+    default_name = "spawn"

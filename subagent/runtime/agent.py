@@ -435,26 +435,14 @@ class Agent:
         text = prompt if wanted is None else _structured.ask_for_json(prompt, wanted)
         self._log.append(Message.user(text))
         result = await self._loop(wanted, usage)
-        if wanted is None or result.stop_reason != "completed":
+        if wanted is None:
             return result
-        value, problem = _structured.parse_and_validate(result.output, wanted)
-        if problem is None:
-            result.structured = value
-            return result
-        logger.info("agent %s: answer does not match the output schema (%s); repairing", self.id, problem)
-        self._log.append(Message.user(_structured.repair_request(problem, wanted)))
-        repaired = await self._loop(wanted, usage)
-        if repaired.stop_reason != "completed":
-            return repaired
-        value, problem = _structured.parse_and_validate(repaired.output, wanted)
-        if problem is None:
-            repaired.structured = value
-            return repaired
-        return SubagentResult(
-            output=repaired.output,
-            stop_reason="error",
-            error=f"the answer does not match the output schema after one repair turn: {problem}",
-        )
+
+        async def repair_turn(repair: str) -> SubagentResult:
+            self._log.append(Message.user(repair))
+            return await self._loop(wanted, usage)
+
+        return await _structured.accept_or_repair(result, wanted, repair_turn, who=f"agent {self.id}")
 
     async def _loop(self, wanted: Any, usage: _UsageSum) -> SubagentResult:
         calls = 0
