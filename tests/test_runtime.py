@@ -591,9 +591,7 @@ async def test_a_stream_ending_without_a_completion_is_a_protocol_error() -> Non
     )
 
 
-async def test_text_streamed_before_a_failed_model_call_is_the_partial_output_but_not_in_the_log() -> (
-    None
-):
+async def test_text_streamed_before_a_failed_model_call_is_the_partial_output_but_not_in_the_log() -> None:
     llm = ScriptedLlm([Reply("Half of the answer", error=LlmError(LlmErrorKind.CONNECTION, "dropped"))])
     agent = Agent(llm=llm)
     with anyio.fail_after(WAIT):
@@ -801,6 +799,29 @@ async def test_a_message_arriving_during_a_final_answer_is_answered_before_the_t
     assert agent.completed_messages == (
         *llm.requests[1].messages,
         Message.assistant("Answer covering the note."),
+    )
+
+
+async def test_a_message_arriving_during_the_last_allowed_answer_waits_for_the_next_turn() -> None:
+    gate = Gate()
+    llm = ScriptedLlm([Reply("The only answer allowed.", wait=gate.wait)])
+    agent = Agent(llm=llm, max_model_calls=1)
+    results: list[SubagentResult] = []
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(run_into, results, agent, "Summarize.")
+            await gate.entered.wait()
+            pending = agent.send_message("Keep it short.")
+            gate.release.set()
+    # The model answered: that is the turn's outcome, not "max_turns"; the note is in the log for the
+    # next turn, after the turn it arrived in.
+    assert results == [SubagentResult("The only answer allowed.", "completed")]
+    assert len(llm.requests) == 1
+    assert pending.status == "delivered"
+    assert agent.messages == (
+        Message.user("Summarize."),
+        Message.assistant("The only answer allowed."),
+        Message.user("Keep it short."),
     )
 
 

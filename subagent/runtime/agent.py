@@ -450,13 +450,18 @@ class Agent:
             # A turn cancelled by code that did not yield since (a tool calling cancel() or close())
             # ends here rather than start one more model call.
             await anyio.lowlevel.checkpoint_if_cancelled()
-            self._deliver_pending()  # an idle point: before each model call
             if calls >= self.max_model_calls:
+                last = self._log[-1]
+                if last.role == "assistant" and not last.tool_calls:
+                    # It did answer; messages that arrived meanwhile wait for the next turn (they go
+                    # into the log as the turn ends) rather than turn the answer into a failure.
+                    return SubagentResult(output=last.content, stop_reason="completed")
                 return SubagentResult(
                     output=self._partial_output(),
                     stop_reason="max_turns",
                     error=f"the model asked for tools {calls} times in one turn without answering",
                 )
+            self._deliver_pending()  # an idle point: before each model call
             calls += 1
             try:
                 completion = await self._call_model(wanted)
