@@ -1128,7 +1128,7 @@ async def _tick(_arguments: Any) -> str:
 
 async def test_a_parent_waiting_on_a_busy_child_does_not_time_out_while_the_child_works() -> None:
     agents = AgentRegistry()
-    llm = _ticking_child_model(ticks=20)  # about 1 s of work, with a sign of life every 0.05 s
+    llm = _ticking_child_model(ticks=30)  # 1.5 s of work, a sign of life every 0.05 s
     tick = FunctionTool("tick", "Do a little work.", NO_ARGUMENTS, _tick)
     ticked: list[str] = []
     async with open_service(SpawnProvider(llm=llm, agents=agents)) as service:
@@ -1145,10 +1145,10 @@ async def test_a_parent_waiting_on_a_busy_child_does_not_time_out_while_the_chil
 
             service.events.on("subagent/start", watch_child)
             with bounded():
-                result = await parent.run_turn("delegate", idle_timeout=0.5)
+                result = await parent.run_turn("delegate", idle_timeout=1.0)
             await parent.close()
     assert (result.stop_reason, result.output) == ("completed", "child said: done")
-    assert ticked == ["tick"] * 20
+    assert ticked == ["tick"] * 30
 
 
 async def test_a_parent_whose_child_falls_silent_times_out_and_the_child_is_disposed() -> None:

@@ -1092,19 +1092,21 @@ async def test_time_spent_waiting_for_approval_does_not_count_toward_the_idle_ti
     assert len(tool.invocations) == 1
 
 
-async def test_the_idle_clock_restarts_when_the_approval_ends_and_not_later() -> None:
-    # Caught a bug: the watcher restarted the clock itself after each approval poll, so a tool
-    # silent after an approval got up to one poll interval more than the idle timeout.
-    timeout = 0.2
-    approved_at: list[float | None] = []
+async def test_the_idle_clock_stands_still_during_an_approval_and_restarts_when_it_ends() -> None:
+    # Caught a bug: the watcher restarted the clock itself after each look during an approval, so a
+    # tool silent after the approval got up to one look's interval more than the idle timeout.
+    timeout = 0.05
+    clock: list[tuple[float | None, float | None]] = []
     agent_box: list[Agent] = []
 
     async def person(invocation: ToolInvocation) -> bool:
-        await anyio.sleep(timeout + 0.03)  # ends just after the watcher's first look: the time under test
+        before = agent_box[0].last_activity
+        await anyio.sleep(timeout * 4)  # the person takes a while: the watcher looks several times
+        clock.append((before, agent_box[0].last_activity))
         return True
 
     async def silent(arguments: Mapping[str, Any]) -> str:
-        approved_at.append(agent_box[0].last_activity)
+        clock.append((None, agent_box[0].last_activity))
         await anyio.sleep_forever()
         return "never"
 
@@ -1113,11 +1115,12 @@ async def test_the_idle_clock_restarts_when_the_approval_ends_and_not_later() ->
     agent_box.append(agent)
     with anyio.fail_after(WAIT):
         result = await agent.run_turn("Work.", idle_timeout=timeout)
-    ended = time.monotonic()
     assert result.stop_reason == "timeout"
-    [start] = approved_at
-    assert start is not None
-    assert timeout <= ended - start < timeout + 0.1
+    [(asked_at, still_at), (_, approved_at)] = clock
+    assert asked_at is not None
+    assert approved_at is not None
+    assert still_at == asked_at  # nothing moved the clock while the person decided
+    assert approved_at > asked_at  # the answer itself is a sign of life: the clock restarts there
 
 
 # -- what can be observed -------------------------------------------------------------------------------
