@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 
 from subagent.runtime import (
@@ -847,6 +848,30 @@ async def test_a_second_turn_waits_for_the_first_to_end() -> None:
 
 
 # -- cancel and close -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 4, 5])
+async def test_cancel_reaches_a_turn_that_is_just_beginning(steps: int) -> None:
+    # Whatever the scheduler did so far, a turn that had begun (its task is in run_turn, taking the
+    # turn lock or past it) when cancel() came ends cancelled, and the next turn is not affected.
+    llm = ScriptedLlm(lambda request: Reply("answered"))
+    agent = Agent(llm=llm)
+    results: list[SubagentResult] = []
+    with anyio.fail_after(WAIT):
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(run_into, results, agent, "Go.")
+            for _ in range(steps):
+                await anyio.lowlevel.checkpoint()
+            begun = agent.busy or agent._turn_lock.locked()
+            agent.cancel()
+        after = await agent.run_turn("Again.")
+    if begun:
+        [result] = results
+        assert result.stop_reason == "cancelled"
+        assert result.output in ("", "answered")  # what had streamed before the cancel landed
+    else:
+        assert results == [SubagentResult("answered", "completed")]
+    assert after == SubagentResult("answered", "completed")
 
 
 async def test_cancel_ends_the_turn_keeping_partial_output_and_delivering_queued_messages() -> None:

@@ -250,6 +250,7 @@ class Agent:
         self._next_listener = 0
         self._turn_scope: anyio.CancelScope | None = None
         self._turn_lock = anyio.Lock()
+        self._cancel_next_turn = False  # cancel() arrived while a turn was taking the lock
         self._closed = False
         self._last_activity: float | None = None
         self._pending_approvals = 0
@@ -349,9 +350,15 @@ class Agent:
     # -- turns --------------------------------------------------------------------------------------
 
     def cancel(self) -> None:
-        """Stop the turn in flight, if any: it ends with ``cancelled``. The agent stays usable."""
+        """Stop the turn in flight, if any: it ends with ``cancelled``. The agent stays usable.
+
+        A turn that is beginning (its ``run_turn`` is taking the turn lock) counts as in flight: it
+        begins cancelled. A ``run_turn`` whose task has not run at all yet is not affected.
+        """
         if self._turn_scope is not None:
             self._turn_scope.cancel()
+        elif self._turn_lock.locked():
+            self._cancel_next_turn = True
 
     async def run_turn(
         self,
@@ -371,13 +378,17 @@ class Agent:
             AgentClosedError: the agent is closed.
         """
         async with self._turn_lock:
-            if self._closed:
-                raise AgentClosedError(f"agent {self.id!r} is closed")
-            inside = _TURNS_IN_FLIGHT.set((*_TURNS_IN_FLIGHT.get(), self))
             try:
-                return await self._run_turn_locked(prompt, output_schema, idle_timeout)
+                if self._closed:
+                    raise AgentClosedError(f"agent {self.id!r} is closed")
+                inside = _TURNS_IN_FLIGHT.set((*_TURNS_IN_FLIGHT.get(), self))
+                try:
+                    return await self._run_turn_locked(prompt, output_schema, idle_timeout)
+                finally:
+                    _TURNS_IN_FLIGHT.reset(inside)
             finally:
-                _TURNS_IN_FLIGHT.reset(inside)
+                # A cancel() meant for this turn must never reach the next one.
+                self._cancel_next_turn = False
 
     async def _run_turn_locked(
         self, prompt: str, output_schema: Any, idle_timeout: float | None
@@ -385,6 +396,9 @@ class Agent:
         """The turn itself, with the turn lock held."""
         scope = anyio.CancelScope()
         self._turn_scope = scope
+        if self._cancel_next_turn:
+            self._cancel_next_turn = False
+            scope.cancel()  # cancel() came while this turn was taking the lock
         timed_out = False
         usage = _UsageSum()
         outcome: SubagentResult | None = None
@@ -415,10 +429,12 @@ class Agent:
                 self._deliver_pending()
         if failure is not None:
             raise failure
-        if outcome is None:
+        # Cancelled (or timed out) while in flight, the turn ends so even if its answer came in the
+        # same step: whoever cancelled is told what they asked for, and the answer is the output.
+        if outcome is None or scope.cancel_called:
             reason: StopReason = "timeout" if timed_out else "cancelled"
             return SubagentResult(
-                output=self._partial_output(),
+                output=self._partial_output() if outcome is None else outcome.output,
                 stop_reason=reason,
                 error=f"no sign of life from the model or a tool for {idle_timeout:g} s"
                 if timed_out and idle_timeout is not None
