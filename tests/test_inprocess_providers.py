@@ -8,6 +8,7 @@ with ``Reply(wait=...)`` and an event the test sets; no test sleeps to wait for 
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -1168,3 +1169,67 @@ async def test_a_parent_whose_child_falls_silent_times_out_and_the_child_is_disp
     assert hold.reached.is_set()
     assert result.stop_reason == "timeout"
     assert result.error == "no sign of life from the model or a tool for 0.3 s"
+
+
+# -- no wiring: the process-wide registry -----------------------------------------------------------------
+
+
+async def test_with_no_registry_anywhere_a_fork_finds_its_parent_and_listeners_find_the_child() -> None:
+    llm = ScriptedLlm(
+        [
+            Reply("Earlier answer.", when=When(last_user_contains="earlier")),
+            Reply(
+                tool_calls=[call("subagent", {"provider": "fork", "prompt": "fork task"})],
+                when=When(last_user_contains="now"),
+            ),
+            Reply("forked answer", when=When(last_user_contains="fork task")),
+            Reply("Parent done.", when=When(after_tool_result=True)),
+        ]
+    )
+    found: list[Agent | None] = []
+    async with open_service(SpawnProvider(llm=llm), ForkProvider()) as service:
+        service.events.on("subagent/start", lambda info: found.append(AgentRegistry.default().get(info.id)))
+        with SubagentTool(service) as tool:
+            parent = Agent(llm=llm, tools=[tool.for_agents()])  # no registry given
+            with bounded():
+                await parent.run_turn("earlier")
+                result = await parent.run_turn("now")
+            await parent.close()
+    assert result.output == "Parent done."
+    [child] = found
+    assert child is not None
+    assert child.parent_id == parent.id
+    assert child.completed_messages[:2] == (Message.user("earlier"), Message.assistant("Earlier answer."))
+    assert AgentRegistry.default().get(child.id) is None  # disposed with its run
+    assert AgentRegistry.default().get(parent.id) is None  # closed
+
+
+def test_an_agent_nobody_keeps_leaves_its_registry_even_unclosed() -> None:
+    registry = AgentRegistry()
+    Agent(llm=ScriptedLlm(), id="forgotten", registry=registry)
+    gc.collect()
+    assert registry.list() == []
+
+
+def test_an_own_registry_refuses_a_second_live_agent_of_the_same_id_and_the_default_lets_it_in() -> None:
+    mine = AgentRegistry()
+    first = Agent(llm=ScriptedLlm(), id="twin", registry=mine)
+    with pytest.raises(ValueError, match="an agent with id 'twin' is already live"):
+        Agent(llm=ScriptedLlm(), id="twin", registry=mine)
+    assert mine.get("twin") is first
+    older = Agent(llm=ScriptedLlm(), id="twin-default")
+    newer = Agent(llm=ScriptedLlm(), id="twin-default")
+    assert AgentRegistry.default().get("twin-default") is newer
+    assert older is not newer
+
+
+async def test_register_adds_an_agent_to_another_registry_until_it_closes_or_the_disposer_runs() -> None:
+    first, second = AgentRegistry(), AgentRegistry()
+    agent = Agent(llm=ScriptedLlm(), id="shared", registry=first)
+    undo = second.register(agent)
+    assert (first.get("shared"), second.get("shared")) == (agent, agent)
+    undo()
+    assert (first.get("shared"), second.get("shared")) == (agent, None)
+    second.register(agent)
+    await agent.close()
+    assert (first.list(), second.list()) == ([], [])

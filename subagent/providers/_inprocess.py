@@ -75,7 +75,7 @@ class InProcessProvider:
         self.capabilities = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True)
         self.llm = llm
         self.llm_service = llm_service
-        self.agents = agents if agents is not None else AgentRegistry()
+        self.agents = agents if agents is not None else AgentRegistry.default()
         """The live in-process agents: children join under their run id, and parents are found here."""
         self.tools: tuple[Tool, ...] = tuple(tools)
         self.persona = persona
@@ -116,7 +116,7 @@ class InProcessProvider:
         try:
             task_group.start_soon(run._main, name=f"{self.name} run {run.id}")
         except BaseException:
-            self.agents._remove(agent)
+            self.agents._remove(agent)  # never started: it must not stay findable
             raise
         return run
 

@@ -22,7 +22,9 @@ class ForkProvider(InProcessProvider):
     that is delegating right now). The parent must be a live agent in ``agents``.
 
     Args:
-        agents: the registry of live in-process agents the parents are found in.
+        agents: the registry of live in-process agents the parents are found in (default: the
+            process-wide :meth:`~subagent.runtime.AgentRegistry.default`, where every agent made
+            without a registry of its own lives).
         llm: the child's adapter, or a name in ``llm_service``; None (the default) uses the parent's.
         persona: the child's system prompt when its request gives none; None keeps the parent's.
         approver: None inherits the parent's.
@@ -38,7 +40,7 @@ class ForkProvider(InProcessProvider):
     def __init__(
         self,
         *,
-        agents: AgentRegistry,
+        agents: AgentRegistry | None = None,
         llm: LlmAdapter | str | None = None,
         llm_service: LlmService | None = None,
         tools: Sequence[Tool] = (),

@@ -15,7 +15,8 @@ class SpawnProvider(InProcessProvider):
             agent's (when the parent is an in-process agent in ``agents``).
         llm_service: where an adapter name is looked up, at each start.
         agents: the registry of live in-process agents, shared with the parents that delegate
-            (a child whose ``parent_id`` is a live agent here inherits its tools and approver).
+            (a child whose ``parent_id`` is a live agent here inherits its tools and approver);
+            default: the process-wide :meth:`~subagent.runtime.AgentRegistry.default`.
         tools: the tools of a child whose parent is not an in-process agent here.
         persona: the system prompt of a child whose request gives none.
         approver: decides on the child's calls of tools that need approval; None inherits the

@@ -20,6 +20,7 @@ import json
 import logging
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -160,11 +161,32 @@ AgentEvent = (
 
 
 class AgentRegistry:
-    """The live agents of a context, by id. Agents join when made with the registry and leave when
-    closed, so ``get`` never returns a closed agent."""
+    """The live agents of a context, by id.
+
+    An agent joins the registry it is made with (the process-wide :meth:`default` one unless given
+    another) and leaves it when closed, so ``get`` never returns a closed agent. The registry holds
+    agents weakly: one that nothing else keeps (never closed, and dropped) leaves by itself rather
+    than stay forever. In-process providers look parents up here and put their children here.
+    """
+
+    _default: AgentRegistry | None = None
 
     def __init__(self) -> None:
-        self._agents: dict[str, Agent] = {}
+        self._agents: weakref.WeakValueDictionary[str, Agent] = weakref.WeakValueDictionary()
+        self._newest_wins = False
+
+    @classmethod
+    def default(cls) -> AgentRegistry:
+        """The process-wide registry: where agents made without one live, and what in-process
+        providers made without one use, so that a fork finds its parent with no wiring at all.
+
+        Unlike a registry of your own, it lets a new agent take an id another live agent has (the
+        newer one is found from then on): code that never meant to share it cannot collide there.
+        """
+        if cls._default is None:
+            cls._default = cls()
+            cls._default._newest_wins = True
+        return cls._default
 
     def get(self, agent_id: str) -> Agent | None:
         """The live agent with that id, or None."""
@@ -172,18 +194,26 @@ class AgentRegistry:
 
     def list(self) -> list[str]:
         """The ids of the live agents, oldest first."""
-        return list(self._agents)
+        return list(self._agents.keys())
+
+    def register(self, agent: Agent) -> Disposer:
+        """Make ``agent`` findable here until it is closed (or the disposer is called).
+
+        Raises:
+            ValueError: another live agent has that id (not raised by :meth:`default`).
+        """
+        current = self._agents.get(agent.id)
+        if current is not None and current is not agent and not current.closed and not self._newest_wins:
+            raise ValueError(f"an agent with id {agent.id!r} is already live")
+        self._agents[agent.id] = agent
+        agent._registries.append(self)
+        return lambda: self._remove(agent)
 
     def __contains__(self, agent_id: object) -> bool:
         return agent_id in self._agents
 
     def __len__(self) -> int:
         return len(self._agents)
-
-    def _add(self, agent: Agent) -> None:
-        if agent.id in self._agents:
-            raise ValueError(f"an agent with id {agent.id!r} is already live")
-        self._agents[agent.id] = agent
 
     def _remove(self, agent: Agent) -> None:
         if self._agents.get(agent.id) is agent:
@@ -207,7 +237,7 @@ class Agent:
         history: messages it starts with (a fork's seed); counted as completed turns.
         approver: decides on calls of tools that need approval; without one they are refused.
         max_model_calls: how many model calls one turn may make before it stops with ``max_turns``.
-        registry: where it is live until :meth:`close`.
+        registry: where it is live until :meth:`close` (default: :meth:`AgentRegistry.default`).
     """
 
     def __init__(
@@ -255,9 +285,8 @@ class Agent:
         self._last_activity: float | None = None
         self._pending_approvals = 0
         self._update_count = 0
-        self._registry = registry
-        if registry is not None:
-            registry._add(self)
+        self._registries: list[AgentRegistry] = []
+        (registry if registry is not None else AgentRegistry.default()).register(self)
 
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("busy" if self.busy else "idle")
@@ -618,8 +647,8 @@ class Agent:
                 pending._refuse(reason)
                 logger.warning("agent %s: message refused (%s): %r", self.id, reason, pending.text[:200])
                 self._emit(MessageRefused(pending.text, reason))
-            if self._registry is not None:
-                self._registry._remove(self)
+            for joined in self._registries:
+                joined._remove(self)
         if self in _TURNS_IN_FLIGHT.get():
             return
         # The turn lock is held for a turn's whole length: taking it means none is running.
