@@ -381,11 +381,12 @@ async def test_a_retry_after_longer_than_max_backoff_waits_only_max_backoff() ->
 
 async def test_a_429_still_there_after_the_retries_is_rate_limited() -> None:
     async with (
-        serve(*[ErrorReply(429, "Slow down", retry_after=0)] * 3) as server,
+        serve(*[ErrorReply(429, "Slow down", retry_after=0)] * 2, ErrorReply(429, retry_after=7)) as server,
         adapter_for(server) as adapter,
     ):
         _, error = await fail(adapter)
     assert (error.kind, error.status, error.attempts) == (LlmErrorKind.RATE_LIMITED, 429, 3)
+    assert error.retry_after == 7  # what the server asked for last, for a caller that retries later
     assert len(server.requests) == 3
 
 

@@ -43,16 +43,25 @@ class LlmErrorKind(enum.StrEnum):
 
 class LlmError(Exception):
     """A completion failed. ``kind`` says how; ``status`` is the HTTP status when there was one;
-    ``attempts`` counts the tries made. The message never contains a credential."""
+    ``attempts`` counts the tries made; ``retry_after`` is the delay in seconds the server asked for
+    last (``Retry-After``), for a caller that schedules its own retry. The message never contains a
+    credential."""
 
     def __init__(
-        self, kind: LlmErrorKind, message: str, *, status: int | None = None, attempts: int = 1
+        self,
+        kind: LlmErrorKind,
+        message: str,
+        *,
+        status: int | None = None,
+        attempts: int = 1,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.status = status
         self.attempts = attempts
+        self.retry_after = retry_after
 
     def __repr__(self) -> str:
         return f"LlmError({self.kind.value}, {self.message!r})"

@@ -612,7 +612,11 @@ class OpenAiChatAdapter:
                     if attempt > 1:
                         message += f" (gave up after {attempt} attempts)"
                     raise LlmError(
-                        failed.kind, self._redact(message), status=failed.status, attempts=attempt
+                        failed.kind,
+                        self._redact(message),
+                        status=failed.status,
+                        attempts=attempt,
+                        retry_after=failed.retry_after,
                     ) from failed.__cause__
                 delay = self._delay(attempt, failed.retry_after)
                 logger.info(
