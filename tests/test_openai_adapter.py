@@ -13,6 +13,7 @@ from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import httpx
 import pytest
 
@@ -849,3 +850,61 @@ async def test_a_redirect_is_not_followed_but_is_a_bad_request_naming_its_target
         "'https://elsewhere.example/v1/chat/completions': set base_url to where the API is"
     )
     assert len(server.requests) == 1
+
+
+# Concurrency
+
+
+async def test_no_more_than_max_concurrent_requests_are_in_flight_and_the_rest_wait_their_turn() -> None:
+    release = anyio.Event()
+    limit_reached = anyio.Event()
+    in_flight = 0
+    peak = 0
+
+    async def body() -> AsyncIterator[bytes]:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        if in_flight == 2:
+            limit_reached.set()
+        try:
+            await release.wait()
+            yield b'data: {"choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop"}]}\n\n'
+            yield b"data: [DONE]\n\n"
+        finally:
+            in_flight -= 1
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body())
+
+    outcomes: list[CompletionEvent] = []
+
+    async def one(adapter: OpenAiChatAdapter) -> None:
+        outcomes.append((await complete(adapter))[-1])
+
+    async with (
+        httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client,
+        OpenAiChatAdapter(
+            model="m",
+            base_url="http://stub.invalid/v1",
+            api_key_env=None,
+            client=client,
+            max_concurrent_requests=2,
+        ) as adapter,
+    ):
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as task_group:
+                for _ in range(5):
+                    task_group.start_soon(one, adapter)
+                await limit_reached.wait()
+                for _ in range(20):  # every waiting completion gets the chance to start, and must not
+                    await anyio.lowlevel.checkpoint()
+                assert in_flight == 2
+                release.set()
+    assert peak == 2
+    assert outcomes == [Completion(Message.assistant("ok"), "stop", None)] * 5
+
+
+def test_max_concurrent_requests_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_concurrent_requests must be >= 1 or None, got 0"):
+        OpenAiChatAdapter(model="m", max_concurrent_requests=0)

@@ -10,13 +10,14 @@ the API key.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import logging
 import os
 import random
 import time
 from collections.abc import AsyncGenerator, Mapping
-from contextlib import aclosing
+from contextlib import AbstractAsyncContextManager, aclosing
 from types import TracebackType
 from typing import Any, Self
 
@@ -37,7 +38,7 @@ from subagent.runtime.messages import (
 )
 from subagent.types import Usage, thaw_json
 
-__all__ = ["OpenAiChatAdapter"]
+__all__ = ["DEFAULT_MAX_CONCURRENT_REQUESTS", "OpenAiChatAdapter"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +112,10 @@ class _Chunk(msgspec.Struct):
 
 
 _CHUNK_DECODER = msgspec.json.Decoder(_Chunk)
+
+
+DEFAULT_MAX_CONCURRENT_REQUESTS = 32
+"""Completions in flight at once through one adapter, unless told otherwise."""
 
 
 class _AttemptFailed(Exception):
@@ -448,7 +453,11 @@ class OpenAiChatAdapter:
             ``max_completion_tokens``...).
         headers: extra request headers; they win over the adapter's own, ``Authorization`` included.
         client: an ``httpx.AsyncClient`` to use (a proxy, a custom transport); the adapter's ``timeout``
-            still applies to each request.
+            still applies to each request, and its own connection limits to the pool.
+        max_concurrent_requests: completions in flight at once through this adapter (None: no limit);
+            more wait their turn, for as long as it takes, rather than fail. A hundred subagents on
+            one adapter would otherwise open a hundred streams: past the HTTP pool's size they time
+            out waiting for a connection, and a server's concurrency limit answers 429 meanwhile.
     """
 
     def __init__(
@@ -465,6 +474,7 @@ class OpenAiChatAdapter:
         extra_body: Mapping[str, Any] | None = None,
         headers: Mapping[str, str] | None = None,
         client: httpx.AsyncClient | None = None,
+        max_concurrent_requests: int | None = DEFAULT_MAX_CONCURRENT_REQUESTS,
     ) -> None:
         if not model:
             raise ValueError("model must be a non-empty str")
@@ -477,6 +487,10 @@ class OpenAiChatAdapter:
             raise ValueError(f"max_retries must be >= 0, got {max_retries}")
         if backoff < 0 or max_backoff < 0:
             raise ValueError(f"backoff and max_backoff must be >= 0, got {backoff} and {max_backoff}")
+        if max_concurrent_requests is not None and max_concurrent_requests < 1:
+            raise ValueError(f"max_concurrent_requests must be >= 1 or None, got {max_concurrent_requests}")
+        self.max_concurrent_requests = max_concurrent_requests
+        self._limiter: anyio.CapacityLimiter | None = None  # made on first use, inside an event loop
         self.model = model
         self._url = url
         # What messages and logs show: never credentials in the URL, nor a query that might hold one.
@@ -484,7 +498,9 @@ class OpenAiChatAdapter:
         self._base_url = self._display_url.removesuffix("/chat/completions")
         self._api_key_env = api_key_env
         self._api_key = api_key
-        self._timeout = httpx.Timeout(timeout)
+        # No pool timeout: the limiter below admits no more streams than the pool has connections, so
+        # a request never waits for one (and waiting for our own turn is not the server's silence).
+        self._timeout = httpx.Timeout(timeout, pool=None)
         self._timeout_seconds = timeout
         self.max_retries = max_retries
         self.backoff = backoff
@@ -518,8 +534,18 @@ class OpenAiChatAdapter:
         if self._closed:
             raise RuntimeError("this OpenAiChatAdapter is closed")
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self._timeout)
+            limit = self.max_concurrent_requests
+            limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+            self._client = httpx.AsyncClient(timeout=self._timeout, limits=limits)
         return self._client
+
+    def _slot(self) -> AbstractAsyncContextManager[object]:
+        """A turn among the completions in flight (none needed without a limit)."""
+        if self.max_concurrent_requests is None:
+            return contextlib.nullcontext()
+        if self._limiter is None:
+            self._limiter = anyio.CapacityLimiter(self.max_concurrent_requests)
+        return self._limiter
 
     def _key(self) -> str | None:
         if self._api_key:
@@ -602,7 +628,8 @@ class OpenAiChatAdapter:
         while True:
             attempt += 1
             try:
-                async with aclosing(self._attempt(client, payload)) as events:
+                # The slot is held for one attempt, not across the backoff before the next.
+                async with self._slot(), aclosing(self._attempt(client, payload)) as events:
                     async for event in events:
                         yield event
                 return
