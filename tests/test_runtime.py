@@ -1656,3 +1656,22 @@ def test_messages_and_requests_are_immutable_records() -> None:
         request.response_schema["type"] = "array"  # type: ignore[index]
     with pytest.raises(dataclasses.FrozenInstanceError):
         message.content = "changed"  # type: ignore[misc]
+
+
+async def test_scripted_replies_may_be_given_in_the_json_scripts_object_form() -> None:
+    llm = ScriptedLlm(
+        [{"text": "calling", "tool_calls": [{"name": "echo", "arguments": {"x": 1}, "id": "c1"}]}, "plain"],
+        fallback={"text": "fallback", "finish_reason": "length"},
+    )
+    agent = Agent(llm=llm, tools=[echo_tool()])
+    with anyio.fail_after(WAIT):
+        first = await agent.run_turn("Go.")
+        second = await agent.run_turn("Again.")
+    assert first == SubagentResult("plain", "completed")
+    assert agent.messages[1] == Message.assistant("calling", [ToolCall("c1", "echo", '{"x": 1}')])
+    assert second == SubagentResult("fallback", "max_tokens")
+
+
+def test_a_scripted_reply_of_the_wrong_shape_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="reply 1: unknown keys txt"):
+        ScriptedLlm(["fine", {"txt": "typo"}])

@@ -108,15 +108,18 @@ class Reply:
     when: When | None = None
 
 
-Responder = Callable[[CompletionRequest], "Reply | str | Awaitable[Reply | str]"]
+Answer = Reply | str | Mapping[str, Any]
+"""A scripted answer: a :class:`Reply`, plain text, or a reply in the JSON script's object form."""
+
+Responder = Callable[[CompletionRequest], "Answer | Awaitable[Answer]"]
 
 
 class ScriptedLlm:
     """A deterministic :class:`~subagent.runtime.llm.LlmAdapter`.
 
     Args:
-        script: replies (a ``str`` is a plain text reply) used once each, or a function that
-            answers each request.
+        script: replies used once each (a ``str`` is a plain text reply, a mapping a reply in the
+            JSON script's form: see :meth:`from_json`), or a function that answers each request.
         fallback: the answer once no scripted reply matches; without one, that request fails
             with ``LlmError(SCRIPT)`` naming what was asked.
 
@@ -124,16 +127,19 @@ class ScriptedLlm:
     """
 
     def __init__(
-        self, script: Iterable[Reply | str] | Responder = (), *, fallback: Reply | str | None = None
+        self,
+        script: Iterable[Answer] | Responder = (),
+        *,
+        fallback: Answer | None = None,
     ) -> None:
         self._responder: Responder | None = None
         self._replies: list[Reply] = []
         if callable(script):
             self._responder = script
         else:
-            self._replies = [_as_reply(item) for item in script]
+            self._replies = [_as_reply(item, f"reply {index}") for index, item in enumerate(script)]
         self._used = [False] * len(self._replies)
-        self._fallback = None if fallback is None else _as_reply(fallback)
+        self._fallback = None if fallback is None else _as_reply(fallback, "fallback")
         self.requests: list[CompletionRequest] = []
 
     def __repr__(self) -> str:
@@ -215,8 +221,10 @@ class ScriptedLlm:
         )
 
 
-def _as_reply(item: Reply | str) -> Reply:
-    return Reply(item) if isinstance(item, str) else item
+def _as_reply(item: Answer, where: str = "the responder's answer") -> Reply:
+    if isinstance(item, Reply):
+        return item
+    return _reply_from_json(item, where)
 
 
 def _pieces(text: str, chunk: int | None) -> list[str]:
