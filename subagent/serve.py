@@ -842,6 +842,7 @@ class _DepthCappedTool:
     def __init__(self, inner: Tool, cap: int) -> None:
         self._inner = inner
         self._cap = cap
+        self._spec: tuple[ToolSpec, ToolSpec] | None = None  # (the inner spec, ours)
 
     def __repr__(self) -> str:
         return f"<_DepthCappedTool {self._inner!r} cap={self._cap}>"
@@ -850,6 +851,8 @@ class _DepthCappedTool:
     def spec(self) -> ToolSpec:
         """The inner spec, with the ceiling stated in the description (the model is told the truth)."""
         spec = self._inner.spec
+        if self._spec is not None and self._spec[0] is spec:
+            return self._spec[1]  # read at every model call: rebuilt only when the inner one changed
         if self._cap == 0:
             note = "Here subagents may not start subagents of their own (`depth_limit` is always 0)."
         else:
@@ -857,7 +860,9 @@ class _DepthCappedTool:
                 f"Here a subagent may start at most {self._cap} level(s) of subagents below itself: "
                 f"`depth_limit` is at most {self._cap}, and {self._cap} when left out."
             )
-        return ToolSpec(spec.name, f"{spec.description}\n\n{note}", spec.parameters)
+        capped = ToolSpec(spec.name, f"{spec.description}\n\n{note}", spec.parameters)
+        self._spec = (spec, capped)
+        return capped
 
     async def run(self, invocation: ToolInvocation) -> str:
         """Run the inner tool with ``depth_limit`` lowered to the ceiling (or set to it when absent)."""

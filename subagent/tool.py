@@ -807,6 +807,7 @@ class AgentSubagentTool:
 
     def __init__(self, tool: SubagentTool) -> None:
         self.subagent_tool = tool
+        self._spec: tuple[int, ToolSpec] | None = None  # (the definition's version, its spec)
 
     def __repr__(self) -> str:
         return f"<AgentSubagentTool {self.subagent_tool.name!r}>"
@@ -814,8 +815,12 @@ class AgentSubagentTool:
     @property
     def spec(self) -> ToolSpec:
         """The tool's current definition, as the runtime's tool spec."""
-        definition = self.subagent_tool.definition
-        return ToolSpec(definition.name, definition.description, definition.input_schema)
+        # Read at every model call and tool lookup: rebuilt only when the registry changed it.
+        version = self.subagent_tool.version
+        if self._spec is None or self._spec[0] != version:
+            definition = self.subagent_tool.definition
+            self._spec = (version, ToolSpec(definition.name, definition.description, definition.input_schema))
+        return self._spec[1]
 
     async def run(self, invocation: ToolInvocation) -> str:
         """Start the child as the calling agent's, await it, and render the outcome for the model.

@@ -1233,3 +1233,16 @@ async def test_register_adds_an_agent_to_another_registry_until_it_closes_or_the
     second.register(agent)
     await agent.close()
     assert (first.list(), second.list()) == ([], [])
+
+
+async def test_the_agents_subagent_tool_spec_follows_the_registry_and_is_reused_until_it_changes() -> None:
+    async with open_service(SpawnProvider(llm=ScriptedLlm())) as service:
+        with SubagentTool(service) as tool:
+            agent_tool = tool.for_agents()
+            first = agent_tool.spec
+            assert agent_tool.spec is first  # read at every model call: not rebuilt each time
+            assert first.parameters["properties"]["provider"]["enum"] == ("spawn",)
+            service.register_provider(ForkProvider())
+            changed = agent_tool.spec
+    assert changed is not first
+    assert changed.parameters["properties"]["provider"]["enum"] == ("spawn", "fork")
