@@ -14,6 +14,7 @@ provider hands them on unchanged.
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import dataclasses
 import json
@@ -37,6 +38,7 @@ from subagent.runtime.messages import (
     TextDelta,
     ToolCall,
     ToolCallDelta,
+    ToolSpec,
 )
 from subagent.runtime.tools import Approver, Tool, ToolError, ToolInvocation
 from subagent.types import Disposer, StopReason, SubagentResult, Usage, freeze_json, thaw_json
@@ -711,14 +713,11 @@ class Agent:
 def _argument_problem(tool: Tool, arguments: Any) -> str | None:
     import jsonschema  # on first use: ~80 ms that importing the runtime (and the CLI) need not pay
 
-    schema = thaw_json(tool.spec.parameters)
+    validator = _validator_for(tool.spec)
+    if isinstance(validator, str):
+        return validator
     try:
-        validator_class = jsonschema.validators.validator_for(schema)
-        # Validators do not check their schema themselves: an invalid one raises anything, or nothing.
-        validator_class.check_schema(schema)
-        error = jsonschema.exceptions.best_match(validator_class(schema).iter_errors(arguments))
-    except jsonschema.exceptions.SchemaError as exc:
-        return f"the tool's own argument schema is invalid ({exc.message})"
+        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     except Exception as exc:
         # A schema valid against its metaschema can still fail to apply: a $ref pointing nowhere.
         return f"the tool's own argument schema cannot be applied ({exc})"
@@ -726,6 +725,39 @@ def _argument_problem(tool: Tool, arguments: Any) -> str | None:
         return None
     where = "/".join(str(part) for part in error.absolute_path) or "the top level"
     return f"the arguments do not match the tool's schema at {where}: {error.message}"
+
+
+_VALIDATORS: collections.OrderedDict[int, tuple[ToolSpec, Any]] = collections.OrderedDict()
+_VALIDATORS_KEPT = 256
+
+
+def _validator_for(spec: ToolSpec) -> Any:
+    """The validator of a tool spec's argument schema, or what is wrong with the schema.
+
+    Checking a schema against its metaschema costs milliseconds; a tool's spec is the same object
+    call after call, so each one is checked once (the last few hundred are kept)."""
+    import jsonschema
+
+    cached = _VALIDATORS.get(id(spec))
+    if cached is not None and cached[0] is spec:
+        _VALIDATORS.move_to_end(id(spec))
+        return cached[1]
+    schema = thaw_json(spec.parameters)
+    validator: Any
+    try:
+        validator_class = jsonschema.validators.validator_for(schema)
+        # Validators do not check their schema themselves: an invalid one raises anything, or nothing.
+        validator_class.check_schema(schema)
+        validator = validator_class(schema)
+    except jsonschema.exceptions.SchemaError as exc:
+        validator = f"the tool's own argument schema is invalid ({exc.message})"
+    except Exception as exc:
+        validator = f"the tool's own argument schema cannot be applied ({exc})"
+    # The spec is kept with its validator, so its id cannot be reused by another while cached.
+    _VALIDATORS[id(spec)] = (spec, validator)
+    if len(_VALIDATORS) > _VALIDATORS_KEPT:
+        _VALIDATORS.popitem(last=False)
+    return validator
 
 
 class _UsageSum:
