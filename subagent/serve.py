@@ -408,6 +408,7 @@ class ServedAgent(AgentHandler):
             agent = Agent(
                 llm=self.llm,
                 id=session_id,
+                cwd=params.cwd,
                 persona=self.persona or None,
                 # Wrapped per session: subagents inherit these very objects, so their calls are reported
                 # to this session's client.

@@ -1246,3 +1246,26 @@ async def test_the_agents_subagent_tool_spec_follows_the_registry_and_is_reused_
             changed = agent_tool.spec
     assert changed is not first
     assert changed.parameters["properties"]["provider"]["enum"] == ("spawn", "fork")
+
+
+async def test_a_child_works_in_the_requests_directory_else_in_its_parents() -> None:
+    seen: list[str | None] = []
+    agents = AgentRegistry()
+    llm = ScriptedLlm(lambda request: Reply("done"))
+    parent = Agent(llm=llm, id="root", cwd="/home/user/project", registry=agents)
+    async with open_service(SpawnProvider(llm=llm, agents=agents)) as service:
+        with bounded():
+            async with service.start("spawn", SubagentRequest(prompt="a", parent_id="root")) as inherited:
+                await inherited.result()
+                child = agents.get(inherited.id)
+                assert child is not None
+                seen.append(child.cwd)
+            request = SubagentRequest(prompt="b", parent_id="root", cwd="/home/user/project/docs")
+            async with service.start("spawn", request) as sent:
+                await sent.result()
+                child = agents.get(sent.id)
+                assert child is not None
+                seen.append(child.cwd)
+    await parent.close()
+    # Tools read it as `invocation.agent.cwd`.
+    assert seen == ["/home/user/project", "/home/user/project/docs"]

@@ -105,6 +105,8 @@ class InProcessProvider:
             id=run_id,
             parent_id=request.parent_id,
             depth=lineage.depth,
+            # The request's directory, else the parent's: a child works where it was sent.
+            cwd=request.cwd if request.cwd is not None else (parent.cwd if parent is not None else None),
             persona=self._persona_for(request, parent),
             tools=self._tools_for(parent, lineage),
             history=self._history_for(request, parent),

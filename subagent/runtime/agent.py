@@ -234,6 +234,8 @@ class Agent:
             the run's id, so ``registry.get(info.id)`` finds the child of a ``subagent/start``.
         parent_id: the id of the agent that started it, if any.
         depth: how far below the root of its chain it is (the root is 0).
+        cwd: the directory its work is about, for tools that touch files (they read it as
+            ``invocation.agent.cwd``); the runtime itself never uses it.
         persona: the system prompt; the first message of the log when given.
         tools: what it can call. Names must be unique.
         history: messages it starts with (a fork's seed); counted as completed turns.
@@ -249,6 +251,7 @@ class Agent:
         id: str | None = None,
         parent_id: str | None = None,
         depth: int = 0,
+        cwd: str | None = None,
         persona: str | None = None,
         tools: Sequence[Tool] = (),
         history: Sequence[Message] = (),
@@ -265,6 +268,7 @@ class Agent:
         self.id = id or f"agent-{uuid.uuid4().hex[:12]}"
         self.parent_id = parent_id
         self.depth = depth
+        self.cwd = cwd
         self.persona = persona
         self.llm = llm
         self.tools: tuple[Tool, ...] = tuple(tools)
