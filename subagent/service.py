@@ -315,11 +315,12 @@ class SubagentService:
 class ServiceRun:
     """A provider's run as the service hands it out: watched, gated and owned.
 
-    Runtime capabilities pass through: the run is a :class:`~subagent.types.SteerableRun` or
-    :class:`~subagent.types.ResumableRun` exactly when the provider's run is. When the provider's
-    run is an :class:`~subagent.types.ObservableRun`, :meth:`progress` reports its liveness and the
-    service emits it as ``subagent/progress``; when it is a :class:`~subagent.types.QueueableRun`,
-    :attr:`state` says :attr:`RunState.QUEUED` while it waits for a slot.
+    Runtime capabilities pass through: the run is a :class:`~subagent.types.SteerableRun`,
+    :class:`~subagent.types.ResumableRun` or :class:`~subagent.types.ObservableRun` exactly when the
+    provider's run is. When the provider's run is observable, :meth:`progress` also reports its
+    liveness and the service emits it as ``subagent/progress``; when it is a
+    :class:`~subagent.types.QueueableRun`, :attr:`state` says :attr:`RunState.QUEUED` while it waits
+    for a slot.
     """
 
     def __init__(
@@ -589,37 +590,54 @@ class ServiceRun:
         )
 
 
-class _SteerableServiceRun(ServiceRun):
+class _Steerable(ServiceRun):
     async def send_message(self, text: str) -> None:
         """Queue ``text`` for the child; it arrives at the child's next idle point."""
         self._check_live()
         await cast(SteerableRun, self._provider_run).send_message(text)
 
 
-class _ResumableServiceRun(ServiceRun):
+class _Resumable(ServiceRun):
     async def resume(self, prompt: str) -> SubagentResult:
         """Run another turn in the same child and return how that turn ended."""
         self._check_live()
         return await cast(ResumableRun, self._provider_run).resume(prompt)
 
 
-class _SteerableResumableServiceRun(_SteerableServiceRun, _ResumableServiceRun):
-    pass
+class _Observable(ServiceRun):
+    @property
+    def last_activity(self) -> float | None:
+        """When the child last showed a sign of life (``time.monotonic()``); None before it exists."""
+        return cast(ObservableRun, self._provider_run).last_activity
+
+    @property
+    def pending_permissions(self) -> int:
+        """How many permission questions from the child are waiting for an answer now."""
+        return cast(ObservableRun, self._provider_run).pending_permissions
+
+    @property
+    def update_count(self) -> int:
+        """How many updates the child has sent so far."""
+        return cast(ObservableRun, self._provider_run).update_count
+
+
+_wrapper_classes: dict[tuple[bool, bool, bool], type[ServiceRun]] = {}
 
 
 def _managed_run_class(
     provider_run: SubagentRun,
 ) -> Callable[[SubagentService, str, SubagentRun, SubagentRequest], ServiceRun]:
-    # Presence of the method is the capability, so the wrapper offers exactly what the run offers.
+    # Presence is the capability, so the wrapper offers exactly what the run offers: one class per
+    # combination of the optional protocols, made once.
     kind = _run_kind(provider_run)
-    steerable, resumable = kind.steerable, kind.resumable
-    if steerable and resumable:
-        return _SteerableResumableServiceRun
-    if steerable:
-        return _SteerableServiceRun
-    if resumable:
-        return _ResumableServiceRun
-    return ServiceRun
+    key = (kind.steerable, kind.resumable, kind.observable)
+    wrapper = _wrapper_classes.get(key)
+    if wrapper is None:
+        mixins = [m for m, offered in zip((_Steerable, _Resumable, _Observable), key, strict=True) if offered]
+        wrapper = type("ServiceRun", (*mixins, ServiceRun), {}) if mixins else ServiceRun
+        wrapper.__qualname__ = "ServiceRun"
+        _wrapper_classes[key] = wrapper
+    return wrapper
 
 
 @dataclass(frozen=True, slots=True)

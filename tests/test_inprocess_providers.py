@@ -1010,6 +1010,7 @@ async def test_in_process_runs_are_steerable_resumable_and_observable(name: str)
 
                 assert isinstance(run, SteerableRun)
                 assert isinstance(run, ResumableRun)
+                assert isinstance(run, ObservableRun)
                 assert isinstance(inner, ObservableRun)
                 assert isinstance(inner, InProcessRun)
                 assert inner.last_activity is not None

@@ -928,17 +928,40 @@ async def test_a_run_disposed_while_queued_fails_its_start_with_disposed_and_emi
 # -- runtime capabilities ---------------------------------------------------------------------------
 
 
+class _SteerableObservableRun(SteerableFakeRun, ObservableFakeRun):
+    pass
+
+
 @pytest.mark.parametrize(
-    ("run_class", "steerable", "resumable"),
-    [(FakeRun, False, False), (SteerableFakeRun, True, False), (ResumableFakeRun, False, True)],
+    ("run_class", "steerable", "resumable", "observable"),
+    [
+        (FakeRun, False, False, False),
+        (SteerableFakeRun, True, False, False),
+        (ResumableFakeRun, False, True, False),
+        (ObservableFakeRun, False, False, True),
+        (_SteerableObservableRun, True, False, True),
+    ],
 )
 async def test_runtime_capabilities_are_exactly_those_of_the_provider_run(
-    run_class: type[FakeRun], steerable: bool, resumable: bool
+    run_class: type[FakeRun], steerable: bool, resumable: bool, observable: bool
 ) -> None:
     provider = FakeProvider(run_class=run_class)
     async with open_service(provider) as service, service.start("fake", SubagentRequest(prompt="p")) as run:
         assert isinstance(run, SteerableRun) is steerable
         assert isinstance(run, ResumableRun) is resumable
+        assert isinstance(run, ObservableRun) is observable
+        assert isinstance(run, ServiceRun)
+
+
+async def test_an_observable_provider_runs_liveness_reads_through_the_service_run() -> None:
+    provider = FakeProvider(run_class=ObservableFakeRun)
+    async with open_service(provider) as service, service.start("fake", SubagentRequest(prompt="p")) as run:
+        fake = run.provider_run
+        assert isinstance(fake, ObservableFakeRun)
+        assert isinstance(run, ObservableRun)
+        fake.update()
+        fake.pending_permissions = 2
+        assert (run.last_activity, run.pending_permissions, run.update_count) == (fake.last_activity, 2, 1)
 
 
 async def test_steering_and_resuming_pass_through_and_are_refused_after_dispose() -> None:
