@@ -16,8 +16,9 @@ How JSON Schema maps onto msgspec (the reasoning lives here, the generated modul
 * string-constant enums become `Literal[...]` aliases (`| str` when the schema has an open "other");
 * discriminated unions become unions of tagged structs plus an `Unknown*` fallback member. A
   variant without a wire tag (stdio MCP servers, `agent` auth methods, ...) and the fallback get an
-  internal tag that starts with NUL: the codec helpers in the generated module insert it when
-  decoding and strip it when encoding, so it never reaches the wire;
+  internal tag that starts with NUL: the codec in `subagent/acp/_wire.py`, which the generated
+  module imports and re-exports, inserts it when decoding and strips it when encoding, so it never
+  reaches the wire;
 * untagged anyOf groups that only add alternative fields (the elicitation scopes) are flattened
   into optional fields, and untagged unions of structs get internal tags the same way;
 * `x-deserialize-default-on-error` / `x-deserialize-skip-invalid-items` become a table that the
@@ -47,6 +48,7 @@ OUTPUT: Final = ROOT / "subagent" / "acp" / "schema.py"
 Schema = dict[str, Any]
 
 # Internal tags start with NUL: msgspec escapes it as \u0000, so the encoder can spot them cheaply.
+# `subagent/acp/_wire.py` (the codec) relies on the same prefix.
 SENTINEL: Final = "\x00"
 UNKNOWN_TAG: Final = SENTINEL + "unknown"
 # Tag field of unions that have no discriminator at all on the wire.
@@ -753,14 +755,16 @@ class Generator:
         out: list[str] = []
         out.append(f"{HEADER_NOTE}\n# Regenerate with: make schema\n")
         out.append(f"# ACP schema version: {version}\n# schema.json sha256: {digest}\n")
-        out.append(RUNTIME_HEAD)
+        out.append(MODULE_HEAD)
+        # isort's order, which `ruff check` enforces: classes (capitalised) before functions.
+        imported = sorted(RUNTIME_PUBLIC + RUNTIME_PRIVATE, key=lambda n: (n[:1].islower(), n))
+        out.append("from subagent.acp._wire import (\n" + "".join(f"    {n},\n" for n in imported) + ")\n\n")
         out.append(f"SCHEMA_VERSION: Final = {json.dumps(version)}\n")
         out.append('"""The ACP schema release these types were generated from."""\n')
         out.append(f"SCHEMA_SHA256: Final = {json.dumps(digest)}\n")
         out.append('"""sha256 of the `schema.json` these types were generated from."""\n')
         out.append(f"PROTOCOL_VERSION: Final = {int(self.meta['version'])}\n")
         out.append('"""The ACP protocol version spoken here (sent in `initialize`)."""\n\n')
-        out.append(RUNTIME_BASES)
         for name in self.emit_order():
             if name in self.classes:
                 out.append(self.render_class(self.classes[name]))
@@ -772,13 +776,13 @@ class Generator:
             out.append((docstring(comment, "") if comment else "") + "\n")
         out.append(self.render_methods(methods))
         out.append(self.render_lenient())
-        out.append(RUNTIME_CODEC)
         public = sorted(
             set(self.classes)
             | set(self.aliases)
             | {c for c, _, _ in self.constants}
             | {row[0] for rows in methods.values() for row in rows}
             | set(RUNTIME_PUBLIC)
+            | set(MODULE_PUBLIC)
         )
         out.append("\n__all__ = [\n" + "".join(f"    {json.dumps(n)},\n" for n in public) + "]\n")
         return "".join(out)
@@ -845,14 +849,16 @@ class Generator:
             if reset or skip:
                 out.append(f"        {name}: ({literal(reset)}, {literal(skip)}),\n")
         out.append("    }\n)\n")
+        out.append("register_lenient_fields(_LENIENT)\n")
         return "".join(out)
 
 
 # --------------------------------------------------------------------------------------------
-# Hand-written parts of the generated module. They are kept here so that the module stays a
-# single file that the generator owns.
+# The fixed head of the generated module. The hand-written runtime (base classes, method table row,
+# codec and tolerant repair) lives in `subagent/acp/_wire.py`, where it is linted and type-checked;
+# the generated module imports it and re-exports its public names.
 
-RUNTIME_HEAD: Final = '''
+MODULE_HEAD: Final = '''
 """ACP wire types, generated from the vendored JSON Schema (protocol version 1).
 
 Every object is a frozen, keyword-only msgspec struct. Attributes are snake_case and the wire is
@@ -869,58 +875,21 @@ Use `decode(data, type=T)` and `encode(value)` rather than bare msgspec calls:
 * Some variants have no tag on the wire (stdio MCP servers, `agent` auth methods, embedded text
   or blob resources) and the fallbacks must write back exactly what was read. They carry internal
   tags that start with NUL, which `encode` strips; bare `msgspec.json.encode` would leak them.
+
+The base classes and the codec are hand-written in `subagent.acp._wire` and re-exported here.
 """
 
-import builtins
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, Final, Literal, NamedTuple, TypeAlias, TypeVar, overload
+from typing import Any, Final, Literal, TypeAlias
 
 import msgspec
-from msgspec import inspect as mi
 
 '''
 
-RUNTIME_BASES: Final = '''
-class WireStruct(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True, rename="camel", gc=False):
-    """Base class of every ACP object: frozen, keyword-only, camelCase on the wire.
-
-    Fields equal to their default are left out when encoding, and unknown fields are ignored
-    when decoding. Instances are not tracked by the cyclic garbage collector (``gc=False``):
-    decoded JSON is a tree and the objects are frozen, so they cannot form a cycle by themselves,
-    and a turn keeps every update: tracking them made the collector rescan a growing heap and
-    doubled the cost of a streamed update.
-    """
-
-
-class UnknownVariant(WireStruct, kw_only=True, frozen=True):
-    """Base class of the `Unknown*` fallback member that every open tagged union has."""
-
-    raw: dict[str, Any]
-    """The JSON object as received; `encode` writes exactly this object back."""
-
-    @property
-    def tag(self) -> str | None:
-        """The discriminator value in `raw`, or None when it is absent or not a string."""
-        tag_field = self.__struct_config__.tag_field
-        value = self.raw.get(tag_field) if tag_field is not None else None
-        return value if isinstance(value, str) else None
-
-
-class MethodTypes(NamedTuple):
-    """The wire types of one method: a struct class, or a union alias of them."""
-
-    params: Any
-    """The type of the request's or notification's `params`."""
-    result: Any
-    """The type of the response's `result`, or None for a notification."""
-'''
-
+# Names the generated module imports from `subagent.acp._wire` and lists in its `__all__`.
 RUNTIME_PUBLIC: Final = [
     "MethodTypes",
-    "PROTOCOL_VERSION",
-    "SCHEMA_SHA256",
-    "SCHEMA_VERSION",
     "UnknownVariant",
     "WireStruct",
     "convert",
@@ -928,248 +897,10 @@ RUNTIME_PUBLIC: Final = [
     "encode",
     "to_builtins",
 ]
-
-RUNTIME_CODEC: Final = r'''
-
-# --------------------------------------------------------------------------------------------
-# Codec
-
-_T = TypeVar("_T")
-
-_SENTINEL: Final = "\x00"
-_ESCAPED_SENTINEL: Final = b"\\u0000"
-_MISSING: Final = object()
-_NOT_LENIENT: Final[tuple[frozenset[str], frozenset[str]]] = (frozenset(), frozenset())
-
-_ENCODER: Final = msgspec.json.Encoder()
-_DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
-_TYPE_INFO: dict[Any, mi.Type] = {}
-
-
-@overload
-def decode(data: bytes | bytearray | memoryview | str, *, type: builtins.type[_T]) -> _T: ...
-@overload
-def decode(data: bytes | bytearray | memoryview | str, *, type: Any) -> Any: ...
-def decode(data: bytes | bytearray | memoryview | str, *, type: Any) -> Any:
-    """Decode JSON (bytes, str or `msgspec.Raw`) into `type`, tolerating unknown variants.
-
-    Raises `msgspec.DecodeError` for malformed JSON and `msgspec.ValidationError` when the
-    value does not fit `type` even after the repairs the schema allows.
-    """
-    decoder = _DECODERS.get(type)
-    if decoder is None:
-        decoder = _DECODERS.setdefault(type, msgspec.json.Decoder(type))
-    try:
-        return decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        error = exc
-    # The slow path, taken only by messages that need repair.
-    return _repair_and_convert(msgspec.json.decode(data), type, error)
-
-
-@overload
-def convert(obj: Any, *, type: builtins.type[_T]) -> _T: ...
-@overload
-def convert(obj: Any, *, type: Any) -> Any: ...
-def convert(obj: Any, *, type: Any) -> Any:
-    """Like `decode`, for a value already parsed into Python builtins (dicts, lists, ...)."""
-    try:
-        return msgspec.convert(obj, type)
-    except msgspec.ValidationError as exc:
-        error = exc
-    return _repair_and_convert(obj, type, error)
-
-
-def encode(value: Any) -> bytes:
-    """Encode a wire value (or any structure containing them) as compact JSON.
-
-    Fallbacks are written as their `raw` object and internal tags are left out.
-    """
-    data = _ENCODER.encode(value)
-    if _ESCAPED_SENTINEL in data:
-        # An internal tag is in there (or a string with a NUL in it): redo it the careful way.
-        data = _ENCODER.encode(to_builtins(value))
-    return data
-
-
-def to_builtins(value: Any) -> Any:
-    """Convert a wire value to the JSON-ready builtins that `encode` would write."""
-    return _restore(value, msgspec.to_builtins(value))
-
-
-def _restore(value: Any, built: Any) -> Any:
-    # Walk the value and msgspec's builtins side by side, fixing what msgspec cannot know.
-    if isinstance(value, UnknownVariant):
-        return value.raw
-    if isinstance(value, msgspec.Struct):
-        config = value.__struct_config__
-        if config.tag_field is not None and isinstance(config.tag, str) and config.tag.startswith(_SENTINEL):
-            del built[config.tag_field]
-        for attr, key in zip(value.__struct_fields__, value.__struct_encode_fields__, strict=True):
-            if key in built:
-                built[key] = _restore(getattr(value, attr), built[key])
-        return built
-    if isinstance(value, list | tuple):
-        return [_restore(item, out) for item, out in zip(value, built, strict=True)]
-    if isinstance(value, dict):
-        pairs = zip(value.values(), built.items(), strict=True)
-        return {key: _restore(item, out) for item, (key, out) in pairs}
-    return built
-
-
-class _Invalid(Exception):
-    """Raised inside the repair walk for a value that cannot be made to fit its type."""
-
-
-class _UnionInfo(NamedTuple):
-    plain: mi.StructType | None
-    tag_field: str | None
-    by_tag: dict[str, mi.StructType]
-    untagged: list[mi.StructType]
-    fallback: mi.StructType | None
-    others: list[mi.Type]
-
-
-# Keyed by id(): inspect types are unhashable, and the cached type trees keep them alive.
-_UNION_INFO: dict[int, _UnionInfo] = {}
-
-
-def _repair_and_convert(obj: Any, type: Any, error: msgspec.ValidationError) -> Any:
-    info = _TYPE_INFO.get(type)
-    if info is None:
-        info = _TYPE_INFO.setdefault(type, mi.type_info(type))
-    try:
-        repaired = _repair(obj, info, skip_items=False)
-    except _Invalid:
-        raise error from None
-    return msgspec.convert(repaired, type)
-
-
-def _repair(value: Any, t: mi.Type, skip_items: bool) -> Any:
-    """Return `value` reshaped so that msgspec accepts it as `t`, or raise `_Invalid`."""
-    if isinstance(t, mi.StructType):
-        return _repair_struct(value, t)
-    if isinstance(t, mi.UnionType):
-        return _repair_union(value, t, skip_items)
-    if isinstance(t, mi.ListType):
-        if not isinstance(value, list):
-            raise _Invalid
-        if not skip_items:
-            return [_repair(item, t.item_type, False) for item in value]
-        kept = []
-        for item in value:
-            try:
-                kept.append(_repair(item, t.item_type, False))
-            except _Invalid:
-                continue
-        return kept
-    if isinstance(t, mi.DictType):
-        if not isinstance(value, dict):
-            raise _Invalid
-        return {key: _repair(item, t.value_type, False) for key, item in value.items()}
-    if isinstance(t, mi.AnyType):
-        return value
-    if isinstance(t, mi.NoneType):
-        ok = value is None
-    elif isinstance(t, mi.BoolType):
-        ok = isinstance(value, bool)
-    elif isinstance(t, mi.IntType):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(t, mi.FloatType):
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-    elif isinstance(t, mi.StrType):
-        ok = isinstance(value, str)
-    elif isinstance(t, mi.LiteralType):
-        ok = isinstance(value, str | int) and not isinstance(value, bool) and value in t.values
-    else:
-        return value  # not produced by this module's types; msgspec.convert has the last word
-    if not ok:
-        raise _Invalid
-    return value
-
-
-def _repair_struct(value: Any, t: mi.StructType) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _Invalid
-    reset, skip = _LENIENT.get(t.cls, _NOT_LENIENT)
-    out = dict(value)
-    if t.tag_field is not None:
-        out[t.tag_field] = t.tag
-    for f in t.fields:
-        key = f.encode_name
-        if key not in out:
-            if f.required:
-                raise _Invalid
-            continue
-        try:
-            out[key] = _repair(out[key], f.type, key in skip)
-        except _Invalid:
-            if key not in reset:
-                raise
-            if not f.required:
-                del out[key]
-            elif isinstance(f.type, mi.ListType):
-                out[key] = []
-            else:
-                raise
-    return out
-
-
-def _repair_union(value: Any, t: mi.UnionType, skip_items: bool) -> Any:
-    info = _UNION_INFO.get(id(t))
-    if info is None:
-        info = _UNION_INFO.setdefault(id(t), _union_info(t))
-    if isinstance(value, dict) and info.plain is not None:
-        return _repair_struct(value, info.plain)  # `SomeStruct | None`: no tag to look at
-    if isinstance(value, dict) and info.tag_field is not None:
-        tag = value.get(info.tag_field, _MISSING)
-        if isinstance(tag, str) and tag in info.by_tag:
-            candidates = [info.by_tag[tag]]
-        elif tag is _MISSING or info.fallback is None:
-            candidates = info.untagged  # the variant(s) without a wire tag
-        else:
-            candidates = []
-        for member in candidates:
-            try:
-                return _repair_struct(value, member)
-            except _Invalid:
-                continue
-        if info.fallback is not None:
-            return {info.tag_field: info.fallback.tag, "raw": value}
-        raise _Invalid
-    for other in info.others:
-        try:
-            return _repair(value, other, skip_items)
-        except _Invalid:
-            continue
-    raise _Invalid
-
-
-def _union_info(t: mi.UnionType) -> _UnionInfo:
-    plain = None
-    tag_field = None
-    by_tag: dict[str, mi.StructType] = {}
-    untagged: list[mi.StructType] = []
-    fallback = None
-    others: list[mi.Type] = []
-    for member in t.types:
-        if not isinstance(member, mi.StructType):
-            others.append(member)
-            continue
-        tag_field = member.tag_field
-        tag = member.tag
-        if tag_field is None:
-            plain = member  # msgspec allows one untagged struct per union, and then no tagged ones
-        elif issubclass(member.cls, UnknownVariant):
-            fallback = member
-        elif isinstance(tag, str) and tag.startswith(_SENTINEL):
-            untagged.append(member)
-            # The schema names the untagged variant ("stdio", "agent"): accept it spelled out.
-            by_tag.setdefault(tag[1:], member)
-        elif isinstance(tag, str):
-            by_tag[tag] = member
-    return _UnionInfo(plain, tag_field, by_tag, untagged, fallback, others)
-'''
+# Imported from `subagent.acp._wire` for the generated module's own use, not re-exported.
+RUNTIME_PRIVATE: Final = ["register_lenient_fields"]
+# Defined by the generated module itself, outside the schema's definitions.
+MODULE_PUBLIC: Final = ["PROTOCOL_VERSION", "SCHEMA_SHA256", "SCHEMA_VERSION"]
 
 
 # --------------------------------------------------------------------------------------------
