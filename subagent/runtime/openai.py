@@ -336,7 +336,9 @@ class _SseDecoder:
         events: list[bytes] = []
         data = self._data
         for line in lines:
-            # Inline, the common shapes first: `data: {...}` then a blank line, per event.
+            # Inline, the common shapes first: `data: {...}` then a blank line, per event. The blank
+            # line's dispatch repeats `_line`'s on purpose: calling it per event took bench/chat_stream.py
+            # from 2.5x to 3.3x the floor.
             if line.startswith(b"data: "):
                 data.append(line[6:].rstrip(b"\r"))
             elif line == b"" or line == b"\r":
