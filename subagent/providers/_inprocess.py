@@ -170,10 +170,6 @@ class InProcessRun:
         self._settled = anyio.Event()
         self._done = anyio.Event()
         self._cancelled_before_turn = False
-        # Around the first turn: cancel() uses it for the moment when _main has entered the
-        # agent's turn but the agent's own cancel scope does not exist yet (agent.cancel() would
-        # then be a no-op and the turn would run to its end regardless).
-        self._first_turn_scope = anyio.CancelScope()
         self._disposing = False
 
     @property
@@ -238,17 +234,11 @@ class InProcessRun:
         After the first turn settled, this stops a turn started with :meth:`resume`, if one runs:
         that ``resume()`` returns a ``cancelled`` result.
         """
+        # The agent's own cancel reaches a turn in flight, or one taking its lock right now.
+        self.agent.cancel()
         if self._settled.is_set():
-            self.agent.cancel()
             return
-        self._cancelled_before_turn = True  # if the turn has not begun, it never will
-        if self.agent.busy:
-            # The agent's own cancellation keeps the turn's partial output and usage.
-            self.agent.cancel()
-        else:
-            # The first turn has not begun, or is just beginning (the agent's turn scope does not
-            # exist yet): cancel it from outside, wherever it is.
-            self._first_turn_scope.cancel()
+        self._cancelled_before_turn = True  # if the first turn has not begun, it never will
         await self._settled.wait()
 
     async def dispose(self) -> None:
@@ -309,16 +299,13 @@ class InProcessRun:
             if self._cancelled_before_turn or self._disposing:
                 self._settle(SubagentResult(output="", stop_reason="cancelled"))
                 return
-            with self._first_turn_scope:
-                outcome = await self.agent.run_turn(
-                    self.request.prompt,
-                    output_schema=self.request.output_schema,
-                    idle_timeout=self.request.timeout,
-                )
-                # dispose() settles the result itself (DISPOSED) before the agent's turn comes back.
-                self._settle(outcome)
-            # Reached without a result only when cancel() cancelled the turn as it began.
-            self._settle(SubagentResult(output="", stop_reason="cancelled"))
+            outcome = await self.agent.run_turn(
+                self.request.prompt,
+                output_schema=self.request.output_schema,
+                idle_timeout=self.request.timeout,
+            )
+            # dispose() settles the result itself (DISPOSED) before the agent's turn comes back.
+            self._settle(outcome)
         except AgentClosedError:
             self._settle(self._disposed_error("before its turn began"))
         except Exception as exc:
