@@ -294,10 +294,9 @@ any inactivity timeout worth setting, and an attribute read costs nothing."""
 async def _result_reporting_activity(run: ServiceRun, on_activity: Callable[[], object]) -> SubagentResult:
     """``run.result()``, calling ``on_activity`` whenever the child showed a sign of life since the last
     look (a provider run that cannot say is taken as silent: the caller's clock runs)."""
-    provider_run = run.provider_run
-    if not isinstance(provider_run, ObservableRun):
+    if not isinstance(run, ObservableRun):  # the service run is one exactly when its provider's is
         return await run.result()
-    observable = provider_run
+    observable = run
 
     async def watch() -> None:
         seen = observable.last_activity
