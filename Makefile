@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install interop test lint format demo bench schema
+.PHONY: help install interop test fuzz lint format demo bench schema
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -31,6 +31,9 @@ interop: $(INTEROP_AGENT) ## install the third-party ACP agent the interop tests
 
 test: $(STAMP) interop ## run the test suite on asyncio and trio
 	$(BIN)/python -m pytest
+
+fuzz: $(STAMP) ## the fuzz tests at length (HYPOTHESIS_PROFILE=fuzz: thousands of inputs per property)
+	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -m fuzz
 
 lint: $(STAMP) ## ruff (lint and format check) and mypy --strict
 	$(BIN)/ruff check .
