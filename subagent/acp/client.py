@@ -8,6 +8,10 @@ What the client guarantees:
 
 * Every update of a turn reaches the caller, in order, before :meth:`ClientSession.prompt`
   returns: the connection releases a response only after the notifications that preceded it.
+* What a turn keeps is bounded however long it streams: its last ``max_kept_updates`` updates
+  (older ones are dropped and counted), and its final message, built as it streams in linear time
+  and exact up to ``max_output_chars`` characters (past that it is cut there and marked
+  ``output_truncated``; see :class:`TurnOutput`).
 * A dead agent fails every waiting call at once with :class:`AgentExitedError`, whose message has
   the exit status and the tail of the agent's stderr, even when a grandchild keeps the agent's
   stdout open.
@@ -23,15 +27,17 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import io
 import logging
 import os
 import shlex
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import anyio
 import anyio.abc
@@ -58,6 +64,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLIENT_NAME",
+    "DEFAULT_MAX_KEPT_UPDATES",
+    "DEFAULT_MAX_OUTPUT_CHARS",
     "AcpClient",
     "AgentCapabilityError",
     "AgentError",
@@ -65,6 +73,7 @@ __all__ = [
     "AuthenticationRequiredError",
     "ClientSession",
     "ProtocolVersionError",
+    "TurnOutput",
     "TurnResult",
     "UpdateCallback",
     "final_message",
@@ -86,6 +95,16 @@ response may still be in the pipe) before giving up on a stdout held open by a g
 
 CANCEL_NOTIFY_TIMEOUT: float = 1.0
 """Bound on sending ``session/cancel`` when the caller of a prompt is cancelled."""
+
+DEFAULT_MAX_KEPT_UPDATES: int = 10_000
+"""How many of a turn's most recent session updates are kept readable (older ones are dropped and
+counted). A streamed answer is one update per few tokens, so this holds the whole of any ordinary
+turn, at about 0.4 KiB per message chunk (~4 MiB), while a flood of millions costs no more."""
+
+DEFAULT_MAX_OUTPUT_CHARS: int = 16 * 1024 * 1024
+"""How long a turn's final message may grow, in characters (16 Mi). A model's whole answer is at
+most a few hundred KiB; this is room for far more, and a bound on what an agent streaming
+endlessly can make us hold (at most 4 bytes a character, 64 MiB)."""
 
 UpdateCallback = Callable[[schema.SessionUpdate], object]
 """Receives each session update in order; may be sync or async (an awaitable result is awaited)."""
@@ -145,11 +164,11 @@ class _UsageProbe(msgspec.Struct):
 _USAGE_DECODER = msgspec.json.Decoder(_UsageProbe)
 
 
-def final_message(updates: Sequence[schema.SessionUpdate]) -> str:
+def final_message(updates: Iterable[schema.SessionUpdate]) -> str:
     """The text of the agent message chunks after the turn's last tool call.
 
     Text before a tool call is narration ("let me read the file"); what follows the last one is
-    the answer.
+    the answer. (For a turn as it streams, :class:`TurnOutput` builds the same text incrementally.)
     """
     parts: list[str] = []
     for update in updates:
@@ -160,24 +179,94 @@ def final_message(updates: Sequence[schema.SessionUpdate]) -> str:
     return "".join(parts)
 
 
+_MESSAGE_CHUNK: Final = schema.AgentMessageChunk
+_TEXT: Final = schema.TextContent
+_TOOL_CALL: Final = schema.ToolCall
+_TOOL_CALL_UPDATE: Final = schema.ToolCallProgress
+
+
+class TurnOutput:
+    """A turn's final message as it streams (what :func:`final_message` gives for the whole turn),
+    built in linear time: the text of its agent message chunks since its last tool call.
+
+    It is exact up to ``limit`` characters (None: no limit). Text past the limit is not kept: the
+    text is cut at exactly ``limit`` characters and :attr:`truncated` becomes true (and stays true
+    for the turn, even when a later tool call starts the message afresh), so a caller can tell
+    an answer that was cut from a whole one, and stop an agent that streams without end.
+    """
+
+    __slots__ = ("_buffer", "length", "limit", "truncated")
+
+    def __init__(self, limit: int | None = DEFAULT_MAX_OUTPUT_CHARS) -> None:
+        _check_bound("the output limit", limit)
+        self.limit = limit
+        self.length = 0
+        """Characters of the message kept now."""
+        self.truncated = False
+        self._buffer = io.StringIO()  # appends in amortised linear time, compactly (no object per chunk)
+
+    def __repr__(self) -> str:
+        cut = ", truncated" if self.truncated else ""
+        return f"<TurnOutput {self.length} chars{cut}>"
+
+    def add(self, update: schema.SessionUpdate) -> None:
+        """Take the turn's next update."""
+        kind = type(update)
+        if kind is _MESSAGE_CHUNK:
+            content = update.content  # type: ignore[union-attr]
+            if type(content) is _TEXT:
+                self.add_text(content.text)
+        elif kind is _TOOL_CALL or kind is _TOOL_CALL_UPDATE:
+            self.clear()
+
+    def add_text(self, text: str) -> None:
+        """Append message text (cut at the limit)."""
+        length = self.length + len(text)
+        limit = self.limit
+        if limit is not None and length > limit:
+            text = text[: limit - self.length]
+            length = limit
+            self.truncated = True
+        self._buffer.write(text)
+        self.length = length
+
+    def clear(self) -> None:
+        """A tool call: what came before it was narration, not the answer."""
+        if self.length:
+            self._buffer = io.StringIO()
+            self.length = 0
+
+    @property
+    def text(self) -> str:
+        """The message so far."""
+        return self._buffer.getvalue()
+
+
 @dataclass(slots=True)
 class TurnResult:
-    """How one ``session/prompt`` ended, with every update it produced, in order."""
+    """How one ``session/prompt`` ended.
+
+    ``updates`` holds the turn's updates in order, the most recent ``max_kept_updates`` of them
+    (see :class:`AcpClient`); ``update_count`` counts all of them, so ``update_count -
+    len(updates)`` were dropped, oldest first. ``output`` is the final message (see
+    :func:`final_message`), exact however many updates the turn had, up to the output limit;
+    ``output_truncated`` says the message went past that limit and was cut at it.
+    """
 
     stop_reason: schema.StopReason
     updates: list[schema.SessionUpdate]
     usage: dict[str, Any] | None = None
-
-    @property
-    def output(self) -> str:
-        """The final assistant message: see :func:`final_message`."""
-        return final_message(self.updates)
+    output: str = ""
+    update_count: int = 0
+    output_truncated: bool = False
 
 
 @dataclass(eq=False)
 class _Turn:
     on_update: UpdateCallback | None
-    updates: list[schema.SessionUpdate] = field(default_factory=list)
+    updates: deque[schema.SessionUpdate]
+    output: TurnOutput
+    count: int = 0
     cancel_requested: bool = False
 
 
@@ -199,8 +288,9 @@ class ClientSession:
         self.config_options: list[schema.SessionConfigOption] | None = None
         self.last_activity = time.monotonic()
         self.pending_permissions = 0
-        self.replayed: list[schema.SessionUpdate] = []
-        """Updates the agent sent while loading this session (its replayed history)."""
+        self.replayed: deque[schema.SessionUpdate] = deque(maxlen=client.max_kept_updates)
+        """Updates the agent sent while loading this session (its replayed history): the most
+        recent ``max_kept_updates`` of them."""
         self._turn: _Turn | None = None
         self._permission_scopes: set[anyio.CancelScope] = set()
         self._listeners: list[UpdateCallback] = []
@@ -226,9 +316,19 @@ class ClientSession:
         return dispose
 
     async def prompt(
-        self, prompt: str | Sequence[schema.ContentBlock], *, on_update: UpdateCallback | None = None
+        self,
+        prompt: str | Sequence[schema.ContentBlock],
+        *,
+        on_update: UpdateCallback | None = None,
+        output: TurnOutput | None = None,
     ) -> TurnResult:
-        """Run one turn and return how it ended, with all of its updates.
+        """Run one turn and return how it ended, with its updates (the most recent
+        ``max_kept_updates``) and its final message.
+
+        ``output`` receives the final message as it streams (default: a fresh
+        :class:`TurnOutput` with the client's ``max_output_chars``); a caller passes its own to
+        watch the message grow, or to read what there was of it when the turn fails. It is fed
+        each update before ``on_update`` is called with it.
 
         Cancelling the caller sends ``session/cancel`` (best effort) before the cancellation
         propagates; to stop a turn and still get its result, call :meth:`cancel` instead.
@@ -243,7 +343,11 @@ class ClientSession:
         blocks: list[schema.ContentBlock] = (
             [schema.TextContent(text=prompt)] if isinstance(prompt, str) else list(prompt)
         )
-        turn = _Turn(on_update)
+        turn = _Turn(
+            on_update,
+            deque(maxlen=self._client.max_kept_updates),
+            output if output is not None else TurnOutput(self._client.max_output_chars),
+        )
         self._turn = turn
         try:
             raw = await self._client._call(
@@ -259,7 +363,14 @@ class ClientSession:
             self._turn = None
         response = schema.decode(raw, type=schema.PromptResponse)
         usage = _USAGE_DECODER.decode(raw).usage
-        return TurnResult(stop_reason=response.stop_reason, updates=turn.updates, usage=usage)
+        return TurnResult(
+            stop_reason=response.stop_reason,
+            updates=list(turn.updates),
+            usage=usage,
+            output=turn.output.text,
+            update_count=turn.count,
+            output_truncated=turn.output.truncated,
+        )
 
     async def cancel(self) -> None:
         """Ask the agent to stop the running turn; pending permission questions are answered
@@ -307,7 +418,9 @@ class ClientSession:
         if self._loading:
             self.replayed.append(update)
         elif turn is not None:
-            turn.updates.append(update)
+            turn.updates.append(update)  # a bounded deque: the oldest falls out
+            turn.count += 1
+            turn.output.add(update)
         if not self._listeners and (turn is None or turn.on_update is None):
             return None
         callbacks: list[UpdateCallback] = list(self._listeners)
@@ -383,6 +496,10 @@ class AcpClient:
         terminals: serve ``terminal/*`` with this host; None (default) advertises none.
         client_info: the name and version sent in ``initialize``.
         max_line_bytes: the longest line accepted from the agent.
+        max_kept_updates: how many of a turn's updates (and of a loaded session's replay) are
+            kept, the most recent; None keeps all.
+        max_output_chars: the longest final message a turn keeps (see :class:`TurnOutput`);
+            None: no limit.
         on_protocol_error: told about every malformed line the agent sends (they are skipped).
         exit_diagnosis: builds the error for a closed connection (a child-process owner passes one
             that adds the exit status and stderr tail).
@@ -398,10 +515,16 @@ class AcpClient:
         terminals: TerminalHost | None = None,
         client_info: schema.Implementation | None = None,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+        max_kept_updates: int | None = DEFAULT_MAX_KEPT_UPDATES,
+        max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
         on_protocol_error: Callable[[ProtocolError], None] | None = None,
         exit_diagnosis: Callable[[ConnectionClosedError], Awaitable[AgentExitedError]] | None = None,
         name: str = "acp-client",
     ) -> None:
+        _check_bound("max_kept_updates", max_kept_updates)
+        _check_bound("max_output_chars", max_output_chars)
+        self.max_kept_updates = max_kept_updates
+        self.max_output_chars = max_output_chars
         self.permission = permission_policy(permission)
         self.fs = fs
         self.terminals = terminals
@@ -644,6 +767,12 @@ class AcpClient:
         return session._deliver(notification.update)
 
 
+def _check_bound(label: str, value: object) -> None:
+    """A size limit is a whole number >= 0, or None (checked as the caller may pass it, typed or not)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{label} must be an int >= 0 or None, not {value!r}")
+
+
 def _absolute(path: str | os.PathLike[str]) -> str:
     # ACP requires absolute session paths; this touches no file.
     return os.path.abspath(path)
@@ -669,6 +798,8 @@ async def spawn_agent(
     fs: FsSandbox | None = None,
     terminals: TerminalHost | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    max_kept_updates: int | None = DEFAULT_MAX_KEPT_UPDATES,
+    max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
     on_protocol_error: Callable[[ProtocolError], None] | None = None,
     on_stderr_line: Callable[[str], object] | None = None,
     process_options: Mapping[str, Any] | None = None,
@@ -692,6 +823,8 @@ async def spawn_agent(
             fs=fs,
             terminals=terminals,
             max_line_bytes=max_line_bytes,
+            max_kept_updates=max_kept_updates,
+            max_output_chars=max_output_chars,
             on_protocol_error=on_protocol_error,
             exit_diagnosis=lambda closed: _diagnose_exit(process, closed),
             name=f"acp:{process.pid}",
