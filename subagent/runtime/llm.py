@@ -30,13 +30,20 @@ class LlmErrorKind(enum.StrEnum):
     CONNECTION = "connection"
     """The connection failed or dropped, still after the adapter's retries."""
     TIMEOUT = "timeout"
-    """No byte from the server within the adapter's timeout."""
+    """No byte from the server within the adapter's timeout (the gap between two reads)."""
+    DEADLINE = "deadline"
+    """The whole model call, retries and their delays included, went past the adapter's deadline
+    (a server trickling its answer, say, never silent long enough for a ``TIMEOUT``)."""
     AUTH = "auth"
-    """The server refused the credentials (401, 403), or none were found."""
+    """The server refused the credentials (401, 403), or the configured key is unusable (a line
+    break, a non-ASCII character) and was not sent."""
     BAD_REQUEST = "bad_request"
     """The server refused the request itself (another 4xx): retrying will not help."""
     PROTOCOL = "protocol"
     """The server's answer broke the wire format (a malformed chunk, a stream cut short)."""
+    TOO_LARGE = "too_large"
+    """The server's answer went past one of the adapter's size caps (one event, one response, the
+    whole answer): reading stopped there."""
     SCRIPT = "script"
     """A scripted adapter ran out of replies or was told to fail."""
 

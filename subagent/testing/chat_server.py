@@ -20,13 +20,15 @@ Replies (all frozen dataclasses):
   or left hanging (``stall_after``) after a number of events.
 * :class:`JsonReply`: one non-streamed ``chat.completion`` JSON body (a server that ignores ``stream``).
 * :class:`ErrorReply`: an HTTP error status (or a redirect) with an OpenAI-style JSON error body, an
-  optional ``Retry-After`` and any other headers.
+  optional ``Retry-After`` and any other headers; it can echo request headers in its message, as
+  servers that quote a rejected key do.
 * :class:`DropConnection`: close the connection without answering (or right after the status line and
   headers, ``after_headers=True``).
 * :class:`MalformedChunk`: a stream whose event carries raw, broken data.
 * :class:`StallReply`: never answer, until the client gives up and closes the connection.
 * :class:`RawStream`: a ``200`` whose body is exactly the given pieces, each one HTTP chunk (comments,
-  CRLF line endings, an event split across reads, a body that is not events at all).
+  CRLF line endings, an event split across reads, a body that is not events at all), optionally with a
+  pause before each (a server that trickles its answer).
 
 ``server.requests`` records every chat-completions request with a JSON body, in arrival order, one
 beyond the script too (that one is answered 500 with a body that says so). ``GET /v1/models`` lists the
@@ -178,7 +180,9 @@ class JsonReply:
 class ErrorReply:
     """An HTTP error (or a redirect): ``status`` with an OpenAI-style body ``{"error": {"message", "type",
     "code"}}``, or ``body`` verbatim when given. ``retry_after`` becomes the ``Retry-After`` header, as
-    written; ``headers`` are added as given (``Location`` for a redirect)."""
+    written; ``headers`` are added as given (``Location`` for a redirect). ``echo_headers`` names request
+    headers whose values the message quotes, ``"<message> (authorization: Bearer sk-...)"`` (not with
+    ``body``): a server that repeats a rejected credential back."""
 
     status: int
     message: str = "scripted error"
@@ -186,11 +190,22 @@ class ErrorReply:
     body: str | None = None
     error_type: str = "stub_error"
     headers: Mapping[str, str] = field(default_factory=dict)
+    echo_headers: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if not 300 <= self.status <= 599:
             raise ValueError(f"an error status is 300..599, got {self.status}")
         object.__setattr__(self, "headers", dict(self.headers))
+        object.__setattr__(self, "echo_headers", tuple(name.lower() for name in self.echo_headers))
+        if self.echo_headers and self.body is not None:
+            raise ValueError("echo_headers goes into the message, and a verbatim body has none")
+
+    def message_for(self, request_headers: Mapping[str, str]) -> str:
+        """The message, with the echoed request headers (lower-case names) quoted."""
+        if not self.echo_headers:
+            return self.message
+        echoed = "; ".join(f"{name}: {request_headers.get(name, '(absent)')}" for name in self.echo_headers)
+        return f"{self.message} ({echoed})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,13 +239,18 @@ class StallReply:
 @dataclass(frozen=True, slots=True)
 class RawStream:
     """A ``200`` answer whose body is ``pieces`` verbatim (str is sent as UTF-8), each piece one HTTP
-    chunk: for wire details the other replies do not produce."""
+    chunk: for wire details the other replies do not produce. With ``pause``, the server waits that
+    many seconds before each piece (one byte a piece and a pause: a server trickling its answer); it
+    stops when the client hangs up."""
 
     pieces: Sequence[bytes | str]
     content_type: str = "text/event-stream"
+    pause: float = 0.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "pieces", tuple(self.pieces))
+        if not self.pause >= 0:
+            raise ValueError(f"pause must be >= 0 seconds, got {self.pause}")
 
 
 ChatReply = StreamedReply | JsonReply | ErrorReply | DropConnection | MalformedChunk | StallReply | RawStream
@@ -364,7 +384,7 @@ class ChatCompletionsServer:
         reply = self.script[request.index]
         model = payload.get("model", self.model) if isinstance(payload, dict) else self.model
         try:
-            await _answer(stream, reader, reply, request.index, str(model))
+            await _answer(stream, reader, reply, request.index, str(model), request.headers)
         except _ClientGone:
             request.disconnected.set()
 
@@ -464,6 +484,12 @@ async def _wait_for_disconnect(reader: BufferedByteReceiveStream) -> None:
         raise _ClientGone from exc
 
 
+async def _pause_unless_gone(reader: BufferedByteReceiveStream, seconds: float) -> None:
+    """Wait ``seconds``; report the client gone if it hangs up meanwhile (a trickle to nobody ends)."""
+    with anyio.move_on_after(seconds):
+        await _wait_for_disconnect(reader)
+
+
 def _finish_reason(reason: FinishReasonText, tool_calls: Sequence[ToolCallReply]) -> str | None:
     if reason == "auto":
         return "tool_calls" if tool_calls else "stop"
@@ -548,7 +574,12 @@ def _completion_body(reply: JsonReply, index: int, model: str) -> dict[str, Any]
 
 
 async def _answer(
-    stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, reply: ChatReply, index: int, model: str
+    stream: anyio.abc.ByteStream,
+    reader: BufferedByteReceiveStream,
+    reply: ChatReply,
+    index: int,
+    model: str,
+    request_headers: Mapping[str, str],
 ) -> None:
     if isinstance(reply, ErrorReply):
         headers = dict(reply.headers)
@@ -562,7 +593,7 @@ async def _answer(
         body = (
             reply.body.encode()
             if reply.body is not None
-            else json.dumps(_error_body(reply.message, reply.error_type)).encode()
+            else json.dumps(_error_body(reply.message_for(request_headers), reply.error_type)).encode()
         )
         await _send_body(stream, reply.status, body, "application/json", headers)
     elif isinstance(reply, JsonReply):
@@ -578,6 +609,8 @@ async def _answer(
     elif isinstance(reply, RawStream):
         await _send_stream_head(stream, reply.content_type)
         for piece in reply.pieces:
+            if reply.pause:
+                await _pause_unless_gone(reader, reply.pause)
             await _send_chunk(stream, piece.encode() if isinstance(piece, str) else piece)
         await _send(stream, b"0\r\n\r\n")
     elif isinstance(reply, MalformedChunk):
