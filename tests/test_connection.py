@@ -1038,6 +1038,7 @@ async def test_leaving_the_context_fails_pending_requests_and_cancels_in_flight_
         pending_requests=0,
         incoming_requests=0,
         queued_notifications=0,
+        queued_notification_bytes=0,
         read_buffer_bytes=0,
         protocol_errors=0,
         closed=True,

@@ -41,6 +41,7 @@ import contextvars
 import functools
 import logging
 import math
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, Union, overload
@@ -56,6 +57,7 @@ from subagent.acp.errors import (
     MessageTooLargeError,
     ProtocolError,
     RequestError,
+    RpcErrorCode,
     UnexpectedResponseError,
 )
 
@@ -67,7 +69,9 @@ if TYPE_CHECKING:
 __all__ = [
     "CANCEL_REQUEST_METHOD",
     "COURTESY_CANCEL_TIMEOUT",
+    "DEFAULT_MAX_INCOMING_REQUESTS",
     "DEFAULT_MAX_LINE_BYTES",
+    "DEFAULT_MAX_QUEUED_NOTIFICATION_BYTES",
     "Connection",
     "ConnectionStatistics",
     "NotificationHandler",
@@ -102,6 +106,13 @@ CANCEL_REQUEST_METHOD: Final = "$/cancel_request"
 DEFAULT_MAX_LINE_BYTES: Final = 64 * 1024 * 1024
 # Why: file contents and tool outputs travel inline; 64 MiB fits any real message yet bounds a runaway line.
 
+DEFAULT_MAX_INCOMING_REQUESTS: Final = 256
+# Why: one task per request the peer has in flight; a real peer has a handful, a runaway one is refused.
+
+DEFAULT_MAX_QUEUED_NOTIFICATION_BYTES: Final = 16 * 1024 * 1024
+# Why: how far the reader may run ahead of a slow notification handler before it stops reading (and the
+# peer's writes block): far more than any burst of updates, far less than memory.
+
 COURTESY_CANCEL_TIMEOUT: Final = 1.0
 # Why: the `$/cancel_request` sent for an abandoned request is best effort; a peer that has stopped reading
 # must not delay the caller's cancellation by more than this (seconds).
@@ -111,6 +122,18 @@ _ABANDONED_IDS_REMEMBERED: Final = 1024
 
 _EXCERPT_BYTES: Final = 120
 # Why: enough of a malformed line to recognise it (e.g. an agent logging to stdout), short enough for a log.
+
+_IDENTIFY_BYTES: Final = 1024 * 1024
+# Why: how much of a broken or over-long line is searched for its "id" and "method"; they come first in
+# practice, and the search is Python-level work on a line that already failed.
+
+_MAX_ERROR_REPLIES: Final = 64
+_MAX_ERROR_REPLY_BYTES: Final = 1024 * 1024
+# Why: error replies to broken lines and refused requests, in flight at once; beyond either bound (a flood
+# of garbage from a peer that does not read its answers) they are dropped, not queued without limit.
+
+_MAX_BATCH_ERRORS: Final = 1024
+# Why: batches are not supported; the error reply to one names at most this many of its requests.
 
 _JSONRPC: Final = "2.0"
 
@@ -128,13 +151,6 @@ class _Envelope(msgspec.Struct):
     params: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     result: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
     error: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-
-
-class _Probe(msgspec.Struct):
-    """The least we need from a line that failed envelope validation, to avoid leaving its sender waiting."""
-
-    id: int | str | msgspec.UnsetType | None = msgspec.UNSET
-    method: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
 class _WireError(msgspec.Struct):
@@ -175,8 +191,11 @@ class _OutError(msgspec.Struct):
 _NotificationBatch: TypeAlias = "list[tuple[str, Any]]"
 """Notifications parsed from one read, handed to the notifier together."""
 
+_QueuedBatch: TypeAlias = "tuple[_NotificationBatch, int]"
+"""A batch and the bytes of the read it came from (what it keeps in memory, at most)."""
+
 _ENVELOPE_DECODER: Final = msgspec.json.Decoder(_Envelope)
-_PROBE_DECODER: Final = msgspec.json.Decoder(_Probe)
+_BATCH_DECODER: Final = msgspec.json.Decoder(list[msgspec.Raw])
 _WIRE_ERROR_DECODER: Final = msgspec.json.Decoder(_WireError)
 _CANCEL_PARAMS_DECODER: Final = msgspec.json.Decoder(_CancelParams)
 _NULL_RESULT: Final = msgspec.Raw(b"null")
@@ -192,6 +211,8 @@ class ConnectionStatistics:
     """The peer's requests whose handlers are still running."""
     queued_notifications: int
     """Notifications received but not yet handled."""
+    queued_notification_bytes: int
+    """Bytes of the reads whose notifications are not yet all handled (the reader pauses above its bound)."""
     read_buffer_bytes: int
     """Bytes of an incomplete line held by the reader (never much more than `max_line_bytes`)."""
     protocol_errors: int
@@ -206,7 +227,7 @@ class _Pending:
     method: str
     done: anyio.Event = field(default_factory=anyio.Event)
     result: msgspec.Raw = field(default_factory=lambda: _NULL_RESULT)  # Raw is unhashable: no plain default
-    error: RequestError | ConnectionClosedError | InvalidResponseError | None = None
+    error: RequestError | ConnectionClosedError | InvalidResponseError | MessageTooLargeError | None = None
     notifications_before: int = 0
     """How many notifications had arrived when the response did: the caller waits until these are handled."""
 
@@ -221,6 +242,8 @@ def decode_params(params: msgspec.Raw | None, params_type: type[T]) -> T:
         return msgspec.json.decode(b"null" if params is None else params, type=params_type)
     except msgspec.ValidationError as exc:
         raise RequestError.invalid_params({"details": str(exc)}) from exc
+    except RecursionError as exc:
+        raise RequestError.invalid_params({"details": "nested too deeply"}) from exc
 
 
 @functools.lru_cache(maxsize=16)
@@ -261,6 +284,134 @@ def _is_utf8(line: bytes) -> bool:
     return True
 
 
+# -- reading what a broken line still shows ----------------------------------------------------------------
+# These run only after a line failed to decode (or was too long), never on the hot path. Possessive
+# quantifiers keep every pattern linear: no backtracking on a long or hostile line.
+
+_STRING: Final = rb'"(?:[^"\\]++|\\.)*+"'
+_KEY_PATTERN: Final = re.compile(rb"[ \t\r\n]*(" + _STRING + rb")[ \t\r\n]*:[ \t\r\n]*", re.DOTALL)
+_SCALAR_PATTERN: Final = re.compile(_STRING + rb'|[^ \t\r\n,:{}\[\]"]++', re.DOTALL)
+_SEPARATOR_PATTERN: Final = re.compile(rb"[ \t\r\n]*([,}])")
+_OBJECT_START: Final = re.compile(rb"[ \t\r\n]*\{")
+_FLAT_PATTERN: Final = re.compile(rb'(?:[^"{}\[\]]++|' + _STRING + rb")*+", re.DOTALL)
+_OPENING_RUN: Final = re.compile(rb"[\[{]++")
+_CLOSING_RUN: Final = re.compile(rb"[\]}]++")
+_JSON_RPC_LOOKING: Final = re.compile(rb"[ \t\r\n]*(?:\{|\[[ \t\r\n]*[{\]])")
+# An escaped backslash, a valid surrogate pair, or a lone surrogate escape: matched left to right, so the
+# `u` after an escaped backslash (`\\ud83d`, a literal backslash) is never read as an escape.
+_SURROGATE_ESCAPES: Final = re.compile(
+    rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+)
+_REPLACEMENT_ESCAPE: Final = rb"\ufffd"
+_OPEN_BRACKETS: Final = frozenset(b"[{")
+_ID_DECODER: Final = msgspec.json.Decoder(Union[int, str, None])  # noqa: UP007  # a runtime type
+
+
+def _replace_lone_surrogates(line: bytes) -> bytes:
+    """`line` with every lone UTF-16 surrogate escape (valid JSON, which msgspec refuses) made U+FFFD."""
+
+    def replace(match: re.Match[bytes]) -> bytes:
+        escape = match[0]
+        return _REPLACEMENT_ESCAPE if len(escape) == 6 else escape
+
+    return _SURROGATE_ESCAPES.sub(replace, line)
+
+
+def _looks_like_json_rpc(line: bytes) -> bool:
+    """Whether `line` tries to be a JSON-RPC message: an object, or an array of objects (a batch).
+
+    A log line an agent printed on stdout ("[INFO] ready", "Listening on 8080") does not: those are
+    reported and skipped, never answered.
+    """
+    return _JSON_RPC_LOOKING.match(line) is not None
+
+
+def _skip_nested(data: bytes, pos: int) -> int:
+    """The index just past the array or object opening at `pos`, or -1 when `data` ends inside it."""
+    depth = 0
+    end = len(data)
+    while True:
+        found = _FLAT_PATTERN.match(data, pos)
+        assert found is not None  # it matches the empty string
+        pos = found.end()
+        if pos >= end or data[pos] == 0x22:  # the end, or an unterminated string
+            return -1
+        if data[pos] in _OPEN_BRACKETS:
+            run = _OPENING_RUN.match(data, pos)
+            assert run is not None
+            depth += run.end() - pos
+        else:
+            run = _CLOSING_RUN.match(data, pos)
+            assert run is not None
+            if run.end() - pos >= depth:
+                return pos + depth
+            depth -= run.end() - pos
+        pos = run.end()
+
+
+@dataclass(slots=True)
+class _Identity:
+    """What the top-level members of a broken line say about it."""
+
+    has_id: bool = False
+    request_id: RequestId = None
+    """The id when `id_valid` (an integer, a string or null)."""
+    id_valid: bool = False
+    has_method: bool = False
+    has_params: bool = False
+    has_outcome: bool = False
+    """A `result` or `error` member: the line is a response."""
+
+    @property
+    def is_response(self) -> bool:
+        return self.has_outcome and not self.has_method
+
+
+def _identify(data: bytes) -> _Identity:
+    """Read the top-level members of a JSON object from `data`, which may be broken, truncated, too deep
+    for msgspec, or not UTF-8. Nested values are skipped, not decoded; the search stops at the first
+    thing it cannot read, and the members before it stand."""
+    identity = _Identity()
+    start = _OBJECT_START.match(data)
+    if start is None:
+        return identity
+    pos = start.end()
+    while True:
+        key = _KEY_PATTERN.match(data, pos)
+        if key is None:
+            return identity
+        name = key[1][1:-1]
+        pos = key.end()
+        value: bytes | None = None  # a scalar's text; None for an array or object
+        if pos < len(data) and data[pos] in _OPEN_BRACKETS:
+            end = _skip_nested(data, pos)
+        else:
+            scalar = _SCALAR_PATTERN.match(data, pos)
+            end = -1 if scalar is None else scalar.end()
+            value = None if scalar is None else scalar[0]
+        separator = _SEPARATOR_PATTERN.match(data, end) if end >= 0 else None
+        # A member is taken once its key is read; an id only once its value has visibly ended.
+        if name == b"id":
+            identity.has_id = True
+            if value is not None and separator is not None:
+                try:
+                    identity.request_id = _ID_DECODER.decode(_replace_lone_surrogates(value))
+                    identity.id_valid = True
+                except msgspec.DecodeError:
+                    identity.request_id, identity.id_valid = None, False
+            else:
+                identity.request_id, identity.id_valid = None, False
+        elif name == b"method":
+            identity.has_method = True
+        elif name == b"params":
+            identity.has_params = True
+        elif name in (b"result", b"error"):
+            identity.has_outcome = True
+        if separator is None or separator[1] == b"}":
+            return identity
+        pos = separator.end()
+
+
 class Connection:
     """A JSON-RPC 2.0 peer over `receive_stream`/`send_stream`: send requests and notifications, serve the
     peer's.
@@ -279,6 +430,15 @@ class Connection:
             before the next notification). Its exceptions are logged and never close the connection.
         on_protocol_error: told (synchronously, from the reader) about every line skipped as a protocol error.
         max_line_bytes: longer lines are discarded; memory for a line stays within this bound.
+        max_send_bytes: the peer's line limit: a message of ours longer than this is refused before it is
+            sent (`MessageTooLargeError`), and a handler's result that long is answered -32603 instead.
+            Default: `max_line_bytes` (we assume the peer's limit equals ours).
+        max_incoming_requests: how many of the peer's requests may be in flight (handled, or their answer
+            being sent); one more is answered -32603 at once, naming the limit, and never runs.
+        max_queued_notification_bytes: how far the reader may run ahead of the notification handler
+            (bytes of the reads whose notifications wait); above it, the reader stops reading until the
+            handler has caught up to half of it, so the peer's writes block. Not while the handler
+            itself waits for the peer (see the module docstring).
         name: names this connection in log messages.
         typed_notifications: method -> params type for hot notifications (ACP: ``session/update``): such a
             line is decoded in one pass and the handler gets the typed params instead of `msgspec.Raw`.
@@ -305,9 +465,23 @@ class Connection:
         value_encoder: Callable[[Any], bytes] | None = None,
         typed_notifications: Mapping[str, type[msgspec.Struct]] | None = None,
         drain_on_eof: float = 0.0,
+        max_send_bytes: int | None = None,
+        max_incoming_requests: int = DEFAULT_MAX_INCOMING_REQUESTS,
+        max_queued_notification_bytes: int = DEFAULT_MAX_QUEUED_NOTIFICATION_BYTES,
     ) -> None:
-        if max_line_bytes < 1:
-            raise ValueError(f"max_line_bytes must be positive, not {max_line_bytes}")
+        if max_send_bytes is None:
+            max_send_bytes = max_line_bytes
+        for option, value in (
+            ("max_line_bytes", max_line_bytes),
+            ("max_send_bytes", max_send_bytes),
+            ("max_incoming_requests", max_incoming_requests),
+            ("max_queued_notification_bytes", max_queued_notification_bytes),
+        ):
+            if value < 1:
+                raise ValueError(f"{option} must be positive, not {value}")
+        self._max_send_bytes = max_send_bytes
+        self._max_incoming_requests = max_incoming_requests
+        self._max_queued_bytes = max_queued_notification_bytes
         if not drain_on_eof >= 0:  # `not >=` also refuses NaN
             raise ValueError(f"drain_on_eof must be >= 0 seconds, not {drain_on_eof}")
         self._drain_on_eof = drain_on_eof
@@ -332,8 +506,13 @@ class Connection:
         self._owned_task_group: anyio.abc.TaskGroup | None = None
         self._outgoing: MemoryObjectSendStream[bytes] | None = None
         self._outgoing_receive: MemoryObjectReceiveStream[bytes] | None = None
-        self._notifications: MemoryObjectSendStream[_NotificationBatch] | None = None
+        self._notifications: MemoryObjectSendStream[_QueuedBatch] | None = None
         self._notification_batch: _NotificationBatch = []
+        self._queued_bytes = 0  # bytes of the reads whose notifications wait for the notifier
+        self._reader_resume: anyio.Event | None = None  # set to let a paused reader go on
+        self._notifier_waiting_on_peer = 0  # the notification handler's own sends and requests in flight
+        self._error_replies = 0  # error replies sent by the reader's tasks, in flight...
+        self._error_reply_bytes = 0  # ...and their bytes
 
         self._next_id = 0
         self._pending: dict[int, _Pending] = {}
@@ -395,9 +574,9 @@ class Connection:
             return
         self._outgoing, outgoing_receive = anyio.create_memory_object_stream[bytes](0)
         self._outgoing_receive = outgoing_receive
-        self._notifications, notifications_receive = anyio.create_memory_object_stream[_NotificationBatch](
-            math.inf
-        )
+        # Unbounded in items: the reader bounds it in bytes by pausing (`_wait_for_notifier`), which it
+        # must not do while the handler waits for the peer; a bound here would block it then.
+        self._notifications, notifications_receive = anyio.create_memory_object_stream[_QueuedBatch](math.inf)
         try:
             with anyio.CancelScope() as self._run_scope:
                 async with anyio.create_task_group() as task_group:
@@ -464,6 +643,7 @@ class Connection:
             pending_requests=len(self._pending),
             incoming_requests=len(self._incoming),
             queued_notifications=self._notifications_received - self._notifications_handled,
+            queued_notification_bytes=self._queued_bytes,
             read_buffer_bytes=len(self._read_buffer),
             protocol_errors=self._protocol_errors,
             closed=self._closed is not None,
@@ -514,7 +694,10 @@ class Connection:
         Raises:
             RequestError: the peer answered with an error object.
             ConnectionClosedError: the connection closed before the response arrived, or was already closed.
-            InvalidResponseError: the response could not be decoded as `result_type`.
+            InvalidResponseError: the response could not be decoded as `result_type`, or had neither a
+                result nor an error.
+            MessageTooLargeError: the request is longer than `max_send_bytes` (`outgoing`; nothing was
+                sent), or the peer's response was longer than `max_line_bytes` (discarded unread).
             TypeError, msgspec.EncodeError: `params` cannot be encoded (nothing was sent).
             RuntimeError: the connection was never started.
         """
@@ -522,10 +705,14 @@ class Connection:
         if self._input_ended is not None:
             raise self._input_ended.copy()  # draining after EOF: the peer can no longer answer
         request_id = self._next_id
+        line = self._encode_outgoing(_OutRequest(_JSONRPC, request_id, method, self._wire_params(params)))
         self._next_id += 1
-        line = self._encode(_OutRequest(_JSONRPC, request_id, method, self._wire_params(params)))
         pending = _Pending(method)
         self._pending[request_id] = pending
+        # A notification handler waiting for the peer: the reader must not pause for the notifier now.
+        from_notifier = _in_notification_handler.get()
+        if from_notifier:
+            self._notifier_waits_on_peer(1)
         try:
             await self._send_line(line)
             await pending.done.wait()
@@ -537,6 +724,8 @@ class Connection:
             raise
         finally:
             self._pending.pop(request_id, None)
+            if from_notifier:
+                self._notifier_waits_on_peer(-1)
 
         # Whatever the peer answered (result or error object), the notifications it sent before the
         # answer are handled first; only a closed connection fails at once.
@@ -558,11 +747,20 @@ class Connection:
 
         Raises:
             ConnectionClosedError: the connection is closed.
+            MessageTooLargeError: the notification is longer than `max_send_bytes` (nothing was sent).
             TypeError, msgspec.EncodeError: `params` cannot be encoded (nothing was sent).
             RuntimeError: the connection was never started.
         """
         self._check_open()
-        await self._send_line(self._encode(_OutNotification(_JSONRPC, method, self._wire_params(params))))
+        line = self._encode_outgoing(_OutNotification(_JSONRPC, method, self._wire_params(params)))
+        if _in_notification_handler.get():
+            self._notifier_waits_on_peer(1)
+            try:
+                await self._send_line(line)
+            finally:
+                self._notifier_waits_on_peer(-1)
+        else:
+            await self._send_line(line)
 
     def _check_open(self) -> None:
         if self._closed is not None:
@@ -582,6 +780,18 @@ class Connection:
 
     def _encode(self, message: msgspec.Struct) -> bytes:
         return self._encoder.encode(message) + b"\n"
+
+    def _encode_outgoing(self, message: msgspec.Struct) -> bytes:
+        """Encode a request or notification of ours, refusing one the peer would discard."""
+        line = self._encoder.encode(message) + b"\n"
+        if len(line) > self._max_send_bytes + 1:  # the peer's limit counts the line without its newline
+            raise MessageTooLargeError(len(line) - 1, self._max_send_bytes, outgoing=True)
+        return line
+
+    def _notifier_waits_on_peer(self, delta: int) -> None:
+        self._notifier_waiting_on_peer += delta
+        if delta > 0 and self._reader_resume is not None:
+            self._reader_resume.set()
 
     async def _send_line(self, line: bytes) -> None:
         """Hand one whole line to the writer task.
@@ -627,6 +837,7 @@ class Connection:
         buffer = self._read_buffer  # an incomplete line: never holds a newline
         limit = self._max_line_bytes
         skipped = 0  # > 0 while discarding the rest of an over-long line
+        head = b""  # the start of the line being discarded, to tell whose it was
         while True:
             try:
                 chunk = await self._receive_stream.receive()
@@ -636,13 +847,14 @@ class Connection:
                 return ConnectionClosedError("the receive stream was closed locally", cause=exc)
             except anyio.BrokenResourceError as exc:
                 return ConnectionClosedError("the receive stream broke", cause=exc)
+            read = len(chunk)
             if skipped:
                 newline = chunk.find(b"\n")
                 if newline < 0:
                     skipped += len(chunk)
                     continue
-                self._report(MessageTooLargeError(skipped + newline, limit))
-                skipped = 0
+                self._on_oversized(head, skipped + newline)
+                skipped, head = 0, b""
                 chunk = chunk[newline + 1 :]
             # Only the new bytes are searched, so a long line costs linear time; a chunk holding lines
             # is split in one C-level pass, the fast path for a stream of small updates.
@@ -650,6 +862,7 @@ class Connection:
                 buffer += chunk
             else:
                 if buffer:
+                    read += len(buffer)
                     buffer += chunk
                     lines = bytes(buffer).split(b"\n")
                     buffer.clear()
@@ -657,18 +870,40 @@ class Connection:
                     lines = chunk.split(b"\n")
                 buffer += lines.pop()
                 self._take_lines(lines)
-                self._flush_notifications()
+                self._flush_notifications(read)
+                if self._queued_bytes > self._max_queued_bytes:
+                    await self._wait_for_notifier()
             if len(buffer) > limit:
                 logger.warning("%s: discarding a line longer than %d bytes", self._name, limit)
                 skipped = len(buffer)
+                head = bytes(buffer[:_IDENTIFY_BYTES])
                 buffer.clear()
         if skipped:
-            self._report(MessageTooLargeError(skipped, limit))
+            self._on_oversized(head, skipped)
         elif buffer:
+            read = len(buffer)
             self._take_lines([bytes(buffer)])
             buffer.clear()
-        self._flush_notifications()
+            self._flush_notifications(read)
         return ConnectionClosedError("the peer closed the connection (end of stream)", end_of_stream=True)
+
+    async def _wait_for_notifier(self) -> None:
+        """Stop reading while the notifier is far behind: the peer's writes block, memory stays bounded.
+
+        Not while the notification handler waits for the peer itself (a `request()` whose answer only
+        this reader can read, or a send the peer may be too blocked to take): that would deadlock.
+        """
+        resume_below = self._max_queued_bytes // 2
+        while (
+            self._queued_bytes > resume_below
+            and self._notifier_waiting_on_peer == 0
+            and not self._notifier_finished
+        ):
+            self._reader_resume = anyio.Event()
+            try:
+                await self._reader_resume.wait()
+            finally:
+                self._reader_resume = None
 
     def _take_lines(self, lines: list[bytes]) -> None:
         limit = self._max_line_bytes
@@ -683,7 +918,7 @@ class Connection:
             if self._closed is not None:
                 return
             if len(line) > limit:
-                self._report(MessageTooLargeError(len(line), limit))
+                self._on_oversized(line[:_IDENTIFY_BYTES], len(line))
                 continue
             if line[-1:] == b"\r":
                 line = line[:-1]  # CRLF framing is tolerated
@@ -692,12 +927,12 @@ class Connection:
             # msgspec does not validate the UTF-8 of Raw members (params, result): check here, cheaply
             # for the common ASCII line.
             if not line.isascii() and not _is_utf8(line):
-                self._reject(line, "not UTF-8")
+                self._take_broken(line, "not UTF-8", RpcErrorCode.PARSE_ERROR)
                 continue
             if typed is not None:
                 try:
                     notification = typed(line)
-                except msgspec.DecodeError:
+                except (msgspec.DecodeError, RecursionError):
                     pass  # not one of them, params the type rejects, or not JSON: the generic path decides
                 else:
                     if notification.id is msgspec.UNSET:  # with an id it is a request: generic path
@@ -708,16 +943,20 @@ class Connection:
                 message = decode(line)
             except msgspec.ValidationError as exc:
                 if line.lstrip()[:1] == b"[":
-                    self._reject(line, "a JSON array: batches are not supported")
+                    self._take_batch(line)
                 else:
-                    self._reject(line, f"not a JSON-RPC message: {exc}", probe=True)
+                    self._take_broken(line, f"not a JSON-RPC message: {exc}", RpcErrorCode.INVALID_REQUEST)
                 continue
             except msgspec.DecodeError as exc:
-                self._reject(line, f"not JSON: {exc}")
+                self._take_unparsed(line, str(exc))
+                continue
+            except RecursionError:
+                # msgspec counts nesting against the interpreter's recursion limit (~1,000 levels).
+                self._take_broken(line, "nested too deeply", RpcErrorCode.INVALID_REQUEST)
                 continue
             method = message.method
             if message.jsonrpc != _JSONRPC:
-                self._reject(line, 'the "jsonrpc" member is not "2.0"', probe=True)
+                self._take_broken(line, 'the "jsonrpc" member is not "2.0"', RpcErrorCode.INVALID_REQUEST)
             elif isinstance(method, str):
                 params = None if message.params is msgspec.UNSET else message.params
                 if message.id is msgspec.UNSET:
@@ -729,9 +968,11 @@ class Connection:
                 else:
                     self._on_request(message.id, method, params)
             elif message.id is not msgspec.UNSET:
-                self._on_response(message.id, message)
+                self._on_response(message.id, message, line)
             else:
-                self._reject(line, "neither a request, a notification nor a response")
+                self._take_broken(
+                    line, "neither a request, a notification nor a response", RpcErrorCode.INVALID_REQUEST
+                )
 
     def _take_typed_run(self, lines: list[bytes]) -> bool:
         """Take ``lines`` in one decode when every one is a typed notification; else take nothing.
@@ -746,7 +987,7 @@ class Connection:
             return False
         try:
             decoded = self._typed_list_decoder.decode(joined)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return False
         # One element per line, or a line held two messages; and an id makes it a request.
         if len(decoded) != len(lines) or any(item.id is not msgspec.UNSET for item in decoded):
@@ -756,24 +997,120 @@ class Connection:
         self._notification_batch.extend([(methods[type(item)], item.params) for item in decoded])
         return True
 
-    def _reject(self, line: bytes, reason: str, *, probe: bool = False) -> None:
-        """Report a malformed line; if it still shows whose it is, make sure nobody waits for it forever."""
+    # -- lines that are not what they should be (never the hot path) ---------------------------------------
+
+    def _take_unparsed(self, line: bytes, reason: str) -> None:
+        """A line msgspec could not parse: valid JSON with a lone surrogate escape is repaired and taken
+        (JSON allows them and `JSON.stringify` emits them; msgspec refuses them); the rest is broken."""
+        repaired = _replace_lone_surrogates(line)
+        if repaired != line:
+            logger.debug("%s: replaced lone surrogate escapes with U+FFFD", self._name)
+            self._take_lines([repaired])  # the repaired line cannot be repaired again: no loop
+        else:
+            self._take_broken(line, f"not JSON: {reason}", RpcErrorCode.PARSE_ERROR)
+
+    def _take_broken(self, line: bytes, reason: str, code: int) -> None:
+        """Report a line that is no valid message, and make sure that nobody waits for it forever.
+
+        A response (it has `result` or `error`, no `method`) fails the request of ours it answers, and is
+        never answered itself. Anything else that tries to be JSON-RPC is answered with `code` (-32700
+        or -32600) and its id when the id is readable, else id null; except a line that is not UTF-8,
+        answered only when it is a request. A line that does not look like JSON-RPC at all (a log line
+        on stdout) is only reported.
+        """
         self._report(MalformedMessageError(reason, bytes(line[:_EXCERPT_BYTES])))
-        if not probe:
+        identity = _identify(line[:_IDENTIFY_BYTES])
+        invalid = functools.partial(InvalidResponseError, detail=reason)
+        if identity.is_response:
+            self._fail_pending_response(identity, invalid)
             return
+        if not _looks_like_json_rpc(line):
+            return
+        if code == RpcErrorCode.PARSE_ERROR and reason == "not UTF-8" and not identity.has_method:
+            return  # a notification or a response that is not UTF-8: reported, skipped
+        bare = identity.has_id and not identity.has_method and not identity.has_params
+        # A bare {"id": ...}: the answer to a request of ours, with neither result nor error.
+        if bare and self._fail_pending_response(identity, invalid):
+            return
+        request_id = identity.request_id if identity.id_valid else None
+        message = "Parse error" if code == RpcErrorCode.PARSE_ERROR else "Invalid Request"
+        self._reply_error(request_id, RequestError(code, message, {"details": reason}))
+
+    def _take_batch(self, line: bytes) -> None:
+        """A JSON array: batches are not supported. Each request in it that shows its id is answered with
+        -32600 (in one array, as JSON-RPC answers a batch); without any, one -32600 with id null goes out.
+        A response in it fails the request of ours it answers."""
+        reason = "a JSON array: batches are not supported"
+        self._report(MalformedMessageError(reason, bytes(line[:_EXCERPT_BYTES])))
         try:
-            found = _PROBE_DECODER.decode(line)
-        except msgspec.DecodeError:
+            items = _BATCH_DECODER.decode(line)
+        except (msgspec.DecodeError, RecursionError):
+            items = []
+        errors: list[_OutError] = []
+        wire = _WireError(RpcErrorCode.INVALID_REQUEST, "Invalid Request", {"details": reason})
+        for item in items:
+            identity = _identify(bytes(item)[:_IDENTIFY_BYTES])
+            if identity.is_response:
+                self._fail_pending_response(identity, lambda method: InvalidResponseError(method, reason))
+            elif identity.has_method and identity.has_id and len(errors) < _MAX_BATCH_ERRORS:
+                request_id = identity.request_id if identity.id_valid else None
+                errors.append(_OutError(_JSONRPC, request_id, wire))
+        if errors:
+            self._queue_error_reply(self._encoder.encode(errors) + b"\n")
+        else:
+            self._reply_error(None, RequestError.invalid_request({"details": reason}))
+
+    def _on_oversized(self, head: bytes, size: int) -> None:
+        """A line over `max_line_bytes` was discarded: if its head shows a request, answer it -32600; if
+        it shows the response to a request of ours, fail that request with the same error."""
+        error = MessageTooLargeError(size, self._max_line_bytes)
+        self._report(error)
+        identity = _identify(head)
+        if identity.is_response:
+            self._fail_pending_response(identity, lambda method: error)
+        elif identity.id_valid and (identity.has_method or identity.has_params):
+            details = f"the message is {size} bytes, longer than the {self._max_line_bytes}-byte line limit"
+            data = {"details": details, "size": size, "limit": self._max_line_bytes}
+            self._reply_error(identity.request_id, RequestError.invalid_request(data))
+
+    def _fail_pending_response(
+        self,
+        identity: _Identity,
+        make_error: Callable[[str], InvalidResponseError | MessageTooLargeError],
+    ) -> bool:
+        """Fail the request of ours that a broken response answers; whether there was one."""
+        request_id = identity.request_id
+        if not identity.id_valid or not isinstance(request_id, int):
+            return False
+        pending = self._pending.pop(request_id, None)
+        if pending is None:
+            return False
+        pending.error = make_error(pending.method)
+        pending.notifications_before = self._notifications_received
+        pending.done.set()
+        return True
+
+    def _reply_error(self, request_id: RequestId, error: RequestError) -> None:
+        self._queue_error_reply(self._encode_error(request_id, error))
+
+    def _queue_error_reply(self, line: bytes) -> None:
+        """Send an error reply from the reader, within the bounds; beyond them it is dropped."""
+        if self._closed is not None or self._handlers is None:
             return
-        if found.id is msgspec.UNSET or found.id is None:
+        crowded = self._error_replies > 0 and self._error_reply_bytes + len(line) > _MAX_ERROR_REPLY_BYTES
+        if self._error_replies >= _MAX_ERROR_REPLIES or crowded or len(line) > self._max_send_bytes + 1:
+            logger.warning("%s: too many error replies in flight; dropped one", self._name)
             return
-        if found.method is not msgspec.UNSET:
-            error = RequestError.invalid_request({"details": reason})
-            assert self._handlers is not None
-            self._handlers.start_soon(self._send_quietly, self._encode_error(found.id, error))
-        elif isinstance(found.id, int) and (pending := self._pending.pop(found.id, None)) is not None:
-            pending.error = InvalidResponseError(pending.method, reason)
-            pending.done.set()
+        self._error_replies += 1
+        self._error_reply_bytes += len(line)
+        self._handlers.start_soon(self._send_error_reply, line)
+
+    async def _send_error_reply(self, line: bytes) -> None:
+        try:
+            await self._send_quietly(line)
+        finally:
+            self._error_replies -= 1
+            self._error_reply_bytes -= len(line)
 
     def _report(self, error: ProtocolError) -> None:
         self._protocol_errors += 1
@@ -781,7 +1118,9 @@ class Connection:
         if self._on_protocol_error is not None:
             self._on_protocol_error(error)
 
-    def _on_response(self, request_id: RequestId, message: _Envelope) -> None:
+    # -- messages --------------------------------------------------------------------------------------------
+
+    def _on_response(self, request_id: RequestId, message: _Envelope, line: bytes) -> None:
         error: RequestError | None = None
         malformed: str | None = None
         if message.error is not msgspec.UNSET:
@@ -792,6 +1131,17 @@ class Connection:
             else:
                 data = None if wire.data is msgspec.UNSET else wire.data
                 error = RequestError(wire.code, wire.message, data)
+        elif message.result is msgspec.UNSET:
+            # Neither result nor error: with params, a request without its method; else no valid response.
+            if message.params is not msgspec.UNSET:
+                self._take_broken(line, 'a request without a "method"', RpcErrorCode.INVALID_REQUEST)
+            elif isinstance(request_id, int) and request_id in self._abandoned:
+                del self._abandoned[request_id]
+            else:
+                self._take_broken(
+                    line, "a response with neither result nor error", RpcErrorCode.INVALID_REQUEST
+                )
+            return
         pending = self._pending.pop(request_id, None) if isinstance(request_id, int) else None
         if pending is None:
             if isinstance(request_id, int) and request_id in self._abandoned:
@@ -804,8 +1154,8 @@ class Connection:
             pending.error = InvalidResponseError(pending.method, malformed)
         elif error is not None:
             pending.error = error
-        elif message.result is not msgspec.UNSET:
-            pending.result = message.result
+        else:
+            pending.result = message.result  # type: ignore[assignment]  # not UNSET: checked above
         pending.notifications_before = self._notifications_received
         pending.done.set()
 
@@ -818,17 +1168,19 @@ class Connection:
             self._notifications_received += 1
             self._notification_batch.append((method, params))
 
-    def _flush_notifications(self) -> None:
+    def _flush_notifications(self, read: int) -> None:
         # One queue item per chunk read, not per message: a hand-off costs the notifier a trip through
-        # the event loop, and a fast agent sends hundreds of small updates per read.
+        # the event loop, and a fast agent sends hundreds of small updates per read. The read's size is
+        # what the batch may keep in memory (a generous count: its other lines are counted too).
         if self._notification_batch and self._notifications is not None:
             batch, self._notification_batch = self._notification_batch, []
-            self._notifications.send_nowait(batch)
+            self._queued_bytes += read
+            self._notifications.send_nowait((batch, read))
 
     def _on_cancel_request(self, params: msgspec.Raw | None) -> None:
         try:
             request_id = _CANCEL_PARAMS_DECODER.decode(b"null" if params is None else params).requestId
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, RecursionError) as exc:
             self._report(MalformedMessageError(f"bad {CANCEL_REQUEST_METHOD} params: {exc}", b""))
             return
         scope = self._incoming.get(request_id)
@@ -841,6 +1193,13 @@ class Connection:
         if request_id in self._incoming:
             reason = f"request id {request_id!r} reused while still in flight"
             self._report(MalformedMessageError(reason, method.encode()))
+            return
+        if self._serving >= self._max_incoming_requests:
+            # Refused, not paused: pausing the reader would also hold back the answers to our requests.
+            limit = self._max_incoming_requests
+            logger.warning("%s: refused request %r (%s): %d in flight", self._name, request_id, method, limit)
+            data = {"details": f"too many requests in flight (the limit is {limit})", "limit": limit}
+            self._reply_error(request_id, RequestError.internal_error(data))
             return
         # Registered before the task starts, so a `$/cancel_request` right behind it finds it.
         scope = self._incoming[request_id] = anyio.CancelScope()
@@ -885,7 +1244,19 @@ class Connection:
             if self._request_handler is None:
                 raise RequestError.method_not_found(method)
             result = await self._request_handler(method, params)
-            return self._encode(_OutResult(_JSONRPC, request_id, self._wire_value(result)))
+            line = self._encode(_OutResult(_JSONRPC, request_id, self._wire_value(result)))
+            if len(line) <= self._max_send_bytes + 1:
+                return line
+            logger.warning(
+                "%s: the result of request %r (%s) is %d bytes, over the peer's %d-byte limit; "
+                "answering -32603",
+                self._name,
+                request_id,
+                method,
+                len(line) - 1,
+                self._max_send_bytes,
+            )
+            error = self._too_large_to_send(len(line) - 1)
         except RequestError as exc:
             error = exc
         except msgspec.ValidationError as exc:
@@ -899,11 +1270,22 @@ class Connection:
     def _encode_error(self, request_id: RequestId, error: RequestError) -> bytes:
         data = msgspec.UNSET if error.data is None else error.data
         try:
-            return self._encode(_OutError(_JSONRPC, request_id, _WireError(error.code, error.message, data)))
+            line = self._encode(_OutError(_JSONRPC, request_id, _WireError(error.code, error.message, data)))
         except (TypeError, msgspec.EncodeError):
             logger.exception("%s: cannot encode the data of %r; answering -32603", self._name, error)
-            internal = RequestError.internal_error()
-            return self._encode(_OutError(_JSONRPC, request_id, _WireError(internal.code, internal.message)))
+            error = RequestError.internal_error()
+        else:
+            if len(line) <= self._max_send_bytes + 1:
+                return line
+            error = self._too_large_to_send(len(line) - 1)
+        # The bare -32603 grows only with the id, which came in a line within the peer's own limit.
+        wire = _WireError(error.code, error.message, msgspec.UNSET if error.data is None else error.data)
+        return self._encode(_OutError(_JSONRPC, request_id, wire))
+
+    def _too_large_to_send(self, size: int) -> RequestError:
+        limit = self._max_send_bytes
+        details = f"the answer is {size} bytes, longer than the {limit}-byte line limit"
+        return RequestError.internal_error({"details": details, "size": size, "limit": limit})
 
     async def _send_quietly(self, line: bytes) -> None:
         try:
@@ -913,11 +1295,11 @@ class Connection:
 
     # -- notifications, in order -------------------------------------------------------------------------
 
-    async def _notify_loop(self, notifications: MemoryObjectReceiveStream[_NotificationBatch]) -> None:
+    async def _notify_loop(self, notifications: MemoryObjectReceiveStream[_QueuedBatch]) -> None:
         _in_notification_handler.set(True)
         handler = self._notification_handler
         try:
-            async for batch in notifications:
+            async for batch, read in notifications:
                 assert handler is not None
                 for method, params in batch:
                     try:
@@ -933,9 +1315,14 @@ class Connection:
                         for event, wanted in list(self._barrier_waiters.items()):
                             if wanted <= self._notifications_handled:
                                 event.set()
+                self._queued_bytes -= read
+                if self._reader_resume is not None and self._queued_bytes <= self._max_queued_bytes // 2:
+                    self._reader_resume.set()
         finally:
             self._notifier_finished = True
             self._release_barrier_waiters()
+            if self._reader_resume is not None:
+                self._reader_resume.set()
 
     async def _wait_notifications_handled(self, count: int) -> None:
         if self._notifier_finished:

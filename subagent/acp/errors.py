@@ -7,7 +7,7 @@ their message text::
     ├── RequestError               a JSON-RPC error object: answered by the peer, or raised by our handler
     ├── ConnectionClosedError      the connection is gone; pending and later requests fail with it
     └── ProtocolError              the peer broke the wire protocol; reported, the connection goes on
-        ├── MessageTooLargeError   a line longer than the configured limit was discarded unread
+        ├── MessageTooLargeError   a line over the limit: discarded unread, or (outgoing) refused unsent
         ├── MalformedMessageError  a line that is not UTF-8, not JSON, or not a JSON-RPC 2.0 envelope
         ├── UnexpectedResponseError  a response for an id we are not waiting for (unknown or duplicate)
         └── InvalidResponseError   a result that does not decode into the type the caller asked for
@@ -162,12 +162,23 @@ class ProtocolError(AcpError):
 
 
 class MessageTooLargeError(ProtocolError):
-    """A line longer than `limit` bytes was skipped without being buffered; `size` is its length in bytes."""
+    """A message longer than `limit` bytes; `size` is its length in bytes (without the newline).
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"discarded a {size}-byte line: longer than the {limit}-byte limit")
+    Incoming (`outgoing` False): the peer's line was skipped without being buffered; it is reported,
+    and a `request()` whose response it was fails with it. Outgoing (`outgoing` True): raised at once by
+    `request()`/`notify()` for a message the peer would discard (its line limit is `limit`), so nothing
+    was sent and nobody waits for it.
+    """
+
+    def __init__(self, size: int, limit: int, *, outgoing: bool = False) -> None:
+        if outgoing:
+            message = f"refused to send a {size}-byte message: longer than the peer's {limit}-byte line limit"
+        else:
+            message = f"discarded a {size}-byte line: longer than the {limit}-byte limit"
+        super().__init__(message)
         self.size = size
         self.limit = limit
+        self.outgoing = outgoing
 
 
 class MalformedMessageError(ProtocolError):
