@@ -137,7 +137,7 @@ async def test_reading_a_fifo_is_refused_without_hanging(layout: dict[str, Path]
     sandbox = FsSandbox([layout["root"]])
     error = await refused(sandbox.read_text(str(fifo)))
     assert error.code == INVALID_PARAMS
-    assert error.data["reason"] == "the path is not a regular file"
+    assert error.data["reason"] == "the path is a named pipe (FIFO), not a regular file"
 
 
 async def test_a_read_larger_than_the_cap_is_refused(layout: dict[str, Path]) -> None:
