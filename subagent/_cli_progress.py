@@ -50,6 +50,7 @@ from subagent.acp.handlers import (
 from subagent.types import SubagentResult, Usage, thaw_json
 
 __all__ = [
+    "MAX_TRACKED_TOOL_CALLS",
     "AnswerSource",
     "AskPolicy",
     "Console",
@@ -69,6 +70,9 @@ __all__ = [
 
 _CONTROL: Final = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _RAW_INPUT_CHARS: Final = 400
+MAX_TRACKED_TOOL_CALLS: Final = 1000
+"""Tool calls the command line remembers (by id, the most recently announced): enough to name
+the call of any permission question, a bounded cost however many an agent announces."""
 _POLL_SECONDS: Final = 0.1
 
 
@@ -123,12 +127,15 @@ class ToolCallState:
 
 
 class ToolCalls:
-    """The turn's tool calls by id, for progress lines and for naming a permission question."""
+    """The turn's tool calls by id, for progress lines and for naming a permission question: the
+    ``limit`` most recently announced (older ones are forgotten; an update for one of them is
+    then taken as a new announcement)."""
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_TRACKED_TOOL_CALLS) -> None:
         # The connection serves a permission question only after the updates sent before it, so the
         # question's tool call is already here when the question is shown.
         self._calls: dict[str, ToolCallState] = {}
+        self.limit = limit
 
     def get(self, tool_call_id: str) -> ToolCallState | None:
         """The state of a tool call seen so far, or None."""
@@ -167,8 +174,15 @@ class ToolCalls:
             return state if changed else None
         return None
 
+    def __len__(self) -> int:
+        return len(self._calls)
+
     def _announced(self, state: ToolCallState) -> None:
-        self._calls[state.tool_call_id] = state
+        calls = self._calls
+        calls.pop(state.tool_call_id, None)  # re-announced: now the most recent
+        calls[state.tool_call_id] = state
+        while len(calls) > self.limit:
+            del calls[next(iter(calls))]  # the oldest announcement (dicts keep insertion order)
 
     def describe(self, question: PermissionQuestion) -> ToolCallState:
         """The question's tool call: what the question says, completed from what the turn showed."""

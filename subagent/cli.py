@@ -52,7 +52,7 @@ from subagent._cli_progress import (
 )
 from subagent._version import __version__
 from subagent.acp import schema
-from subagent.acp.client import final_message
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.acp.handlers import (
     DEFAULT_PERMISSION_CALLBACK_TIMEOUT,
     AllowPolicy,
@@ -63,7 +63,7 @@ from subagent.acp.handlers import (
     PermissionQuestion,
 )
 from subagent.config import AgentConfig, ConfigError, config_search_path, find_config, load_config
-from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
+from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun, prompt_size_error
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import SubagentError, SubagentRequest, SubagentResult
 
@@ -81,6 +81,7 @@ EXIT_USAGE: Final = 2
 DEMO_PROMPT: Final = "Summarise README.md and write the summary to SUMMARY.md."
 """What ``subagent demo`` asks the stub agent (which answers from its scenario regardless)."""
 
+_MAX_PROMPT_MIB: Final = DEFAULT_MAX_LINE_BYTES // (1024 * 1024)
 _REAL_AGENT_HINT: Final = "subagent run -- npx @agentclientprotocol/claude-agent-acp"
 _PROG: Final = "subagent"
 
@@ -234,15 +235,19 @@ async def _drive(spec: _TurnSpec, view: RunView) -> _Outcome:
     """Run the turn through the service; never raises for a child-level failure or an interrupt."""
     gate = _StartGate(view)
     tool_calls = ToolCalls()
-    provider = AcpProvider(
-        spec.command,
-        name="acp",
-        env=spec.env,
-        cwd=spec.cwd,
-        permission=_policy(spec, gate, tool_calls),
-        auth_method=spec.auth_method,
-        ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
-    )
+    try:
+        provider = AcpProvider(
+            spec.command,
+            name="acp",
+            env=spec.env,
+            cwd=spec.cwd,
+            permission=_policy(spec, gate, tool_calls),
+            auth_method=spec.auth_method,
+            ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
+        )
+    except (ValueError, TypeError) as exc:
+        # A command or environment no process could receive (a NUL in an argument, say).
+        raise _UsageError(str(exc)) from None
     request = SubagentRequest(prompt=spec.prompt, cwd=spec.cwd, timeout=spec.timeout)
     began = time.monotonic()
     async with anyio.create_task_group() as outer:
@@ -305,9 +310,7 @@ async def _await_turn(
         if interrupts.stopped_by is not None:
             return _Outcome(_torn_down_result(acp_run, interrupts.stopped_by))
         logger.debug("the run's result failed", exc_info=True)
-        return _Outcome(
-            SubagentResult(output=final_message(acp_run.updates), stop_reason="error", error=exc.message)
-        )
+        return _Outcome(SubagentResult(output=acp_run.output, stop_reason="error", error=exc.message))
     if interrupts.stopped_by is not None and result.stop_reason == "error":
         # Torn down at once while the turn ran: the child's death is our doing, not its failure.
         return _Outcome(_torn_down_result(acp_run, interrupts.stopped_by))
@@ -319,7 +322,7 @@ def _torn_down_result(acp_run: AcpRun, stopped_by: str) -> SubagentResult:
 
 
 def _interrupted_result(acp_run: AcpRun, why: str) -> SubagentResult:
-    return SubagentResult(output=final_message(acp_run.updates), stop_reason="cancelled", error=why)
+    return SubagentResult(output=acp_run.output, stop_reason="cancelled", error=why)
 
 
 def _start_info(acp_run: AcpRun, spec: _TurnSpec) -> StartInfo:
@@ -460,6 +463,10 @@ class _UsageError(Exception):
     """Bad usage found after argparse: reported like argparse does, exit status 2."""
 
 
+class _PromptTooLarge(Exception):
+    """A prompt too large to send to any agent: one line on stderr, exit status 2."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise _UsageError(message)
@@ -495,8 +502,9 @@ output:
 
 exit status:
   0 the turn completed; 1 it ended any other way (refusal, max_tokens, max_turns, timeout,
-  error, cancelled); 2 bad usage, a bad config, or the agent failed to start (the message
-  names the command, its exit status and the tail of its stderr).
+  error, cancelled); 2 bad usage, a bad config, a prompt too large to send (over {_MAX_PROMPT_MIB} MiB as
+  one JSON message; no agent is started), or the agent failed to start (the message names
+  the command, its exit status and the tail of its stderr).
 
 interrupts:
   Ctrl-C once cancels the turn (session/cancel; an agent that ignores it is torn down after
@@ -721,6 +729,10 @@ def _cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:
     prompt = args.prompt if args.prompt is not None else _read_prompt_from_stdin()
     if not prompt.strip():
         raise _UsageError("the prompt is empty: pass -p TEXT or pipe the prompt on stdin")
+    too_large = prompt_size_error(prompt)
+    if too_large is not None:
+        # Refused before an agent is spawned: it could not be sent to one.
+        raise _PromptTooLarge(too_large)
     answers = _answer_source(prompt_from_stdin=args.prompt is None)
     permission: PermissionChoice = (
         args.permission
@@ -1058,6 +1070,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return invocation.usage_error(str(exc))
     except ConfigError as exc:
         sys.stderr.write(f"{_PROG}: invalid config: {exc}\n")
+        return EXIT_USAGE
+    except _PromptTooLarge as exc:
+        sys.stderr.write(f"{_PROG}: {exc}\n")
         return EXIT_USAGE
     except KeyboardInterrupt:
         # Only outside a turn (a turn handles its own signals): e.g. while reading the prompt.

@@ -22,11 +22,17 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
 
 Every key is checked: an unknown key, a value of the wrong type or an out-of-range number is a
 :class:`ConfigError` whose message names the file and the dotted key (``agents.claude.args[1]``).
-Options given on the command line override the file's defaults.
+So is anything that could not reach the agent's process intact: a NUL character (``"\u0000"``)
+in the command, an argument, the cwd or an environment value, and an environment name that is
+empty or has ``=`` or NUL in it (values are never repeated in the message: they may be secrets).
+A file that is not TOML, is nested too deeply to parse (hundreds of levels), or is larger than
+1 MiB is a :class:`ConfigError` too. Options given on the command line override the file's
+defaults.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -39,6 +45,7 @@ from typing import Any, Final, Literal
 __all__ = [
     "AGENT_KEYS",
     "LOCAL_CONFIG_NAME",
+    "MAX_CONFIG_BYTES",
     "AgentConfig",
     "Config",
     "ConfigError",
@@ -71,6 +78,9 @@ AGENT_KEYS: Final = (
 
 _PERMISSIONS: Final = ("allow", "deny", "ask")
 _NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_BARE_KEY: Final = re.compile(r"^[A-Za-z0-9_-]+$")
+MAX_CONFIG_BYTES: Final = 1024 * 1024
+"""The largest config file read (a few agents take a few KiB)."""
 
 
 class ConfigError(ValueError):
@@ -157,15 +167,24 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     """
     location = Path(path)
     try:
-        text = location.read_text(encoding="utf-8")
+        with location.open("rb") as file:
+            raw = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
         raise ConfigError(location, f"cannot read the config file: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(location, f"the config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(location, f"the config file is not UTF-8 ({exc.reason})") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(location, f"not valid TOML: {exc}") from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables recursively: a few hundred levels exhaust
+        # the interpreter's stack before the file is found wrong.
+        raise ConfigError(location, "not valid TOML: arrays or tables nested too deeply") from None
     return parse_config(data, location)
 
 
@@ -207,17 +226,30 @@ def _parse_agent(name: str, table: Mapping[str, Any], path: Path) -> AgentConfig
             )
     if "command" not in table:
         raise ConfigError(path, 'missing: the program to run, e.g. command = "npx"', key=f"{prefix}.command")
-    program = _string(table["command"], path, f"{prefix}.command", non_empty=True)
-    args = _strings(table.get("args", []), path, f"{prefix}.args")
+    program = _no_nul(
+        _string(table["command"], path, f"{prefix}.command", non_empty=True), path, f"{prefix}.command"
+    )
+    args = [
+        _no_nul(arg, path, f"{prefix}.args[{index}]")
+        for index, arg in enumerate(_strings(table.get("args", []), path, f"{prefix}.args"))
+    ]
     env_value = table.get("env", {})
     if not isinstance(env_value, Mapping):
         raise ConfigError(
             path, 'must be a table of strings, e.g. env = { KEY = "value" }', key=f"{prefix}.env"
         )
-    env = {str(key): _string(value, path, f"{prefix}.env.{key}") for key, value in env_value.items()}
+    env: dict[str, str] = {}
+    for name, value in env_value.items():
+        key = f"{prefix}.env.{_key_text(name)}"
+        if not name or "=" in name or "\0" in name:
+            raise ConfigError(
+                path, "an environment name must be non-empty, with no '=' and no NUL character", key=key
+            )
+        env[name] = _no_nul(_string(value, path, key), path, key)
     cwd: str | None = None
     if "cwd" in table:
-        raw_cwd = os.path.expanduser(_string(table["cwd"], path, f"{prefix}.cwd", non_empty=True))
+        raw_cwd = _no_nul(_string(table["cwd"], path, f"{prefix}.cwd", non_empty=True), path, f"{prefix}.cwd")
+        raw_cwd = os.path.expanduser(raw_cwd)
         cwd = os.path.normpath(os.path.join(path.resolve().parent, raw_cwd))
     permission: PermissionMode | None = None
     if "permission" in table:
@@ -249,6 +281,18 @@ def _string(value: Any, path: Path, key: str, *, non_empty: bool = False) -> str
     if non_empty and not value.strip():
         raise ConfigError(path, "must not be empty", key=key)
     return value
+
+
+def _no_nul(value: str, path: Path, key: str) -> str:
+    # A C string ends at NUL: the program would get a cut-short argument, variable or path.
+    if "\0" in value:
+        raise ConfigError(path, "contains a NUL character, which no program can receive", key=key)
+    return value
+
+
+def _key_text(name: str) -> str:
+    """A table key as TOML would write it: bare when it can be, else quoted (escapes shown)."""
+    return name if _BARE_KEY.match(name) else json.dumps(name)
 
 
 def _strings(value: Any, path: Path, key: str) -> list[str]:

@@ -20,8 +20,16 @@ JSON-RPC error answer      ``error``, with the agent's error code and message
 silence past ``timeout``   ``timeout`` (the clock pauses while a permission question waits)
 =========================  ==============================================================
 
-``output`` is the agent's final message (its text after the turn's last tool call); every update
-of every turn stays readable as ``run.updates``. The child stays alive after the first turn so
+``output`` is the agent's final message (its text after the turn's last tool call), built as the
+turn streams and exact however many updates it has, up to ``max_output_chars`` characters
+(default 16 Mi): an agent whose message goes past that has its turn cancelled like ``cancel()``
+does, and the result is ``error``, saying so, with the message cut at the limit as ``output``.
+Every update of every turn stays readable as ``run.updates``, up to ``max_kept_updates`` (default
+10,000, about 4 MiB of message chunks): past that the oldest are dropped, and
+``run.updates_dropped`` says how many (``run.update_count`` counts them all), so a flood of
+updates costs the parent bounded memory. A prompt too large for one message to the agent
+(``max_line_bytes`` once JSON-encoded) fails the start before a child is spawned, or, on
+``resume()``, is an ``error`` result; it is never sent. The child stays alive after the first turn so
 that ``resume()`` can run more turns in the same session, until the run is disposed, or until the
 child is lost (it exited, or a turn found its connection gone): a lost child is torn down at once,
 and ``resume()`` then answers an ``error`` result saying why.
@@ -52,20 +60,23 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 
 import anyio
 import anyio.abc
+import msgspec
 
 from subagent import _structured
 from subagent.acp import schema
 from subagent.acp.client import (
+    DEFAULT_MAX_KEPT_UPDATES,
+    DEFAULT_MAX_OUTPUT_CHARS,
     AcpClient,
     AgentExitedError,
     AuthenticationRequiredError,
     ClientSession,
+    TurnOutput,
     TurnResult,
-    final_message,
     spawn_agent,
 )
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
-from subagent.acp.errors import AcpError, RequestError
+from subagent.acp.errors import AcpError, MessageTooLargeError, ProtocolError, RequestError
 from subagent.acp.handlers import FsSandbox, PermissionCallback, PermissionPolicy
 from subagent.acp.process import AgentSpawnError, ExitInfo
 from subagent.types import (
@@ -85,9 +96,12 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_CANCEL_GRACE",
     "DEFAULT_MAX_CONCURRENT",
+    "DEFAULT_MAX_KEPT_UPDATES",
+    "DEFAULT_MAX_OUTPUT_CHARS",
     "DEFAULT_READY_TIMEOUT",
     "AcpProvider",
     "AcpRun",
+    "prompt_size_error",
 ]
 
 logger = logging.getLogger(__name__)
@@ -117,6 +131,40 @@ _STOP_REASONS: dict[str, StopReason] = {
 
 _run_ids = itertools.count(1)
 
+# The session/prompt request around a text prompt, with an empty session id and the shortest request
+# id (the line limit does not count the newline): a prompt whose JSON string is longer than the limit
+# minus this cannot be sent.
+_PROMPT_LINE_OVERHEAD: int = len(
+    b'{"jsonrpc":"2.0","id":0,"method":"session/prompt","params":'
+    b'{"sessionId":"","prompt":[{"type":"text","text":}]}}'
+)
+_MAX_JSON_BYTES_PER_CHAR = 6  # "\u001f": no character takes more as a JSON string (UTF-8 is <= 4)
+
+
+def prompt_size_error(prompt: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> str | None:
+    """Why ``prompt`` cannot be sent in one message of at most ``max_line_bytes`` bytes (the
+    agent connection's line limit), or None when it may fit.
+
+    The check counts the prompt as JSON (escapes included) plus the smallest ``session/prompt``
+    envelope, so a prompt it passes can still be refused by a few bytes (the session id is the
+    agent's choice); the connection then refuses to send it.
+    """
+    if len(prompt) * _MAX_JSON_BYTES_PER_CHAR + _PROMPT_LINE_OVERHEAD <= max_line_bytes:
+        return None  # certainly fits: no need to encode it
+    size = len(msgspec.json.encode(prompt)) + _PROMPT_LINE_OVERHEAD
+    if size <= max_line_bytes:
+        return None
+    return (
+        f"the prompt is {size:,} bytes as a session/prompt message, over the {_bytes(max_line_bytes)} "
+        "limit on one message to the agent (max_line_bytes)"
+    )
+
+
+def _bytes(count: int) -> str:
+    if count >= 1024 * 1024 and count % (1024 * 1024) == 0:
+        return f"{count:,}-byte ({count // (1024 * 1024)} MiB)"
+    return f"{count:,}-byte"
+
 
 class AcpProvider:
     """Runs each child as an ACP agent process (``command``), one session per run.
@@ -141,6 +189,17 @@ class AcpProvider:
             :func:`~subagent.acp.process.open_agent_process`.
         max_concurrent: how many children may exist at once (None: no limit). Runs past it wait
             for a slot, first come first served; see the module docstring.
+        max_line_bytes: the longest message (one JSON line) sent to or accepted from the agent.
+        max_kept_updates: how many session updates a run keeps readable as ``run.updates``, the
+            most recent (None: all); older ones are dropped and counted in ``run.updates_dropped``.
+        max_output_chars: the longest final message a turn may have (None: no limit); past it
+            the turn is cancelled and its result is ``error`` (see the module docstring).
+
+    Raises:
+        ValueError: ``command`` is empty or a string, or an argument, the cwd or an environment
+            value contains a NUL character, or an environment name is empty or contains ``=`` or
+            NUL (none of them could reach the child intact); a limit is out of range.
+        TypeError: an argument, environment name or value is not a string.
     """
 
     inherits_parent_context = False
@@ -164,24 +223,33 @@ class AcpProvider:
         on_stderr_line: Callable[[str], object] | None = None,
         process_options: Mapping[str, Any] | None = None,
         max_concurrent: int | None = DEFAULT_MAX_CONCURRENT,
+        max_kept_updates: int | None = DEFAULT_MAX_KEPT_UPDATES,
+        max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
     ) -> None:
         if isinstance(command, str) or not command:
             raise ValueError("command must be a non-empty argv list, e.g. ['npx', 'some-acp-agent']")
-        limit: object = max_concurrent  # checked as the caller may pass it, typed or not
-        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
-            raise ValueError(f"max_concurrent must be an int >= 1 or None, got {max_concurrent!r}")
-        self.command = [os.fspath(part) for part in command]
+        _check_limit("max_concurrent", max_concurrent, minimum=1)
+        _check_limit("max_kept_updates", max_kept_updates, minimum=0)
+        _check_limit("max_output_chars", max_output_chars, minimum=0)
+        _check_limit("max_line_bytes", max_line_bytes, minimum=1, optional=False)
+        self.command = [_path_text(part, f"command[{index}]") for index, part in enumerate(command)]
         self.name = name
-        self.env = dict(env) if env is not None else None
-        self.cwd = os.fspath(cwd) if cwd is not None else None
+        self.env = _checked_env(env) if env is not None else None
+        self.cwd = _path_text(cwd, "cwd") if cwd is not None else None
         self.permission = permission
-        self.fs_roots = [os.fspath(root) for root in fs_roots] if fs_roots is not None else None
+        self.fs_roots = (
+            [_path_text(root, f"fs_roots[{index}]") for index, root in enumerate(fs_roots)]
+            if fs_roots is not None
+            else None
+        )
         self.terminal = terminal
         self.auth_method = auth_method
         self.ready_timeout = ready_timeout
         self.idle_timeout = idle_timeout
         self.cancel_grace = cancel_grace
         self.max_line_bytes = max_line_bytes
+        self.max_kept_updates = max_kept_updates
+        self.max_output_chars = max_output_chars
         self.on_stderr_line = on_stderr_line
         self.process_options = dict(process_options or {})
         self.capabilities = SubagentCapabilities(output_schema=structured_output)
@@ -263,8 +331,11 @@ class AcpRun:
         self.provider = provider
         self.request = request
         self.command_line = shlex.join(provider.command)
-        self.updates: list[schema.SessionUpdate] = []
-        """Every session update of every turn, in order."""
+        self.updates: deque[schema.SessionUpdate] = deque(maxlen=provider.max_kept_updates)
+        """The session updates of every turn, in order: the most recent ``max_kept_updates`` of
+        them (all, up to that many); :attr:`updates_dropped` counts the older ones let go."""
+        self._update_count = 0
+        self._output: TurnOutput | None = None  # the final message of the current (or last) turn
         self.agent: schema.InitializeResponse | None = None
         """The agent's ``initialize`` answer, once it arrived."""
         self.session_id: str | None = None
@@ -349,8 +420,19 @@ class AcpRun:
 
     @property
     def update_count(self) -> int:
-        """How many session updates the agent has sent for this run so far (``len(run.updates)``)."""
-        return len(self.updates)
+        """How many session updates the agent has sent for this run so far, dropped ones included."""
+        return self._update_count
+
+    @property
+    def updates_dropped(self) -> int:
+        """How many of the oldest updates are no longer in :attr:`updates` (past ``max_kept_updates``)."""
+        return self._update_count - len(self.updates)
+
+    @property
+    def output(self) -> str:
+        """The final message of the turn running now, so far, or of the last turn: what its result's
+        ``output`` is or will be (exact however many updates it had, up to ``max_output_chars``)."""
+        return "" if self._output is None else self._output.text
 
     # -- the SubagentRun protocol ------------------------------------------------------------------
 
@@ -484,9 +566,7 @@ class AcpRun:
             logger.exception("run %r of agent `%s` failed unexpectedly", self.id, self.command_line)
             message = f"internal error in the ACP provider: {type(exc).__name__}: {exc}"
             self._fail_start(message)
-            self._settle(
-                SubagentResult(output=final_message(self.updates), stop_reason="error", error=message)
-            )
+            self._settle(SubagentResult(output=self.output, stop_reason="error", error=message))
         finally:
             if self._queued:
                 when = "while it waited for a concurrency slot"
@@ -515,6 +595,11 @@ class AcpRun:
 
     async def _live(self) -> None:
         provider = self.provider
+        too_large = prompt_size_error(self.request.prompt, provider.max_line_bytes)
+        if too_large is not None:
+            # Known before any child exists: spawning one could only end in this same error.
+            self._fail_start(f"agent `{self.command_line}` was not started: {too_large}")
+            return
         cwd = self.request.cwd or provider.cwd or os.getcwd()
         fs = FsSandbox(provider.fs_roots or [cwd])
         terminals: TerminalHost | None = None
@@ -532,6 +617,8 @@ class AcpRun:
                 fs=fs,
                 terminals=terminals,
                 max_line_bytes=provider.max_line_bytes,
+                max_kept_updates=provider.max_kept_updates,
+                max_output_chars=provider.max_output_chars,
                 on_stderr_line=provider.on_stderr_line,
                 process_options=provider.process_options,
             ) as client:
@@ -650,11 +737,19 @@ class AcpRun:
             # Disposed between turns (before a structured-output repair, or while a resume() waited
             # for the turn lock): start no new turn. No checkpoint from here to the turn's scope.
             return SubagentResult(output="", stop_reason="cancelled", error=f"run {self.id!r} is disposed")
-        turn_updates: list[schema.SessionUpdate] = []
+        too_large = prompt_size_error(text, self.provider.max_line_bytes)
+        if too_large is not None:
+            return SubagentResult(output="", stop_reason="error", error=f"not sent: {too_large}")
+        self._output = output = TurnOutput(self.provider.max_output_chars)
+        overflowed = anyio.Event()
+        updates = self.updates
 
         def record(update: schema.SessionUpdate) -> None:
-            turn_updates.append(update)
-            self.updates.append(update)
+            # The client fed `output` first: its length is already known here.
+            updates.append(update)  # a bounded deque: the oldest falls out
+            self._update_count += 1
+            if output.truncated and not overflowed.is_set():
+                overflowed.set()
             for listener in tuple(self._listeners):
                 try:
                     listener(update)
@@ -663,7 +758,7 @@ class AcpRun:
 
         timeout = self.request.timeout if self.request.timeout is not None else self.provider.idle_timeout
         timed_out = False
-        failure: AgentExitedError | RequestError | None = None
+        failure: AgentExitedError | RequestError | ProtocolError | msgspec.MsgspecError | None = None
         turn: TurnResult | None = None
         self._cancelling = False
         self._turn_done = turn_done = anyio.Event()
@@ -676,32 +771,64 @@ class AcpRun:
                     await self.cancel()
 
                 watchers.start_soon(_watch_idle, session, timeout, on_timeout)
+
+            async def on_overflow() -> None:
+                # Not from `record`: that runs on the connection's task, which must go on reading
+                # for the turn to end.
+                await overflowed.wait()
+                await self.cancel()
+
+            watchers.start_soon(on_overflow)
             with anyio.CancelScope() as self._turn_scope:
                 try:
-                    turn = await session.prompt(text, on_update=record)
-                except (AgentExitedError, RequestError) as exc:
+                    turn = await session.prompt(text, on_update=record, output=output)
+                except (AgentExitedError, RequestError, ProtocolError, msgspec.MsgspecError) as exc:
                     # Caught here, inside the task group, so it is not wrapped in an exception group.
                     failure = exc
                 finally:
                     turn_done.set()
                     watchers.cancel_scope.cancel()
+        if output.truncated:
+            # Whatever else then happened, this is why the turn ended.
+            if isinstance(failure, AgentExitedError):
+                self._lose_child(str(failure))
+            limit = self.provider.max_output_chars
+            return SubagentResult(
+                output=output.text,
+                stop_reason="error",
+                error=f"the agent's message went past the output limit of {limit:,} characters "
+                f"(max_output_chars), so the turn was cancelled; the output is cut at the limit",
+            )
         if isinstance(failure, AgentExitedError):
             self._lose_child(str(failure))
-            return SubagentResult(output=final_message(turn_updates), stop_reason="error", error=str(failure))
+            return SubagentResult(output=output.text, stop_reason="error", error=str(failure))
         if isinstance(failure, RequestError):
             detail = f" ({json.dumps(failure.data)})" if failure.data is not None else ""
             return SubagentResult(
-                output=final_message(turn_updates),
+                output=output.text,
                 stop_reason="error",
                 error=f"agent `{self.command_line}` answered session/prompt with error {failure.code}: "
                 f"{failure.message}{detail}",
             )
+        if isinstance(failure, MessageTooLargeError) and failure.outgoing:
+            # Refused before a byte was sent (the check above counts no session id): nobody waits.
+            return SubagentResult(
+                output=output.text,
+                stop_reason="error",
+                error=f"not sent: the prompt is {failure.size:,} bytes as a session/prompt message, over "
+                f"the {_bytes(failure.limit)} limit on one message to the agent (max_line_bytes)",
+            )
+        if failure is not None:
+            # The answer to the prompt was too long to read, or was not a prompt response.
+            return SubagentResult(
+                output=output.text,
+                stop_reason="error",
+                error=f"agent `{self.command_line}`: session/prompt failed: {failure}",
+            )
         if turn is None:
             # The agent ignored session/cancel and was torn down.
             reason: StopReason = "timeout" if timed_out else "cancelled"
-            return SubagentResult(
-                output=final_message(turn_updates), stop_reason=reason, error=self._child_lost
-            )
+            return SubagentResult(output=output.text, stop_reason=reason, error=self._child_lost)
         stop = _STOP_REASONS.get(turn.stop_reason, "error")
         if timed_out and stop == "cancelled":
             stop = "timeout"
@@ -752,6 +879,48 @@ async def _watch_idle(session: ClientSession, timeout: float, on_timeout: Any) -
             await on_timeout()
             return
         await anyio.sleep(remaining)
+
+
+def _check_limit(name: str, value: object, *, minimum: int, optional: bool = True) -> None:
+    """A count limit is an int >= ``minimum`` (or None when ``optional``), checked as passed, typed or not."""
+    if value is None and optional:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        allowed = f"an int >= {minimum}" + (" or None" if optional else "")
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def _path_text(value: object, what: str) -> str:
+    """``value`` (a str or path) as a str that can reach a child process: no NUL in it."""
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(f"{what} must be a string or a path, not {type(value).__name__}")
+    text = os.fspath(value)
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be a text path, not {type(text).__name__}")
+    if "\0" in text:
+        raise ValueError(f"{what} contains a NUL character, which no program can receive: {text!r}")
+    return text
+
+
+def _checked_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` as a dict whose every entry can reach the child as ``NAME=value``."""
+    checked: dict[str, str] = {}
+    for name, value in env.items():
+        if not isinstance(name, str):
+            raise TypeError(f"environment names must be strings, not {type(name).__name__}: {name!r}")
+        if not isinstance(value, str):
+            raise TypeError(
+                f"environment variable {name!r} must have a string value, not {type(value).__name__}"
+            )
+        if not name or "=" in name or "\0" in name:
+            raise ValueError(
+                f"environment name {name!r} cannot be passed to a program: "
+                "a name must be non-empty, with no '=' and no NUL character"
+            )
+        if "\0" in value:
+            raise ValueError(f"environment variable {name!r} has a NUL character in its value")
+        checked[name] = value
+    return checked
 
 
 def _stderr_suffix(client: AcpClient) -> str:
