@@ -162,10 +162,12 @@ async def peer_and_connection(
     recorder: Recorder | None = None,
     max_line_bytes: int | None = None,
     value_encoder: Callable[[Any], bytes] | None = None,
+    **options: Any,
 ) -> AsyncIterator[tuple[Connection, RawPeer]]:
-    """A running connection whose peer is scripted by the test."""
+    """A running connection whose peer is scripted by the test; `options` go to `Connection`."""
     async with open_pipe() as to_connection, open_pipe() as from_connection:
         extra: dict[str, Any] = {} if max_line_bytes is None else {"max_line_bytes": max_line_bytes}
+        extra.update(options)
         if value_encoder is not None:
             extra["value_encoder"] = value_encoder
         if recorder is not None:

@@ -1026,8 +1026,8 @@ class Connection:
             return
         if not _looks_like_json_rpc(line):
             return
-        if code == RpcErrorCode.PARSE_ERROR and reason == "not UTF-8" and not identity.has_method:
-            return  # a notification or a response that is not UTF-8: reported, skipped
+        if reason == "not UTF-8" and not (identity.has_method and identity.has_id):
+            return  # a notification that is not UTF-8: reported, skipped
         bare = identity.has_id and not identity.has_method and not identity.has_params
         # A bare {"id": ...}: the answer to a request of ours, with neither result nor error.
         if bare and self._fail_pending_response(identity, invalid):
@@ -1040,12 +1040,16 @@ class Connection:
         """A JSON array: batches are not supported. Each request in it that shows its id is answered with
         -32600 (in one array, as JSON-RPC answers a batch); without any, one -32600 with id null goes out.
         A response in it fails the request of ours it answers."""
-        reason = "a JSON array: batches are not supported"
-        self._report(MalformedMessageError(reason, bytes(line[:_EXCERPT_BYTES])))
         try:
             items = _BATCH_DECODER.decode(line)
-        except (msgspec.DecodeError, RecursionError):
-            items = []
+        except msgspec.DecodeError as exc:  # not JSON after all (msgspec looked at the first byte only)
+            self._take_unparsed(line, str(exc))
+            return
+        except RecursionError:
+            self._take_broken(line, "nested too deeply", RpcErrorCode.INVALID_REQUEST)
+            return
+        reason = "a JSON array: batches are not supported"
+        self._report(MalformedMessageError(reason, bytes(line[:_EXCERPT_BYTES])))
         errors: list[_OutError] = []
         wire = _WireError(RpcErrorCode.INVALID_REQUEST, "Invalid Request", {"details": reason})
         for item in items:
