@@ -9,10 +9,10 @@ error data, and each caller decides what type to decode into.
 Tasks inside `Connection.run()`:
 
 * the **reader** reads chunks, splits lines, resolves responses, queues notifications and starts one task
-  per incoming request. It never awaits user code, so a slow handler cannot stall it. A line longer than
-  `max_line_bytes` is skipped up to the next newline, buffering at most `max_line_bytes` of it; a line
-  that is not UTF-8, not JSON, or not a JSON-RPC 2.0 envelope is skipped. Both are logged and reported to
-  `on_protocol_error`, and the connection goes on.
+  per incoming request. It never awaits user code, so a slow handler cannot stall it (it only pauses for
+  a notifier that is far behind, see Limits). A line longer than `max_line_bytes` is skipped up to the
+  next newline, buffering at most `max_line_bytes` of it; a line that is not a valid message is skipped
+  (see Broken lines). Both are logged and reported to `on_protocol_error`, and the connection goes on.
 * the **writer** is the only task that touches the send stream: each message is handed over as a whole
   line and written with one `send`, so concurrent senders never interleave bytes, and a caller cancelled
   mid-write can never leave half a line on the wire.
@@ -22,6 +22,47 @@ Tasks inside `Connection.run()`:
 Ordering guarantee: `request()` returns only after every notification that arrived before its response
 has been handled (so a `session/prompt` result never overtakes the `session/update` chunks sent before
 it). A notification handler that itself awaits a `request()` is exempt, or it would wait for itself.
+
+Broken lines: no line can break the connection, and none leaves a caller waiting.
+
+* A string with a lone UTF-16 surrogate escape (``"\\ud83d"``: valid JSON, which `JSON.stringify` emits and
+  msgspec refuses) is taken with U+FFFD in its place; only after a failed decode, so the hot path pays
+  nothing. An escaped backslash before ``u`` is left alone, and valid surrogate pairs survive.
+* JSON nested deeper than msgspec goes (it counts against the recursion limit, about 1,000 levels) is a
+  -32600 "nested too deeply"; msgspec's RecursionError never escapes the reader.
+* A broken response (it has `result` or `error` and no `method`) fails the request of ours it answers
+  at once with `InvalidResponseError` (also a response with neither result nor error), and is never
+  answered itself, so two peers can never bounce errors at each other.
+* Any other broken line that tries to be JSON-RPC (it starts with ``{``, or ``[`` then ``{`` or ``]``) is
+  answered as JSON-RPC 2.0 says: -32700 when it is not JSON (or not UTF-8), -32600 when it is JSON but no
+  valid message (a wrong ``jsonrpc``, an id that is a float, boolean, object or array, a request without
+  `method`), with its id when the id can be read, else id null. The id is read from the line's top-level
+  members by a small scanner that needs no valid JSON, so a truncated or too deep request still gets its
+  answer. A line that is not UTF-8 is answered only when it is a request.
+* A line that does not try to be JSON-RPC is only reported, never answered: agents print log lines on
+  stdout ("Running migrations...", "[INFO] ready"), and an error reply to each would only send junk to a
+  peer that may not read it. A JSON scalar is treated the same.
+* Batches (JSON arrays) are not supported: each request in one that shows its id is answered -32600 (in
+  one array, as a batch is answered); a batch with none (empty, notifications, junk) gets one -32600 with
+  id null.
+* An over-long line is answered from its head (the first bytes buffered before it was discarded): a
+  request that shows its id gets -32600 naming the limit; a response to a request of ours fails it with
+  `MessageTooLargeError` at once.
+
+Limits: every buffer the peer can fill is bounded.
+
+* A line: `max_line_bytes` (the reader's buffer). What we send: `max_send_bytes` (the peer's limit; ours
+  by default): `request()`/`notify()` raise `MessageTooLargeError` before sending, and a handler's answer
+  that long goes out as -32603 naming the limit, so neither side waits for a message that cannot arrive.
+* The peer's requests in flight: `max_incoming_requests`; one more is refused at once with -32603 naming
+  the limit (refused, not paused: pausing the reader would hold back the answers to our own requests).
+* Notifications received but not yet handled: `max_queued_notification_bytes` (bytes of the reads they
+  came in). Above it the reader stops reading, so the peer's writes block, until the notifier has caught
+  up to half of it. Exempt: while the notification handler itself waits for the peer (a `request()`,
+  whose answer only the reader can read, or a send) the reader keeps reading, or it would deadlock. A
+  handler must not wait for other tasks that wait for the peer.
+* Error replies sent by the reader (to broken lines and refused requests): at most 64 (and 1 MiB) in
+  flight; beyond that, from a peer flooding garbage without reading its answers, they are dropped.
 
 Closing: EOF, a broken stream, or `close()` fail every pending request at once with a
 `ConnectionClosedError`, and every later `request()`/`notify()` fails with it immediately. Incoming
