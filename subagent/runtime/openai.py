@@ -228,6 +228,7 @@ _ESCAPES: tuple[Callable[[str], str], ...] = (
     lambda text: json.dumps(text)[1:-1],
     lambda text: repr(text.encode("utf-8", errors="surrogateescape"))[2:-1],
     lambda text: urllib.parse.quote(text, safe=""),
+    lambda text: urllib.parse.quote(text),  # "/" kept, as in a URL's path or query
     lambda text: urllib.parse.quote_plus(text),
 )
 
@@ -444,8 +445,12 @@ class _Assembly:
         return Completion(Message.assistant("".join(self.text), calls), reason, self.usage)
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 class _SseDecoder:
     """Server-sent events from bytes: the ``data`` of each event; comments and other fields are skipped.
+    Lines end in LF or CRLF (a bare CR, which the SSE spec also allows, is sent by no known server).
 
     A line longer than ``max_bytes`` (its ``\\r`` counted, not its ``\\n``), or an event whose data
     (its lines joined) is longer, sets ``failure`` and ends decoding; the events before it are still
@@ -457,12 +462,29 @@ class _SseDecoder:
         self._buffer = bytearray()
         self._data: list[bytes] = []
         self._max = max_bytes
+        self._at_start = True
         self.failure: _AttemptFailed | None = None
 
     def feed(self, chunk: bytes) -> list[bytes]:
         if self.failure is not None:
             return []
+        if self._at_start:
+            # As the SSE spec says, a byte-order mark opening the stream is skipped (split or not).
+            chunk = bytes(self._buffer) + chunk
+            self._buffer.clear()
+            if len(chunk) < len(_BOM) and _BOM.startswith(chunk):
+                self._buffer += chunk
+                return []
+            self._at_start = False
+            chunk = chunk.removeprefix(_BOM)
         if self._buffer:
+            if b"\n" not in chunk:
+                # Still the same line: grown in place, not copied whole at every read.
+                self._buffer += chunk
+                if len(self._buffer) > self._max:
+                    self.failure = self._line_too_long()
+                    self._buffer.clear()
+                return []
             chunk = bytes(self._buffer) + chunk
             self._buffer.clear()
         # One C-level split per read: a server sends hundreds of small events per read.
@@ -1126,7 +1148,7 @@ class OpenAiChatAdapter:
                 retry_after=_retry_after(response.headers),
             )
         if status in (401, 403):
-            if self._key() is None:
+            if self._key() is None and not any(map(_CREDENTIAL_HEADER.search, self._headers)):
                 source = f"${self._api_key_env} is not set" if self._api_key_env else "none was configured"
                 what += f" (no API key was sent: {source})"
             return _AttemptFailed(LlmErrorKind.AUTH, what, status=status)
