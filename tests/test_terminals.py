@@ -11,6 +11,7 @@ import os
 import signal
 import stat
 import sys
+import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,19 @@ from typing import Any
 import anyio
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from subagent.acp import schema
 from subagent.acp.errors import RequestError
 from subagent.acp.handlers import FsSandbox
-from subagent.acp.terminals import DEFAULT_OUTPUT_BYTE_LIMIT, TerminalHost
+from subagent.acp.process import AgentSpawnError, open_agent_process
+from subagent.acp.terminals import (
+    DEFAULT_OUTPUT_BYTE_LIMIT,
+    MAX_OUTPUT_BYTE_LIMIT,
+    TerminalHost,
+    _OutputTail,
+)
 from tests.leaks import assert_no_leaks, process_is_gone
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
@@ -686,3 +695,201 @@ async def test_serve_decodes_wire_params_and_dispatches_the_five_methods(host: T
     assert unknown.code == METHOD_NOT_FOUND
     with pytest.raises(msgspec.ValidationError):
         await host.serve(schema.TERMINAL_CREATE, wire(args=[]))
+
+
+# -- a hostile agent ----------------------------------------------------------------------------------
+
+
+def clipped(value: str) -> str:
+    """What an error echoes of a long value the agent sent."""
+    return value if len(value) <= 256 else f"{value[:256]}... ({len(value)} characters)"
+
+
+async def test_a_release_whose_kill_is_still_running_keeps_its_slot_until_the_kill_ends(
+    tmp_path: Path,
+) -> None:
+    async with (
+        assert_no_leaks(),
+        TerminalHost(cwd=tmp_path, max_terminals=1, kill_grace=SHORT_GRACE) as host,
+    ):
+        terminal_id = await start(host, python(IGNORES_SIGTERM))
+        assert await first_line(host, terminal_id) == "started"
+        with anyio.CancelScope() as scope:  # the agent cancels its release request at once
+            scope.cancel()
+            await host.release(schema.ReleaseTerminalRequest(session_id=SESSION, terminal_id=terminal_id))
+
+        error = await refused(host.create(python("pass")))  # the SIGTERM is ignored: the kill is still on
+
+        assert host.open_terminals == 0
+        assert error.to_wire() == {
+            "code": INTERNAL_ERROR,
+            "message": "Too many open terminals",
+            "data": {
+                "reason": "1 terminals are open or still being killed after release (1 of them); "
+                "release one, or let the kills finish",
+                "limit": 1,
+            },
+        }
+
+
+async def test_a_spawn_failure_is_an_internal_error_with_its_reason_and_frees_its_slot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    failures = [AgentSpawnError(["x"], "exec failed: Cannot allocate memory")]
+
+    def flaky_open(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return open_agent_process(*args, **kwargs)
+
+    monkeypatch.setattr("subagent.acp.terminals.open_agent_process", flaky_open)
+    async with assert_no_leaks(), TerminalHost(cwd=tmp_path, max_terminals=1) as host:
+        error = await refused(host.create(python("pass")))
+        assert error.to_wire() == {
+            "code": INTERNAL_ERROR,
+            "message": "Internal error",
+            "data": {"command": sys.executable, "reason": "exec failed: Cannot allocate memory"},
+        }
+        terminal_id = await start(host, python("pass"))  # the failed create gave its slot back
+        assert await wait_exit(host, terminal_id) == schema.WaitForTerminalExitResponse(exit_code=0)
+    assert not [record for record in caplog.records if record.exc_info]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's per-string exec limit")
+async def test_an_argument_exec_would_refuse_as_too_long_is_invalid_params(host: TerminalHost) -> None:
+    longest = 128 * 1024 - 1  # 32 pages, NUL included
+    fits = await start(
+        host,
+        schema.CreateTerminalRequest(
+            session_id=SESSION,
+            command=sys.executable,
+            args=["-c", "import sys; print(len(sys.argv[1]))", "a" * longest],
+        ),
+    )
+    too_long = schema.CreateTerminalRequest(
+        session_id=SESSION, command=sys.executable, args=["-c", "pass", "a" * (longest + 1)]
+    )
+    env_too_long = python("pass", env=[schema.EnvVariable(name="BIG", value="v" * (longest - 3))])
+
+    argument_error = await refused(host.create(too_long))
+    env_error = await refused(host.create(env_too_long))
+
+    assert await wait_exit(host, fits) == schema.WaitForTerminalExitResponse(exit_code=0)
+    assert (await output_of(host, fits)).output == f"{longest}\n"
+    assert argument_error.code == env_error.code == INVALID_PARAMS
+    reason = f"one argument or environment entry is {longest + 1} bytes long; the system allows {longest}"
+    assert argument_error.data == {"reason": reason}
+    assert env_error.data == {"reason": reason}  # "BIG=" + the value
+
+
+async def test_a_command_line_over_arg_max_is_invalid_params(host: TerminalHost) -> None:
+    arg_max = os.sysconf("SC_ARG_MAX")
+    args = ["-c", "pass", *["a" * 100_000] * (arg_max // 100_000 + 2)]
+    request = schema.CreateTerminalRequest(session_id=SESSION, command=sys.executable, args=args)
+
+    error = await refused(host.create(request))
+
+    assert error.code == INVALID_PARAMS
+    assert error.data["reason"].startswith("the command, its arguments and the environment take ")
+    assert error.data["reason"].endswith(f" bytes; the system allows {arg_max}")
+    assert host.open_terminals == 0
+
+
+async def test_refused_values_are_echoed_clipped_and_logged_without_a_traceback(
+    host: TerminalHost, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    huge = "x" * 1_000_000
+    cases = [
+        (
+            schema.CreateTerminalRequest(session_id=SESSION, command=sys.executable, args=[huge + "\0"]),
+            {"value": clipped(huge + "\0")},
+        ),
+        (python("pass", env=[schema.EnvVariable(name=huge + "=", value="v")]), {"name": clipped(huge + "=")}),
+        (schema.CreateTerminalRequest(session_id=SESSION, command=huge), {"command": clipped(huge)}),
+    ]
+    for request, echoed in cases:
+        error = await refused(host.create(request))
+        assert {key: error.data[key] for key in echoed} == echoed
+    unknown = await refused(output_of(host, huge))
+    assert unknown.data["terminalId"] == clipped(huge)
+    assert not [record for record in caplog.records if record.exc_info]
+    assert all(len(record.getMessage()) < 2000 for record in caplog.records)
+
+
+def test_a_host_environment_exec_cannot_carry_is_a_configuration_error() -> None:
+    for env in [{"A=B": "x"}, {"": "x"}, {"A\0": "x"}, {"A": "x\0y"}]:
+        with pytest.raises(ValueError, match="TerminalHost env"):
+            TerminalHost(env=env)
+
+
+async def test_absurd_output_limits_from_the_wire_are_clamped_defaulted_or_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    code = "import sys; sys.stdout.write('x' * 100)"
+
+    def wire(limit: Any) -> bytes:
+        params = {"sessionId": SESSION, "command": sys.executable, "args": ["-c", code]}
+        return msgspec.json.encode({**params, "outputByteLimit": limit})
+
+    async with (
+        assert_no_leaks(),
+        TerminalHost(cwd=tmp_path, max_output_byte_limit=40, default_output_byte_limit=10) as host,
+    ):
+        retained = {}
+        for limit in [10**30, 2**64 - 1, True, 2.5, "lots"]:
+            created = await host.serve(schema.TERMINAL_CREATE, wire(limit))
+            assert isinstance(created, schema.CreateTerminalResponse)
+            await wait_exit(host, created.terminal_id)
+            retained[repr(limit)] = len((await output_of(host, created.terminal_id)).output)
+            await release(host, created.terminal_id)
+        negative = await refused(host.serve(schema.TERMINAL_CREATE, wire(-(10**30))))
+
+    # The schema lets a receiver default a mistyped outputByteLimit; a huge one is clamped.
+    assert retained == {repr(10**30): 40, repr(2**64 - 1): 40, "True": 10, "2.5": 10, "'lots'": 10}
+    assert negative.code == INVALID_PARAMS
+    assert negative.data == {"outputByteLimit": -(10**30), "reason": "outputByteLimit must not be negative"}
+    assert not [record for record in caplog.records if record.exc_info]
+
+
+async def test_a_flood_with_an_absurd_limit_holds_no_more_than_the_maximum(tmp_path: Path) -> None:
+    flood = 24 * 1024 * 1024
+    code = (
+        f"import sys\nblock = b'y' * 65536\nfor _ in range({flood // 65536}):\n"
+        "    sys.stdout.buffer.write(block)"
+    )
+    async with assert_no_leaks(), TerminalHost(cwd=tmp_path) as host:
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            terminal_id = await start(host, python(code, output_byte_limit=2**62))
+            assert await wait_exit(host, terminal_id) == schema.WaitForTerminalExitResponse(exit_code=0)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        answer = await output_of(host, terminal_id)
+    assert answer.truncated is True
+    assert answer.output == "y" * MAX_OUTPUT_BYTE_LIMIT
+    # Measured: about 8.4 MiB for the 8 MiB maximum (a single shifted buffer peaked at 18.4 MiB).
+    assert peak < MAX_OUTPUT_BYTE_LIMIT + 4 * 1024 * 1024
+
+
+@pytest.mark.fuzz
+@given(
+    chunks=st.lists(st.text(alphabet=st.sampled_from("a€🙂é\n"), max_size=12), max_size=30),
+    limit=st.integers(min_value=0, max_value=40),
+    piece_bytes=st.integers(min_value=1, max_value=16),
+)
+def test_the_output_tail_keeps_the_last_bytes_cut_between_characters(
+    chunks: list[str], limit: int, piece_bytes: int
+) -> None:
+    tail = _OutputTail(limit, piece_bytes)
+    for chunk in chunks:
+        tail.append(chunk.encode())
+    full = "".join(chunks).encode()
+    cut = max(0, len(full) - limit)
+    while cut < len(full) and full[cut] & 0xC0 == 0x80:
+        cut += 1
+    assert tail.text() == full[cut:].decode()
+    assert tail.truncated is (len(full) > limit)

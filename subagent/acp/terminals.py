@@ -54,16 +54,22 @@ Errors (JSON-RPC codes; ``data`` carries ``reason`` and the offending value)
     * -32602 invalid params: an unknown or already released ``terminalId`` (ids are ours to hand out, so
       only a confused agent sends one; a terminal of another session counts as unknown), a relative cwd or
       one outside the roots, a cwd or program that exists but is not a directory / not executable, a
-      negative ``outputByteLimit``, a NUL character or a malformed environment variable name.
+      negative ``outputByteLimit``, a NUL character or a malformed environment variable name, and a
+      command line exec would refuse as too long (one argument or environment entry over Linux's 128 KiB,
+      or all of them over ``ARG_MAX``). Values the agent sent are echoed clipped to a few hundred
+      characters, in replies and in log lines alike.
     * -32002 resource not found: the program (not on ``PATH``, or no such file) or the cwd does not
       exist; the same code ``fs/read_text_file`` uses for a missing file.
     * -32603 internal error: the live-terminal cap (`DEFAULT_MAX_TERMINALS`) is reached (message "Too many
-      open terminals"), the host is closed, or the spawn failed for a reason we did not foresee.
+      open terminals"; a released terminal counts until its kill has finished, so releasing and cancelling
+      the release cannot outrun the kills), the host is closed, or the spawn failed for a reason we did not
+      foresee (`~subagent.acp.process.AgentSpawnError`: its reason is in ``data``).
 """
 
 from __future__ import annotations
 
 import codecs
+import collections
 import itertools
 import logging
 import os
@@ -72,7 +78,7 @@ import shlex
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -85,7 +91,7 @@ import msgspec
 
 from subagent.acp import schema
 from subagent.acp.errors import RequestError, RpcErrorCode
-from subagent.acp.handlers import FsSandbox
+from subagent.acp.handlers import FsSandbox, _clip
 from subagent.acp.process import AgentProcess, AgentSpawnError, open_agent_process
 
 __all__ = [
@@ -138,17 +144,29 @@ except OSError as exc:
     os._exit({_EXIT_NOT_FOUND} if isinstance(exc, FileNotFoundError) else {_EXIT_CANNOT_EXECUTE})
 """
 _TRAMPOLINE_ARGV = (sys.executable, "-I", "-S", "-c", _TRAMPOLINE)
+# Linux's cap on one argv or environment string, NUL included (32 pages); longer ones fail exec with E2BIG.
+_MAX_ARG_STRLEN = 32 * 4096
+# POSIX's minimum ARG_MAX, for a platform whose sysconf does not say.
+_DEFAULT_ARG_MAX = 4096
+_POINTER_SIZE = 8
+# The retained output is kept in pieces of about this size (see _OutputTail).
+_PIECE_BYTES = 64 * 1024
 # UTF-8 continuation bytes look like 0b10xxxxxx.
 _CONTINUATION_MASK = 0xC0
 _CONTINUATION_BITS = 0x80
 
 
+def _echo(data: dict[str, Any]) -> dict[str, Any]:
+    # What the agent sent comes back clipped: a refused 60 MiB argument must not be answered in full.
+    return {key: _clip(value) if isinstance(value, str) else value for key, value in data.items()}
+
+
 def _refused(reason: str, **data: Any) -> RequestError:
-    return RequestError.invalid_params({**data, "reason": reason})
+    return RequestError.invalid_params({**_echo(data), "reason": reason})
 
 
 def _not_found(message: str, reason: str, **data: Any) -> RequestError:
-    return RequestError(RpcErrorCode.RESOURCE_NOT_FOUND, message, {**data, "reason": reason})
+    return RequestError(RpcErrorCode.RESOURCE_NOT_FOUND, _clip(message), {**_echo(data), "reason": reason})
 
 
 def _unknown_terminal(terminal_id: str) -> RequestError:
@@ -163,6 +181,41 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return str(number)
+
+
+def _check_environment(env: Mapping[str, str], what: str) -> None:
+    """Refuse an environment exec cannot carry (our own configuration: a ValueError, not a reply)."""
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise ValueError(f"{what}: the variable {name!r} has an empty name, '=' in its name, or a NUL")
+
+
+def _check_exec_size(argv: Sequence[str], env: Mapping[str, str]) -> None:
+    """Refuse a command line exec would reject with E2BIG, naming the limit the agent went over."""
+    strings = [*argv, *(f"{name}={value}" for name, value in env.items())]
+    sizes = [len(os.fsencode(string)) + 1 for string in strings]  # each is NUL-terminated
+    if sys.platform.startswith("linux"):
+        longest = max(sizes)
+        if longest > _MAX_ARG_STRLEN:
+            raise _refused(
+                f"one argument or environment entry is {longest - 1} bytes long; "
+                f"the system allows {_MAX_ARG_STRLEN - 1}"
+            )
+    # The kernel counts the strings and the pointers to them.
+    total = sum(sizes) + _POINTER_SIZE * (len(sizes) + 2)
+    limit = _arg_max()
+    if total > limit:
+        raise _refused(
+            f"the command, its arguments and the environment take {total} bytes; the system allows {limit}"
+        )
+
+
+def _arg_max() -> int:
+    try:
+        limit = os.sysconf("SC_ARG_MAX")
+    except (OSError, ValueError):
+        limit = -1
+    return limit if limit > 0 else _DEFAULT_ARG_MAX
 
 
 def _check_text(value: str, what: str) -> None:
@@ -193,6 +246,62 @@ class _Spawn:
         return (*_TRAMPOLINE_ARGV, *self.command)
 
 
+def _character_start(data: bytes | bytearray, cut: int) -> int:
+    """The first offset at or after ``cut`` where a character of the valid UTF-8 ``data`` begins."""
+    while cut < len(data) and data[cut] & _CONTINUATION_MASK == _CONTINUATION_BITS:
+        cut += 1
+    return cut
+
+
+class _OutputTail:
+    """The last ``limit`` bytes of a stream of UTF-8 text, cut only between characters.
+
+    Held as sealed pieces of about `_PIECE_BYTES` plus a growing tail, so memory stays within the limit
+    plus a piece or two: trimming drops whole pieces from the front and re-cuts only the first, where a
+    single buffer shifted at its front would be reallocated (briefly twice its size) as it grows.
+    """
+
+    def __init__(self, limit: int, piece_bytes: int = _PIECE_BYTES) -> None:
+        self.limit = limit
+        self.truncated = False
+        self._piece_bytes = piece_bytes
+        self._pieces: collections.deque[tuple[str, int]] = collections.deque()
+        """Sealed pieces: their text and its length in UTF-8 bytes."""
+        self._tail = bytearray()
+        self._size = 0
+        """UTF-8 bytes retained: the pieces' and the tail's."""
+
+    def append(self, data: bytes) -> None:
+        """Add ``data``, which holds whole characters, and drop what no longer fits."""
+        self._tail += data
+        self._size += len(data)
+        if len(self._tail) >= self._piece_bytes:
+            self._pieces.append((self._tail.decode("utf-8"), len(self._tail)))
+            self._tail = bytearray()
+        excess = self._size - self.limit
+        if excess <= 0:
+            return
+        self.truncated = True
+        while self._pieces and self._pieces[0][1] <= excess:
+            dropped = self._pieces.popleft()[1]
+            excess -= dropped
+            self._size -= dropped
+        if excess <= 0:
+            return
+        if self._pieces:
+            first = self._pieces[0][0].encode("utf-8")
+            cut = _character_start(first, excess)
+            self._pieces[0] = (first[cut:].decode("utf-8"), len(first) - cut)
+        else:
+            cut = _character_start(self._tail, excess)
+            del self._tail[:cut]
+        self._size -= cut
+
+    def text(self) -> str:
+        """The retained text."""
+        return "".join([*(text for text, _ in self._pieces), self._tail.decode("utf-8")])
+
+
 class _Terminal:
     """One command the agent started: its process, its output buffer and its exit status."""
 
@@ -202,7 +311,6 @@ class _Terminal:
         self.command = spawn.command
         self.process = process
         self.byte_limit = spawn.byte_limit
-        self.truncated = False
         self.exit_status: schema.TerminalExitStatus | None = None
         self.exited = anyio.Event()
         """The command itself exited (its descendants may live on)."""
@@ -215,16 +323,21 @@ class _Terminal:
         """The kill sequence ran: the group is gone, the process reaped, the pipes closed."""
         self.changed = anyio.Event()
         """Set (and replaced by a fresh event) whenever the output grows or ends."""
-        self._buffer = bytearray()
+        self._retained = _OutputTail(spawn.byte_limit)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def __repr__(self) -> str:
-        return f"<terminal {self.id} pid={self.process.pid} command={shlex.join(self.command)!r}>"
+        return f"<terminal {self.id} pid={self.process.pid} command={_clip(shlex.join(self.command))!r}>"
 
     @property
     def output(self) -> str:
         """The retained output (always whole characters)."""
-        return self._buffer.decode("utf-8")
+        return self._retained.text()
+
+    @property
+    def truncated(self) -> bool:
+        """Whether output was dropped from the start to stay within the byte limit."""
+        return self._retained.truncated
 
     def answer(self) -> schema.TerminalOutputResponse:
         """The terminal/output answer as of now."""
@@ -240,16 +353,8 @@ class _Terminal:
         text = self._decoder.decode(data, final)
         if not text:
             return
-        self._buffer += text.encode("utf-8")
+        self._retained.append(text.encode("utf-8"))
         self._notify_change()
-        cut = len(self._buffer) - self.byte_limit
-        if cut <= 0:
-            return
-        # The buffer is valid UTF-8: skip continuation bytes so the cut falls between two characters.
-        while cut < len(self._buffer) and self._buffer[cut] & _CONTINUATION_MASK == _CONTINUATION_BITS:
-            cut += 1
-        del self._buffer[:cut]
-        self.truncated = True
 
     async def read_output(self) -> None:
         """Capture the merged stdout/stderr until end of file (or until teardown closes the pipe)."""
@@ -341,7 +446,8 @@ class TerminalHost:
             root, else this process's working directory at construction. Must lie inside the sandbox.
         env: the environment commands start from, before the request's entries are merged over it.
             Default: this process's environment, read at each create.
-        max_terminals: how many unreleased terminals may exist at once; one more is refused (-32603).
+        max_terminals: how many terminals may exist at once: unreleased ones (finished or not) and
+            released ones whose kill is still under way; one more is refused (-32603).
         default_output_byte_limit: the output retained when the request gives no ``outputByteLimit``.
         max_output_byte_limit: a larger ``outputByteLimit`` is clamped to this.
         kill_grace: seconds between SIGTERM and SIGKILL when a terminal is killed, released or closed.
@@ -364,6 +470,8 @@ class TerminalHost:
             raise ValueError("need 0 <= default_output_byte_limit <= max_output_byte_limit")
         if kill_grace < 0:
             raise ValueError(f"kill_grace must not be negative, not {kill_grace}")
+        if env is not None:
+            _check_environment(env, "TerminalHost env")
         if cwd is None:
             default_cwd = sandbox.roots[0] if sandbox is not None else Path.cwd()
         else:
@@ -384,7 +492,9 @@ class TerminalHost:
         """The terminals the agent may still address, by id."""
         self._owned: set[_Terminal] = set()
         """Every terminal whose task still runs, released or not: what `aclose` must stop."""
-        self._starting = 0
+        self._live = 0
+        """Terminals whose process may exist: starting, running, or released and still being killed.
+        What the cap counts, so releasing (and cancelling the release) cannot outrun the kills."""
         self._counter = itertools.count(1)
         self._task_group: anyio.abc.TaskGroup | None = None
         self._entered = False
@@ -476,27 +586,36 @@ class TerminalHost:
         # A create cancelled before it began starts nothing (the connection then answers -32800).
         await anyio.lowlevel.checkpoint_if_cancelled()
         spawn = self._prepare(request)
-        if len(self._terminals) + self._starting >= self.max_terminals:
+        if self._live >= self.max_terminals:
+            stopping = self._live - len(self._terminals)
+            reason = f"{self.max_terminals} terminals are open; release one first"
+            if stopping > 0:
+                reason = (
+                    f"{self.max_terminals} terminals are open or still being killed after release "
+                    f"({stopping} of them); release one, or let the kills finish"
+                )
             raise RequestError(
                 RpcErrorCode.INTERNAL_ERROR,
                 "Too many open terminals",
-                {
-                    "reason": f"{self.max_terminals} terminals are open; release one first",
-                    "limit": self.max_terminals,
-                },
+                {"reason": reason, "limit": self.max_terminals},
             )
         terminal_id = f"term-{next(self._counter)}-{secrets.token_hex(4)}"
-        self._starting += 1
+        self._live += 1
         try:
             # Shielded (a spawn takes milliseconds), so a started command always gets registered and its id
             # reaches the agent: a cancelled create could otherwise leave a terminal nobody can address.
             with anyio.CancelScope(shield=True):
                 terminal: _Terminal = await task_group.start(self._run_terminal, terminal_id, spawn)
-        except AgentSpawnError as exc:
-            logger.warning("terminal/create: %s", exc)
-            raise RequestError.internal_error({"command": request.command, "reason": exc.reason}) from exc
-        finally:
-            self._starting -= 1
+        except BaseException as exc:
+            self._live -= 1  # nothing started: the terminal's task will not give the slot back
+            if not isinstance(exc, AgentSpawnError):
+                raise
+            # Everything the agent can get wrong was refused above: this is our side failing (no memory,
+            # no pids, or a race with the file system), and the reason says which.
+            command = _clip(shlex.join(spawn.command))
+            logger.warning("terminal/create: cannot start %s: %s", command, exc.reason)
+            data = {"command": _clip(request.command), "reason": exc.reason}
+            raise RequestError.internal_error(data) from exc
         if self._closed:  # aclose() ran while we were spawning
             terminal.kill_requested.set()
             with anyio.CancelScope(shield=True):
@@ -506,7 +625,7 @@ class TerminalHost:
         logger.info(
             "terminal %s: started `%s` as pid %d in %s",
             terminal_id,
-            shlex.join(spawn.command),
+            _clip(shlex.join(spawn.command)),
             terminal.process.pid,
             spawn.cwd,
         )
@@ -625,7 +744,7 @@ class TerminalHost:
             raise _refused("outputByteLimit must not be negative", outputByteLimit=limit)
         elif limit > self.max_output_byte_limit:
             logger.debug(
-                "terminal/create: outputByteLimit %d clamped to %d", limit, self.max_output_byte_limit
+                "terminal/create: an outputByteLimit above %d clamped to it", self.max_output_byte_limit
             )
             limit = self.max_output_byte_limit
         if self._env is None:
@@ -635,6 +754,7 @@ class TerminalHost:
             env = effective = {**self._env, **overrides}
             inherit_env = False
         _check_program(request.command, effective, cwd)
+        _check_exec_size((*_TRAMPOLINE_ARGV, request.command, *args), effective)
         return _Spawn(
             session_id=request.session_id,
             command=(request.command, *args),
@@ -665,6 +785,7 @@ class TerminalHost:
     ) -> None:
         """A terminal's task: owns its process from spawn to teardown."""
         terminal: _Terminal | None = None
+        started = False
         try:
             async with open_agent_process(
                 spawn.argv,
@@ -681,6 +802,7 @@ class TerminalHost:
                 terminal = _Terminal(terminal_id, spawn, process)
                 self._owned.add(terminal)
                 task_status.started(terminal)
+                started = True
                 await process.stdin.aclose()
                 async with anyio.create_task_group() as task_group:
                     task_group.start_soon(terminal.read_output, name=f"read terminal {terminal_id}")
@@ -700,6 +822,8 @@ class TerminalHost:
                 terminal.publish_exit()
                 terminal.stopped.set()
                 self._owned.discard(terminal)
+            if started:
+                self._live -= 1  # the process is gone: its slot is free
 
 
 def _check_program(program: str, env: Mapping[str, str], cwd: str) -> None:
