@@ -7,6 +7,7 @@ wire payloads the agent side produces. Nothing sleeps to wait: each test waits f
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -95,9 +96,15 @@ class Peers:
 
 @asynccontextmanager
 async def connected(
-    handler: AgentHandler, *, answer: ClientRequestHandler | None = None, strict_cancel: bool = True
+    handler: AgentHandler,
+    *,
+    answer: ClientRequestHandler | None = None,
+    strict_cancel: bool = True,
+    initialize: bool = True,
+    require_initialize: bool = True,
 ) -> AsyncIterator[Peers]:
-    """An agent side serving `handler` and a raw client connection, crossed over memory streams."""
+    """An agent side serving `handler` and a raw client connection, crossed over memory streams; the client
+    has sent `initialize` (unless told not to)."""
     to_agent_send, to_agent_receive = anyio.create_memory_object_stream[bytes](math.inf)
     to_client_send, to_client_receive = anyio.create_memory_object_stream[bytes](math.inf)
     notifications = Notifications()
@@ -117,6 +124,7 @@ async def connected(
                 MemoryByteReceiveStream(to_agent_receive),
                 MemoryByteSendStream(to_client_send),
                 strict_cancel=strict_cancel,
+                require_initialize=require_initialize,
             ) as agent,
             Connection(
                 MemoryByteReceiveStream(to_client_receive),
@@ -126,6 +134,9 @@ async def connected(
                 name="client",
             ) as client,
         ):
+            if initialize:
+                with anyio.fail_after(TIMEOUT):
+                    await client.request("initialize", INITIALIZE_PARAMS)
             yield Peers(agent, client, notifications, client_requests)
 
 
@@ -195,6 +206,123 @@ async def test_initialize_answers_our_version_when_the_client_asks_for_one_we_do
     assert result["protocolVersion"] == 1
     assert negotiate_protocol_version(1) == 1
     assert negotiate_protocol_version(0) == 1
+
+
+class CountingAgent(BaseAgent):
+    """Fails its first `initialize`; counts what reaches it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+
+    async def initialize(
+        self, params: schema.InitializeRequest, client: ClientPeer
+    ) -> schema.InitializeResponse:
+        self.calls.append("initialize")
+        if self.calls.count("initialize") == 1:
+            raise RequestError.internal_error({"details": "not ready yet"})
+        return await super().initialize(params, client)
+
+    async def new_session(
+        self, params: schema.NewSessionRequest, client: ClientPeer
+    ) -> schema.NewSessionResponse:
+        self.calls.append("session/new")
+        return await super().new_session(params, client)
+
+    async def cancel(self, params: schema.CancelNotification, client: ClientPeer) -> None:
+        self.calls.append("session/cancel")
+
+    async def ext_method(self, method: str, params: msgspec.Raw | None, client: ClientPeer) -> Any:
+        self.calls.append(method)
+        return {}
+
+
+async def test_a_request_before_a_successful_initialize_is_refused_and_never_reaches_its_handler() -> None:
+    agent = CountingAgent()
+    new_session: dict[str, Any] = {"cwd": "/home/user", "mcpServers": []}
+    prompt: dict[str, Any] = {"sessionId": "s1", "prompt": TEXT_PROMPT}
+    async with connected(agent, initialize=False) as peers:
+        with anyio.fail_after(TIMEOUT):
+            refusals = []
+            for method, params in [("session/new", new_session), ("session/prompt", prompt), ("_ext/x", {})]:
+                with pytest.raises(RequestError) as caught:
+                    await peers.client.request(method, params)
+                refusals.append(caught.value.to_wire())
+            await peers.client.notify("session/cancel", {"sessionId": "s1"})
+            with pytest.raises(RequestError):  # the handler's own failure: still not initialized
+                await peers.client.request("initialize", INITIALIZE_PARAMS)
+            with pytest.raises(RequestError) as caught:
+                await peers.client.request("session/new", new_session)
+            refusals.append(caught.value.to_wire())
+            await peers.client.request("initialize", INITIALIZE_PARAMS)
+            result = await peers.client.request("session/new", new_session, result_type=object)
+    assert refusals == [
+        {
+            "code": -32600,
+            "message": "Invalid Request",
+            "data": {"details": "the client must send initialize first", "method": method},
+        }
+        for method in ("session/new", "session/prompt", "_ext/x", "session/new")
+    ]
+    assert result == {"sessionId": "session-in-/home/user"}
+    assert agent.calls == ["initialize", "initialize", "session/new"]
+    assert agent.turns == []
+
+
+class SlowInitAgent(CountingAgent):
+    def __init__(self, fail: bool) -> None:
+        super().__init__()
+        self.fail = fail
+        self.release = anyio.Event()
+
+    async def initialize(
+        self, params: schema.InitializeRequest, client: ClientPeer
+    ) -> schema.InitializeResponse:
+        await self.release.wait()
+        if self.fail:
+            raise RequestError.internal_error({"details": "cannot start"})
+        return await BaseAgent.initialize(self, params, client)
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["initialized", "initialize-failed"])
+async def test_a_request_sent_right_behind_initialize_waits_for_its_outcome(fail: bool) -> None:
+    agent = SlowInitAgent(fail)
+    to_agent_send, to_agent_receive = anyio.create_memory_object_stream[bytes](math.inf)
+    to_client_send, to_client_receive = anyio.create_memory_object_stream[bytes](math.inf)
+    pipelined = (
+        json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": INITIALIZE_PARAMS})
+        + "\n"
+        + json.dumps(
+            {"jsonrpc": "2.0", "id": 1, "method": "session/new", "params": {"cwd": "/w", "mcpServers": []}}
+        )
+        + "\n"
+    ).encode()
+    with to_agent_send, to_agent_receive, to_client_send, to_client_receive:
+        async with AgentSideConnection(
+            agent, MemoryByteReceiveStream(to_agent_receive), MemoryByteSendStream(to_client_send)
+        ):
+            with anyio.fail_after(TIMEOUT):
+                await to_agent_send.send(pipelined)  # one read: no answer in between
+                await anyio.wait_all_tasks_blocked()
+                assert agent.calls == []  # session/new waits for initialize, which waits for release
+                agent.release.set()
+                answers = [json.loads(await to_client_receive.receive()) for _ in range(2)]
+    answers.sort(key=lambda answer: answer["id"])
+    if fail:
+        assert [answer["error"]["code"] for answer in answers] == [-32603, -32600]
+        assert agent.calls == []
+    else:
+        assert answers[1] == {"jsonrpc": "2.0", "id": 1, "result": {"sessionId": "session-in-/w"}}
+        assert agent.calls == ["session/new"]
+
+
+async def test_without_require_initialize_a_lax_client_is_served_at_once() -> None:
+    async with connected(BaseAgent(), initialize=False, require_initialize=False) as peers:
+        with anyio.fail_after(TIMEOUT):
+            result = await peers.client.request(
+                "session/new", {"cwd": "/home/user", "mcpServers": []}, result_type=object
+            )
+    assert result == {"sessionId": "session-in-/home/user"}
 
 
 async def test_session_new_answers_the_handlers_session() -> None:

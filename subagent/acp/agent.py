@@ -28,6 +28,17 @@ Dispatch
     ignored. A handler raises `RequestError` to choose the error object; any other exception is logged and
     answered as a bare -32603 that says nothing about its cause.
 
+Initialization first
+    Until `initialize` has been answered with a result, every other request (`session/new`,
+    `session/prompt`, extensions...) is refused with -32600 "Invalid Request", ``data: {"details": ...,
+    "method": ...}``, and the handler never sees it: the spec has the client initialize first, and an
+    agent that served a session before negotiating the protocol version and capabilities would be
+    guessing both. -32600 because the request is invalid in this state (JSON-RPC has no "not
+    initialized" code; ACP's -32000 would send the client off to authenticate, and -32002 means
+    "resource not found"). A request that arrives while an `initialize` is being served (a client that
+    does not wait for its answer) waits for it, and is served if it succeeded. Notifications before it
+    are ignored. ``require_initialize=False`` turns this off.
+
 Results
     A handler returns the method's schema response type, encoded with `schema.encode`. To send exactly
     some JSON instead (e.g. a field newer than this schema, like the unstable `usage` of a prompt response),
@@ -402,6 +413,8 @@ class AgentSideConnection:
         send_stream: where ours go (the agent process's stdout).
         strict_cancel: answer `cancelled` to a prompt whose turn was cancelled, whatever the handler returned
             or raised after the cancel (the spec's MUST). Turn it off only to emulate a non-compliant agent.
+        require_initialize: refuse every request before `initialize` succeeded (-32600), as the module
+            docstring says. Turn it off only to emulate a lax agent.
         max_line_bytes, on_protocol_error, drain_on_eof: passed to the `Connection`.
         name: names the connection in log messages.
     """
@@ -413,6 +426,7 @@ class AgentSideConnection:
         send_stream: anyio.abc.ByteSendStream,
         *,
         strict_cancel: bool = True,
+        require_initialize: bool = True,
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         on_protocol_error: ProtocolErrorCallback | None = None,
         name: str = "acp-agent",
@@ -421,6 +435,9 @@ class AgentSideConnection:
         self._handler = handler
         self._name = name
         self._strict_cancel = strict_cancel
+        self._initialized = not require_initialize
+        self._initializing = 0  # initialize requests received and not yet answered
+        self._initialize_settled = anyio.Event()  # replaced each time one is answered
         self._connection = Connection(
             receive_stream,
             send_stream,
@@ -431,6 +448,7 @@ class AgentSideConnection:
             name=name,
             value_encoder=schema.encode,
             drain_on_eof=drain_on_eof,
+            on_request_received=self._on_request_received,
         )
         self._client = ClientPeer(self._connection)
         self._turns: dict[str, list[PromptTurn]] = {}
@@ -480,7 +498,27 @@ class AgentSideConnection:
             logger.debug("%s: the connection closed while serving %s: %s", self._name, method, exc)
             raise RequestError.internal_error() from exc
 
+    def _on_request_received(self, method: str) -> Callable[[], None] | None:
+        # Counted on arrival, not when its task starts: a request right behind it must find it.
+        if method != schema.INITIALIZE:
+            return None
+        self._initializing += 1
+        return self._initialize_over
+
+    def _initialize_over(self) -> None:
+        self._initializing -= 1
+        self._initialize_settled.set()
+        self._initialize_settled = anyio.Event()
+
     async def _dispatch_request(self, method: str, params: msgspec.Raw | None) -> Any:
+        if method == schema.INITIALIZE:
+            return await self._serve_initialize(params)
+        while not self._initialized and self._initializing:
+            await self._initialize_settled.wait()
+        if not self._initialized:
+            raise RequestError.invalid_request(
+                {"details": "the client must send initialize first", "method": method}
+            )
         if method == schema.SESSION_PROMPT:
             return await self._serve_prompt(params)
         entry = _REQUESTS.get(method)
@@ -495,13 +533,17 @@ class AgentSideConnection:
         if serve is None:
             raise RequestError.method_not_found(method)
         request = _decode(params, params_type)
-        if method == schema.INITIALIZE:
-            self._client.capabilities = request.client_capabilities
-            self._client.client_info = request.client_info
-        elif method == schema.SESSION_CLOSE:
+        if method == schema.SESSION_CLOSE:
             self._cancel_turns(request.session_id)
-        result = await serve(request, self._client)
-        if method == schema.INITIALIZE and isinstance(result, schema.InitializeResponse):
+        return await serve(request, self._client)
+
+    async def _serve_initialize(self, params: msgspec.Raw | None) -> Any:
+        request = _decode(params, schema.InitializeRequest)
+        self._client.capabilities = request.client_capabilities
+        self._client.client_info = request.client_info
+        result = await self._handler.initialize(request, self._client)
+        self._initialized = True
+        if isinstance(result, schema.InitializeResponse):
             self._client.protocol_version = result.protocol_version
         return result
 
@@ -540,6 +582,9 @@ class AgentSideConnection:
     # -- notifications -----------------------------------------------------------------------------------
 
     async def _on_notification(self, method: str, params: msgspec.Raw | None) -> None:
+        if not self._initialized:
+            logger.debug("ignoring the notification %r: the client has not initialized", method)
+            return
         if method == schema.SESSION_CANCEL:
             try:
                 cancel = _decode(params, schema.CancelNotification)

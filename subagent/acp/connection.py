@@ -476,6 +476,11 @@ class Connection:
             Default: `max_line_bytes` (we assume the peer's limit equals ours).
         max_incoming_requests: how many of the peer's requests may be in flight (handled, or their answer
             being sent); one more is answered -32603 at once, naming the limit, and never runs.
+        on_request_received: told (synchronously, from the reader) the method of each of the peer's
+            requests as it arrives, in arrival order, before its handler task starts (tasks may start in
+            another order: trio shuffles them). It may return a function, called once that request is
+            over (answered, refused by its handler, cancelled, or the connection closed). Neither may
+            raise or block.
         max_queued_notification_bytes: how far the reader may run ahead of the notification handler
             (bytes of the reads whose notifications wait); above it, the reader stops reading until the
             handler has caught up to half of it, so the peer's writes block. Not while the handler
@@ -509,6 +514,7 @@ class Connection:
         max_send_bytes: int | None = None,
         max_incoming_requests: int = DEFAULT_MAX_INCOMING_REQUESTS,
         max_queued_notification_bytes: int = DEFAULT_MAX_QUEUED_NOTIFICATION_BYTES,
+        on_request_received: Callable[[str], Callable[[], None] | None] | None = None,
     ) -> None:
         if max_send_bytes is None:
             max_send_bytes = max_line_bytes
@@ -523,6 +529,7 @@ class Connection:
         self._max_send_bytes = max_send_bytes
         self._max_incoming_requests = max_incoming_requests
         self._max_queued_bytes = max_queued_notification_bytes
+        self._on_request_received = on_request_received
         if not drain_on_eof >= 0:  # `not >=` also refuses NaN
             raise ValueError(f"drain_on_eof must be >= 0 seconds, not {drain_on_eof}")
         self._drain_on_eof = drain_on_eof
@@ -1246,6 +1253,7 @@ class Connection:
             data = {"details": f"too many requests in flight (the limit is {limit})", "limit": limit}
             self._reply_error(request_id, RequestError.internal_error(data))
             return
+        done = None if self._on_request_received is None else self._on_request_received(method)
         # Registered before the task starts, so a `$/cancel_request` right behind it finds it.
         scope = self._incoming[request_id] = anyio.CancelScope()
         self._serving += 1
@@ -1253,7 +1261,7 @@ class Connection:
         # Like a response, a request is handled only after the notifications sent before it: an agent's
         # permission question must not overtake the tool call update it is about.
         before = self._notifications_received
-        self._handlers.start_soon(self._serve_request, request_id, method, params, scope, before)
+        self._handlers.start_soon(self._serve_request, request_id, method, params, scope, before, done)
 
     # -- serving the peer's requests ---------------------------------------------------------------------
 
@@ -1264,23 +1272,28 @@ class Connection:
         params: msgspec.Raw | None,
         scope: anyio.CancelScope,
         notifications_before: int,
+        done: Callable[[], None] | None,
     ) -> None:
         try:
-            with scope:
-                if notifications_before > self._notifications_handled:
-                    await self._wait_notifications_handled(notifications_before)
-                line = await self._answer(request_id, method, params)
-            if scope.cancelled_caught:
-                logger.debug("%s: request %r (%s) cancelled by the peer", self._name, request_id, method)
-                line = self._encode_error(request_id, RequestError.request_cancelled())
+            try:
+                with scope:
+                    if notifications_before > self._notifications_handled:
+                        await self._wait_notifications_handled(notifications_before)
+                    line = await self._answer(request_id, method, params)
+                if scope.cancelled_caught:
+                    logger.debug("%s: request %r (%s) cancelled by the peer", self._name, request_id, method)
+                    line = self._encode_error(request_id, RequestError.request_cancelled())
+            finally:
+                self._incoming.pop(request_id, None)
+            try:
+                await self._send_quietly(line)
+            finally:
+                self._serving -= 1
+                if self._serving == 0 and self._served_all is not None:
+                    self._served_all.set()
         finally:
-            self._incoming.pop(request_id, None)
-        try:
-            await self._send_quietly(line)
-        finally:
-            self._serving -= 1
-            if self._serving == 0 and self._served_all is not None:
-                self._served_all.set()
+            if done is not None:
+                done()
 
     async def _answer(self, request_id: RequestId, method: str, params: msgspec.Raw | None) -> bytes:
         """Run the request handler and encode its outcome: the single exception-to-wire boundary."""
