@@ -560,3 +560,41 @@ async def test_deny_and_allow_answer_only_ids_no_option_of_the_other_side_carrie
             assert not any(kind in side and kinds_of[option_id] <= side for option_id, kind in options)
         else:
             assert kinds_of[decision.option_id] <= side
+
+
+@pytest.mark.parametrize(
+    ("permission", "options", "outcome"),
+    [
+        ("deny", [("x", "allow_once"), ("x", "reject_once")], {"outcome": "cancelled"}),
+        ("allow", [("x", "allow_once"), ("x", "reject_once")], {"outcome": "cancelled"}),
+        (
+            "deny",
+            [("x", "allow_once"), ("x", "reject_once"), ("no", "reject_always")],
+            {"outcome": "selected", "optionId": "no"},
+        ),
+        (
+            "allow",
+            [("x", "allow_always"), ("x", "allow_once"), ("r", "reject_once")],
+            {"outcome": "selected", "optionId": "x"},
+        ),
+    ],
+    ids=["deny-shared", "allow-shared", "deny-clean", "allow-same-side"],
+)
+async def test_a_permission_request_with_shared_ids_is_answered_conservatively_over_the_wire(
+    permission: str, options: list[tuple[str, str]], outcome: dict[str, str]
+) -> None:
+    answers: list[Any] = []
+    request = {
+        "sessionId": "s1",
+        "toolCall": {"toolCallId": "c1", "title": "rm -rf /", "kind": "execute"},
+        "options": [{"optionId": option_id, "name": kind, "kind": kind} for option_id, kind in options],
+    }
+
+    async def prompt(agent: FakeAgent, params: Any) -> Any:
+        answers.append(await agent.ask("session/request_permission", request))
+        return {"stopReason": "end_turn"}
+
+    async with connected(FakeAgent(handlers={"session/prompt": prompt}), permission=permission) as client:
+        with anyio.fail_after(10):
+            await (await ready_session(client)).prompt("go")
+    assert answers == [{"outcome": outcome}]

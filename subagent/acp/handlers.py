@@ -47,6 +47,7 @@ from subagent.types import freeze_json
 __all__ = [
     "DEFAULT_MAX_READ_BYTES",
     "DEFAULT_PERMISSION_CALLBACK_TIMEOUT",
+    "MAX_LINE_ARGUMENT",
     "AllowPolicy",
     "CallbackPolicy",
     "DenyPolicy",
@@ -111,10 +112,11 @@ def _line_argument(path: str, name: str, value: object, advice: str) -> int | No
     if isinstance(value, int) and not isinstance(value, bool):
         if 1 <= value <= MAX_LINE_ARGUMENT:
             return value
+        # Echoed only when small, like every value the agent sent.
+        echo = {name: value} if abs(value) <= MAX_LINE_ARGUMENT else {}
         if value > MAX_LINE_ARGUMENT:
-            # Not echoed: a huge int has no JSON encoding msgspec accepts.
             raise _refuse(path, f"{name} must be at most {MAX_LINE_ARGUMENT}")
-        raise _refuse(path, f"{name} must be at least 1 ({advice})", **{name: value})
+        raise _refuse(path, f"{name} must be at least 1 ({advice})", **echo)
     raise _refuse(path, f"{name} must be a whole number, not {type(value).__name__} ({advice})")
 
 
