@@ -8,18 +8,20 @@ on the loopback chat-completions stub). Nothing sleeps to wait: each wait is bou
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shlex
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
 
 import anyio
 import anyio.abc
+import anyio.streams.buffered
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
@@ -114,7 +116,7 @@ def holding(arrived: anyio.Event) -> Callable[[], Awaitable[object]]:
     return hold
 
 
-def tool_updates(updates: list[schema.SessionUpdate]) -> list[schema.SessionUpdate]:
+def tool_updates(updates: Iterable[schema.SessionUpdate]) -> list[schema.SessionUpdate]:
     return [update for update in updates if isinstance(update, schema.ToolCall | schema.ToolCallProgress)]
 
 
@@ -796,6 +798,76 @@ def test_a_client_that_writes_its_requests_and_closes_stdin_still_gets_every_ans
     assert [answer["id"] for answer in answers] == [0, 1]
     assert answers[0]["result"]["protocolVersion"] == 1
     assert answers[1]["result"]["sessionId"].startswith("session-")
+
+
+@pytest.mark.subprocess
+async def test_serve_refuses_session_new_before_initialize_and_keeps_serving_after_every_bad_line(
+    tmp_path: Path,
+) -> None:
+    def line(message: Any) -> bytes:
+        return json.dumps(message).encode() + b"\n"
+
+    deep = "[" * 10_000 + "]" * 10_000
+    new_session = {"cwd": str(tmp_path), "mcpServers": []}
+    burst = [
+        # A real initialize whose client name holds a lone surrogate (as JSON.stringify writes it).
+        b'{"jsonrpc":"2.0","id":"init","method":"initialize",'
+        b'"params":{"protocolVersion":1,"clientInfo":{"name":"x\\ud83d","version":"1"}}}\n',
+        b"Running database migrations... done\n",
+        b"{oops\n",
+        f'{{"jsonrpc":"2.0","id":"deep","method":"session/new","params":{deep}}}\n'.encode(),
+        b'{"jsonrpc":"2.0","id":"utf8","method":"session/new","params":{"cwd":"/\xff","mcpServers":[]}}\n',
+        b'{"jsonrpc":"2.0","id":1.5,"method":"session/new"}\n',
+        b'{"jsonrpc":"2.0","id":"no-method","params":{}}\n',
+        b'[{"jsonrpc":"2.0","id":"batched","method":"initialize"}]\n',
+        b"[]\n",
+        line({"jsonrpc": "2.0", "id": "new", "method": "session/new", "params": new_session}),
+    ]
+    async with assert_no_leaks():
+        process = await anyio.open_process([*SERVE, "--script", str(FIXTURE)])
+        async with process:
+            assert process.stdin is not None
+            assert process.stdout is not None
+            stdout = anyio.streams.buffered.BufferedByteReceiveStream(process.stdout)
+            with anyio.fail_after(PROCESS_WAIT):
+                await process.stdin.send(
+                    line({"jsonrpc": "2.0", "id": "early", "method": "session/new", "params": new_session})
+                )
+                early = json.loads(await stdout.receive_until(b"\n", 1 << 20))
+                await process.stdin.send(b"".join(burst))
+                await process.stdin.aclose()  # the answers still come: serve drains at end of input
+                answers = []
+                with contextlib.suppress(anyio.IncompleteRead):
+                    while True:
+                        answers.append(json.loads(await stdout.receive_until(b"\n", 1 << 20)))
+                assert await process.wait() == 0
+                assert process.stderr is not None
+                stderr = b""
+                with contextlib.suppress(anyio.EndOfStream):
+                    while True:
+                        stderr += await process.stderr.receive()
+    assert early == {
+        "jsonrpc": "2.0",
+        "id": "early",
+        "error": {
+            "code": -32600,
+            "message": "Invalid Request",
+            "data": {"details": "the client must send initialize first", "method": "session/new"},
+        },
+    }
+    [batch] = [answer for answer in answers if isinstance(answer, list)]
+    assert [(item["id"], item["error"]["code"]) for item in batch] == [("batched", -32600)]
+    identified = {answer["id"]: answer for answer in answers if isinstance(answer, dict) and answer["id"]}
+    assert identified["init"]["result"]["agentInfo"]["name"] == "subagent-seam"
+    assert identified["new"]["result"]["sessionId"].startswith("session-")
+    codes = {key: answer["error"]["code"] for key, answer in identified.items() if "error" in answer}
+    assert codes == {"deep": -32600, "utf8": -32700, "no-method": -32600}
+    unidentified = [
+        answer["error"]["code"] for answer in answers if isinstance(answer, dict) and answer["id"] is None
+    ]
+    assert sorted(unidentified) == [-32700, -32600, -32600]  # {oops, the float id, the empty batch}
+    assert len(answers) == 1 + len(identified) + len(unidentified)  # one answer each, no more
+    assert b"Traceback" not in stderr
 
 
 # -- end to end: our ACP provider drives `subagent serve` -----------------------------------------------
