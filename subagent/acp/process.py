@@ -1,51 +1,73 @@
-"""Own one child agent process completely: spawn it, drain its stderr, tear its whole process group down.
+"""Own one child agent process completely: spawn it, drain its stderr, tear its whole process tree down.
 
 Spawn policy
-    `open_agent_process` runs ``argv`` with no shell, in a new session (``start_new_session=True``), so the
-    child leads its own process group and ``pgid == pid``. The group id is remembered at spawn and never
-    looked up again: ``getpgid()`` fails once the leader is reaped, yet the group lives on while a grandchild
-    remains. The environment is the parent's with ``env`` merged over it, unless ``inherit_env=False`` asks
-    for exactly ``env`` (keep ``PATH`` and ``HOME`` then: Claude's ACP adapter reported missing auth when
-    they were empty).
-    A missing or non-executable program raises `AgentSpawnError` before anything starts.
+    `open_agent_process` runs ``argv`` with no shell, as the leader of a process group of its own, so
+    ``pgid == pid``. The group id is remembered at spawn and never looked up again: ``getpgid()`` fails once
+    the leader is reaped, yet the group lives on while a grandchild remains. The environment is the parent's
+    with ``env`` merged over it, unless ``inherit_env=False`` asks for exactly ``env`` (keep ``PATH`` and
+    ``HOME`` then: Claude's ACP adapter reported missing auth when they were empty).
+    A missing or non-executable program, or an argument, ``cwd`` or ``env`` entry exec cannot carry (a NUL;
+    a variable name that is empty or holds ``=``), raises `AgentSpawnError` before anything starts.
+
+The supervisor (Linux; ``supervise=False`` or elsewhere: the agent is spawned directly, in a new session)
+    The agent is started by a small supervisor (`subagent.acp._supervisor`, run as ``python -I -S`` with
+    the standard library only: about 20 ms and 10 MiB resident), which leads its own session, sits between
+    us and the agent, and is a *child subreaper*: descendants that leave the agent's group (``setsid``,
+    double fork, ``setpgid``) are re-parented to it instead of init. It reports the agent's pid, and its exit
+    status the moment it is reaped, on a status pipe; it exits only once no descendant is left. On our
+    request it sends SIGTERM, or SIGKILL again and again, to every descendant; and if our process dies, even
+    by SIGKILL, it notices within 0.25 s, sends SIGTERM to every descendant, SIGKILL 1 s later, and exits.
+    `AgentProcess.pid`, ``pgid``, ``returncode`` and `ExitInfo` stay the agent's own;
+    `AgentProcess.supervisor_pid` names the supervisor. Limits: a process re-parented outside our tree
+    (handed to a daemon manager over IPC, say) cannot be followed; a supervisor that is itself SIGKILLed
+    leaves only the agent's group within reach (the agent's status is then unknown: `ExitInfo.status_known`).
 
 Running
     stderr is drained at all times by a background task into a bounded tail (the last 64 KiB by default), so a
     chatty child never blocks on a full stderr pipe and memory stays bounded. ``stdin`` and ``stdout`` belong
-    to the caller (the JSON-RPC connection). `AgentProcess.wait_exit` returns as soon as the child itself
-    exits, even when a grandchild still holds its pipes open: it races the backend's ``wait()`` against a
-    slow ``returncode`` poll, in case that ``wait()`` also waits for pipe EOF.
+    to the caller (the JSON-RPC connection). `AgentProcess.wait_exit` returns as soon as the agent itself
+    exits, even when a grandchild still holds its pipes open: supervised, it is told so on the status pipe;
+    spawned directly, it races the backend's ``wait()`` against a slow ``returncode`` poll, in case that
+    ``wait()`` also waits for pipe EOF.
 
 Teardown policy (`AgentProcess.aclose`, and always when the ``async with`` block exits)
-    1. close stdin, the agent's cue to finish; give the whole process group `STDIN_CLOSE_TIMEOUT` to be gone;
-    2. ``killpg(pgid, SIGTERM)`` and wait `SIGTERM_TIMEOUT`;
-    3. ``killpg(pgid, SIGKILL)`` and wait `SIGKILL_TIMEOUT` for the reap.
+    1. close stdin, the agent's cue to finish; give the whole tree `STDIN_CLOSE_TIMEOUT` to be gone;
+    2. SIGTERM to every descendant (supervised: the supervisor relays it, once to each; else
+       ``killpg(pgid, SIGTERM)``) and wait `SIGTERM_TIMEOUT`;
+    3. SIGKILL: the supervisor sweeps the tree until nothing is left, and the agent's group is also killed
+       from here; wait `SIGKILL_TIMEOUT` for the reap. A supervisor that is still there then (stopped, or
+       waiting on a process in uninterruptible sleep) is SIGKILLed as well and given one more
+       `SIGKILL_TIMEOUT`.
 
-    "Gone" means the direct child has been reaped and no live (non-zombie) process is left in its group, so a
-    grandchild is signalled even when the child already exited on its own. Each wait polls ``returncode``,
+    "Gone" means the direct child (the supervisor, or the agent) has been reaped and no live (non-zombie)
+    process is left in the agent's group; a supervisor exits only once it has no descendant left, so a
+    grandchild is signalled even when the agent already exited on its own. Each wait polls ``returncode``,
     ``killpg(pgid, 0)`` and ``/proc`` rather than awaiting ``Process.wait()``: asyncio's ``wait()`` has also
     waited for pipe EOF, and a grandchild that inherited the pipes makes an exited child look hung. stdout is
     drained and stderr keeps draining throughout, so a child blocked writing to a full pipe can still exit.
     The sequence runs inside a cancellation shield and every wait is bounded: a cancelled caller can neither
     leak a live process or a file descriptor nor hang, and teardown takes at most the sum of the timeouts
-    plus `STDERR_SETTLE_TIMEOUT`. Teardown is idempotent, and `TeardownReport` records the steps it needed.
+    (plus one more `SIGKILL_TIMEOUT` if the supervisor must be killed) plus `STDERR_SETTLE_TIMEOUT`.
+    Teardown is idempotent, and `TeardownReport` records the steps it needed.
 
 Limits
-    POSIX only. A descendant that leaves the process group (``setsid``/``setpgid``, as daemons do) is not
-    tracked. ``ESRCH`` from ``killpg`` means the group is gone; ``EPERM`` never proves that, so it is logged
-    and the report says ``group_gone=False`` unless ``/proc`` shows no live member.
+    POSIX only; without the supervisor, a descendant that leaves the process group (``setsid``/``setpgid``,
+    as daemons do) is not tracked. ``ESRCH`` from ``killpg`` means the group is gone; ``EPERM`` never proves
+    that, so it is logged and the report says ``group_gone=False`` unless ``/proc`` shows no live member.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
+import fcntl
 import logging
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -59,6 +81,8 @@ __all__ = [
     "STDERR_SETTLE_TIMEOUT",
     "STDERR_TAIL_BYTES",
     "STDIN_CLOSE_TIMEOUT",
+    "SUPERVISOR_START_TIMEOUT",
+    "UNKNOWN_RETURNCODE",
     "AgentProcess",
     "AgentProcessError",
     "AgentSpawnError",
@@ -66,6 +90,7 @@ __all__ = [
     "TeardownReport",
     "TeardownStep",
     "open_agent_process",
+    "supervision_available",
 ]
 
 logger = logging.getLogger(__name__)
@@ -93,6 +118,18 @@ _READ_SIZE = 64 * 1024
 _STDERR_LINE_LIMIT = 8 * 1024
 # How much of the stderr tail ExitInfo.__str__ quotes; the full tail stays on ExitInfo.stderr_tail.
 _DIAGNOSIS_STDERR_CHARS = 600
+# A hang guard only: the supervisor reports the agent's pid about 20 ms after it was spawned.
+SUPERVISOR_START_TIMEOUT = 30.0
+# The returncode of an agent whose supervisor died before reporting its exit (asyncio's choice for a child
+# whose status was lost); ExitInfo.status_known is False then.
+UNKNOWN_RETURNCODE = 255
+# The supervisor runs by file path with the standard library only: importing this package would be slow.
+_SUPERVISOR_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_supervisor.py")
+# Run by file path, isolated (-I: no environment variables, no user site, no script dir on sys.path) and
+# without site-packages (-S): its import path is then the standard library's alone.
+_SUPERVISOR_FLAGS = ("-I", "-S")
+# The supervisor's status lines are a few dozen bytes; anything longer is not from it.
+_STATUS_LINE_LIMIT = 1024
 
 
 class AgentProcessError(Exception):
@@ -100,7 +137,8 @@ class AgentProcessError(Exception):
 
 
 class AgentSpawnError(AgentProcessError):
-    """The agent could not be started: missing or non-executable program, bad cwd, or a failed exec.
+    """The agent could not be started: missing or non-executable program, bad cwd, a failed exec, or an
+    argument, cwd or environment entry exec cannot carry.
 
     Raised before any background task starts; no process and no file descriptor is left behind.
     """
@@ -161,11 +199,14 @@ class ExitInfo:
     """How many bytes the agent wrote to stderr in all."""
     teardown_signal: signal.Signals | None = None
     """The last signal teardown sent to the group while this child was still alive, if any."""
+    status_known: bool = True
+    """False if the agent's supervisor died before reporting the exit: ``returncode`` is then
+    `UNKNOWN_RETURNCODE`, a placeholder."""
 
     @property
     def killed_by(self) -> signal.Signals | None:
         """The signal that killed the child; None if it exited (or the number is unknown here)."""
-        if self.returncode >= 0:
+        if self.returncode >= 0 or not self.status_known:
             return None
         try:
             return signal.Signals(-self.returncode)
@@ -175,6 +216,8 @@ class ExitInfo:
     @property
     def status(self) -> str:
         """The exit status in words: ``"exited with status 3"`` or ``"was killed by SIGSEGV (signal 11)"``."""
+        if not self.status_known:
+            return "ended with an unknown status (its supervisor died before reporting it)"
         if self.returncode >= 0:
             return f"exited with status {self.returncode}"
         killer = self.killed_by
@@ -217,6 +260,76 @@ class _SerializedReceiveStream(anyio.abc.ByteReceiveStream):
         await self._inner.aclose()
 
 
+class _StatusPipe:
+    """Our end of a supervisor's status pipe (see `subagent.acp._supervisor`), parsed as lines arrive."""
+
+    def __init__(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self.fd = fd
+        self._buffer = bytearray()
+        self.agent_pid: int | None = None
+        self.returncode: int | None = None
+        self.failure: str | None = None
+        """Why the agent was not started: ``exec failed: <strerror>`` or the supervisor's own reason."""
+        self.exec_errno: int | None = None
+        self.eof = False
+        """The supervisor closed the pipe (it exited), or the pipe was closed here."""
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more will come: the agent's exit was reported, or the pipe ended."""
+        return self.returncode is not None or self.eof
+
+    def pump(self) -> None:
+        """Read and parse whatever has arrived, without blocking."""
+        while not self.eof:
+            try:
+                chunk = os.read(self.fd, _STATUS_LINE_LIMIT)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self.eof = True
+                return
+            self._buffer += chunk
+            *lines, partial = self._buffer.split(b"\n")
+            self._buffer = bytearray(partial)
+            for line in lines:
+                self._parse(bytes(line))
+            if len(self._buffer) > _STATUS_LINE_LIMIT:
+                logger.error("unexpected data on the supervisor's status pipe; ignoring the rest")
+                self.close()
+
+    def _parse(self, line: bytes) -> None:
+        kind, _, rest = line.partition(b" ")
+        text = rest.decode(errors="replace")
+        try:
+            if kind == b"pid":
+                self.agent_pid = int(text)
+            elif kind == b"exit":
+                self.returncode = int(text)
+            elif kind == b"error":
+                code, _, reason = text.partition(" ")
+                self.exec_errno = int(code)
+                self.failure = f"exec failed: {reason}"
+            elif kind == b"fail":
+                self.failure = f"its supervisor failed: {text}"
+            else:
+                raise ValueError(kind)
+        except ValueError:
+            logger.error("unexpected line on the supervisor's status pipe: %r", line[:100])
+
+    async def wait_readable(self) -> None:
+        """Wait until `pump` has something to read (or the end of the pipe)."""
+        await anyio.wait_readable(self.fd)
+
+    def close(self) -> None:
+        """Close our end; idempotent. Only once no task waits in `wait_readable`."""
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            self.eof = True
+            os.close(fd)
+
+
 class AgentProcess:
     """A running child agent, owned by `open_agent_process`; not constructed directly.
 
@@ -229,6 +342,7 @@ class AgentProcess:
         process: anyio.abc.Process,
         command: tuple[str, ...],
         *,
+        status: _StatusPipe | None,
         stderr_tail_bytes: int,
         on_stderr_line: Callable[[str], object] | None,
         stdin_close_timeout: float,
@@ -238,15 +352,22 @@ class AgentProcess:
     ) -> None:
         if process.stdin is None or process.stdout is None or process.stderr is None:
             raise RuntimeError("the agent process was spawned without pipes")
+        # The supervisor's process when supervised, else the agent's.
         self._process = process
+        self._status = status
         self.command = command
         """The argv the agent was started with."""
-        self.pid = process.pid
-        """The child's process id."""
-        # Equal to the pid because the child was started as a session (and so process group) leader. Kept
-        # from spawn on: getpgid() fails once the leader is reaped, while grandchildren may stay in the group.
-        self.pgid = process.pid
-        """The child's process group id, which every descendant inherits unless it leaves the group."""
+        agent_pid = process.pid if status is None else status.agent_pid
+        if agent_pid is None:
+            raise RuntimeError("the supervisor did not report the agent's pid")
+        self.pid = agent_pid
+        """The agent's process id (also when it runs under a supervisor)."""
+        # Equal to the pid because the agent was started as a process group leader. Kept from spawn on:
+        # getpgid() fails once the leader is reaped, while grandchildren may stay in the group.
+        self.pgid = agent_pid
+        """The agent's process group id, which every descendant inherits unless it leaves the group."""
+        self.supervisor_pid: int | None = None if status is None else process.pid
+        """The pid of the agent's supervisor (its parent), or None when it was spawned directly."""
         self._stdin = process.stdin
         self._stdout = _SerializedReceiveStream(process.stdout)
         self._stderr = process.stderr
@@ -264,9 +385,10 @@ class AgentProcess:
         self._teardown_signal: signal.Signals | None = None
         self._teardown_lock = anyio.Lock()
         self._teardown_report: TeardownReport | None = None
+        self._exit_status_known = True
 
     def __repr__(self) -> str:
-        returncode = self._process.returncode
+        returncode = self.returncode
         if self._teardown_report is not None:
             state = f"torn down ({self._teardown_report.ended_by.name})"
         elif returncode is None:
@@ -290,9 +412,17 @@ class AgentProcess:
         return self._stdout
 
     @property
+    def supervised(self) -> bool:
+        """Whether the agent runs under a supervisor (see the module docstring)."""
+        return self._status is not None
+
+    @property
     def returncode(self) -> int | None:
         """The exit status once the child exited and was reaped, else None (negative: killed by signal)."""
-        return self._process.returncode
+        if self._status is None:
+            return self._process.returncode
+        self._status.pump()
+        return self._status.returncode
 
     @property
     def teardown_report(self) -> TeardownReport | None:
@@ -321,7 +451,7 @@ class AgentProcess:
 
     def exit_info(self) -> ExitInfo | None:
         """How the child ended, or None while it runs. Prefer `wait_exit`, which also lets stderr settle."""
-        returncode = self._process.returncode
+        returncode = self.returncode
         if returncode is None:
             return None
         return self._describe_exit(returncode)
@@ -334,6 +464,7 @@ class AgentProcess:
             stderr_tail=self.stderr_tail(),
             stderr_bytes_total=self._stderr_bytes_total,
             teardown_signal=self._teardown_signal,
+            status_known=self._exit_status_known,
         )
 
     async def wait_exit(self) -> ExitInfo:
@@ -342,10 +473,10 @@ class AgentProcess:
         Returns even when a grandchild still holds the child's stdout/stderr open. Tears nothing down:
         descendants may live on until teardown.
         """
-        returncode = self._process.returncode
+        returncode = self.returncode
         while returncode is None:
             await self._exited.wait()
-            returncode = self._process.returncode
+            returncode = self.returncode
         with anyio.move_on_after(self._stderr_settle_timeout):
             await self._stderr_done.wait()
         return self._describe_exit(returncode)
@@ -402,19 +533,54 @@ class AgentProcess:
             self._on_stderr_line(line.rstrip(b"\r").decode("utf-8", errors="replace"))
 
     async def _watch_exit(self) -> None:
-        async with anyio.create_task_group() as task_group:
+        if self._status is not None:
+            await self._watch_status(self._status)
+        else:
+            async with anyio.create_task_group() as task_group:
 
-            async def wait_via_backend() -> None:
-                await self._process.wait()
+                async def wait_via_backend() -> None:
+                    await self._process.wait()
+                    task_group.cancel_scope.cancel()
+
+                task_group.start_soon(wait_via_backend)
+                await _poll_until(
+                    self._has_exited, _EXIT_FALLBACK_POLL_INTERVAL, _EXIT_FALLBACK_POLL_INTERVAL
+                )
                 task_group.cancel_scope.cancel()
-
-            task_group.start_soon(wait_via_backend)
-            await _poll_until(self._has_exited, _EXIT_FALLBACK_POLL_INTERVAL, _EXIT_FALLBACK_POLL_INTERVAL)
-            task_group.cancel_scope.cancel()
         self._exited.set()
 
+    async def _watch_status(self, status: _StatusPipe) -> None:
+        """Follow the supervisor's status pipe until it reports the agent's exit (or ends without it)."""
+        # Cancelled, this leaves the pipe open: teardown reads the exit from it. open_agent_process closes it
+        # once this task is over, so no wait is ever pending on a closed fd.
+        status.pump()
+        while not status.settled:
+            await status.wait_readable()
+            status.pump()
+        if status.returncode is None:
+            logger.warning(
+                "the supervisor (pid %s) of agent pid %d ended without reporting the agent's exit; "
+                "waiting for the agent itself to be gone",
+                self.supervisor_pid,
+                self.pid,
+            )
+            await _poll_until(
+                self._lost_agent_is_gone, _EXIT_FALLBACK_POLL_INTERVAL, _EXIT_FALLBACK_POLL_INTERVAL
+            )
+
+    def _lost_agent_is_gone(self) -> bool:
+        """With its supervisor dead, whether the agent is gone; if so its exit is recorded as unknown."""
+        assert self._status is not None
+        if self._status.returncode is not None:
+            return True
+        if _process_is_running(self.pid, self.pgid):
+            return False
+        self._status.returncode = UNKNOWN_RETURNCODE
+        self._exit_status_known = False
+        return True
+
     async def _tear_down(self) -> TeardownReport:
-        exited_before_teardown = self._process.returncode is not None
+        exited_before_teardown = self.returncode is not None
         steps = [TeardownStep.CLOSE_STDIN]
         async with anyio.create_task_group() as drain:
             drain.start_soon(self._discard_stdout)
@@ -422,30 +588,45 @@ class AgentProcess:
             group_gone = await self._wait_for_group_exit(self._stdin_close_timeout)
             if not group_gone:
                 logger.info(
-                    "agent pid %d still running %.1fs after stdin closed; sending SIGTERM to its group",
+                    "agent pid %d still running %.1fs after stdin closed; sending SIGTERM to its %s",
                     self.pid,
                     self._stdin_close_timeout,
+                    self._tree_name,
                 )
                 steps.append(TeardownStep.SIGTERM)
-                self._signal_group(signal.SIGTERM)
+                self._signal_tree(signal.SIGTERM)
                 group_gone = await self._wait_for_group_exit(self._sigterm_timeout)
             if not group_gone:
                 logger.warning(
-                    "agent pid %d process group survived SIGTERM for %.1fs; sending SIGKILL",
+                    "agent pid %d: its %s survived SIGTERM for %.1fs; sending SIGKILL",
                     self.pid,
+                    self._tree_name,
                     self._sigterm_timeout,
                 )
                 steps.append(TeardownStep.SIGKILL)
+                self._signal_tree(signal.SIGKILL)
+                group_gone = await self._wait_for_group_exit(self._sigkill_timeout)
+            if not group_gone and self._supervisor_running():
+                # The supervisor did not finish its sweep in time (stopped, or a descendant in uninterruptible
+                # sleep): kill it too. Descendants outside the agent's group that are left become init's.
+                logger.error(
+                    "the supervisor (pid %s) of agent pid %d outlived SIGKILL; killing it",
+                    self.supervisor_pid,
+                    self.pid,
+                )
+                self._signal_process(self._process.pid, signal.SIGKILL)
                 self._signal_group(signal.SIGKILL)
                 group_gone = await self._wait_for_group_exit(self._sigkill_timeout)
             drain.cancel_scope.cancel()
         if not group_gone:
             logger.error(
-                "process group %d of agent `%s` still has live members after SIGKILL; they may be leaked",
-                self.pgid,
+                "the %s of agent `%s` (process group %d) still has live members after SIGKILL; they may be "
+                "leaked",
+                self._tree_name,
                 shlex.join(self.command),
+                self.pgid,
             )
-        if self._process.returncode is not None:
+        if self.returncode is not None:
             self._exited.set()
         with anyio.move_on_after(self._stderr_settle_timeout):
             await self._stderr_done.wait()
@@ -454,28 +635,67 @@ class AgentProcess:
         logger.debug("agent pid %d torn down: %s", self.pid, report)
         return report
 
+    @property
+    def _tree_name(self) -> str:
+        return "process group" if self._status is None else "process tree"
+
     async def _discard_stdout(self) -> None:
         with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
             while True:
                 await self._stdout.receive(_READ_SIZE)
 
     async def _wait_for_group_exit(self, timeout: float) -> bool:
-        """Poll until the child is reaped and its group has no live member; False if ``timeout`` ran out."""
+        """Poll until everything is gone (see `_group_is_gone`); False if ``timeout`` ran out."""
         with anyio.move_on_after(timeout):
             await _poll_until(self._group_is_gone, _GROUP_POLL_FIRST_INTERVAL, _GROUP_POLL_MAX_INTERVAL)
             return True
         return False
 
     def _has_exited(self) -> bool:
-        return self._process.returncode is not None
+        return self.returncode is not None
+
+    def _supervisor_running(self) -> bool:
+        # On trio, reading returncode is what reaps the process.
+        return self._status is not None and self._process.returncode is None
 
     def _group_is_gone(self) -> bool:
-        # returncode comes first: on trio, reading it is what reaps the child (a zombie counts as a member).
-        return self._process.returncode is not None and not _group_has_live_members(self.pgid)
+        """The direct child (the supervisor, or the agent) is reaped and the agent's group has no live member.
+
+        Under a supervisor that exited normally, nothing is left of the tree: it exits only once it has no
+        descendant left. The returncode comes first: on trio, reading it is what reaps the child (a zombie
+        counts as a group member).
+        """
+        if self._process.returncode is None or _group_has_live_members(self.pgid):
+            return False
+        if self._status is None or self.returncode is not None:
+            return True
+        # The supervisor is reaped, so its end of the pipe is closed: EOF comes once we drained it.
+        return self._status.eof and self._lost_agent_is_gone()
+
+    def _signal_tree(self, sig: signal.Signals) -> None:
+        """Teardown's SIGTERM or SIGKILL: to the supervisor, which relays it to every descendant, else to
+        the agent's process group."""
+        if self.returncode is None:
+            self._teardown_signal = sig
+        if not self._supervisor_running():
+            self._signal_group(sig)
+            return
+        assert self.supervisor_pid is not None
+        self._signal_process(self.supervisor_pid, signal.SIGUSR1 if sig is signal.SIGKILL else sig)
+        if sig is signal.SIGKILL:
+            # At once and even if the supervisor is stopped; harmless twice. SIGTERM is not doubled: a second
+            # one makes some programs skip their clean-up.
+            self._signal_group(sig)
+
+    def _signal_process(self, pid: int, sig: signal.Signals) -> None:
+        # ESRCH: exited (and not reaped yet, or the pid would not be ours to signal).
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
 
     def _signal_group(self, sig: signal.Signals) -> None:
-        if self._process.returncode is None:
-            self._teardown_signal = sig
+        if self._status is not None and not _group_has_live_members(self.pgid):
+            # The group may be empty while the supervisor still has work: its id could then be reused.
+            return
         try:
             os.killpg(self.pgid, sig)
         except ProcessLookupError:
@@ -497,6 +717,11 @@ class AgentProcess:
         # close our ends and give up on it rather than hang in Process.aclose().
         for stream in (self._stdin, self._stdout, self._stderr):
             await stream.aclose()
+
+    def _close_status(self) -> None:
+        """Close the status pipe, once the exit watcher is over."""
+        if self._status is not None:
+            self._status.close()
 
 
 async def _poll_until(condition: Callable[[], bool], first_interval: float, max_interval: float) -> None:
@@ -540,6 +765,45 @@ def _group_has_live_members(pgid: int) -> bool:
     return False
 
 
+def supervision_available() -> bool:
+    """Whether agents can run under a supervisor here: Linux, with a Python interpreter to run it."""
+    return sys.platform == "linux" and bool(sys.executable) and os.path.isfile(_SUPERVISOR_PATH)
+
+
+def _process_is_running(pid: int, pgid: int) -> bool:
+    """Whether ``pid`` is alive (not a zombie) and still in group ``pgid`` (so not a reused pid)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            stat = stat_file.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return len(fields) >= 3 and fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid
+
+
+def _refuse_malformed(command: tuple[str, ...], env: Mapping[str, str] | None, cwd: str | None) -> None:
+    """Raise AgentSpawnError for what exec cannot carry: a NUL anywhere, a variable name that is empty or
+    holds ``=``. The reason names the argument or the variable, never a value (values may be secrets)."""
+    for index, arg in enumerate(command):
+        if "\0" in arg:
+            what = "the program name" if index == 0 else f"argument {index}"
+            raise AgentSpawnError(command, f"{what} contains a NUL character")
+    if cwd is not None and "\0" in cwd:
+        raise AgentSpawnError(command, "the working directory contains a NUL character")
+    for name, value in (env or {}).items():
+        if not name:
+            raise AgentSpawnError(command, "an environment variable name is empty")
+        if "\0" in name:
+            raise AgentSpawnError(command, "an environment variable name contains a NUL character")
+        if "=" in name:
+            shown = name[: name.index("=") + 1]
+            raise AgentSpawnError(command, f"environment variable name {shown + '…'!r} contains '='")
+        if "\0" in value:
+            raise AgentSpawnError(
+                command, f"the value of environment variable {name!r} contains a NUL character"
+            )
+
+
 def _spawn_environment(env: Mapping[str, str] | None, *, inherit_env: bool) -> dict[str, str] | None:
     if inherit_env:
         return None if env is None else {**os.environ, **env}
@@ -573,25 +837,104 @@ def _check_executable(command: tuple[str, ...], env: Mapping[str, str] | None, c
 
 
 async def _spawn(
-    command: tuple[str, ...], env: Mapping[str, str] | None, cwd: str | None
-) -> anyio.abc.Process:
+    command: tuple[str, ...], env: Mapping[str, str] | None, cwd: str | None, *, supervise: bool
+) -> tuple[anyio.abc.Process, _StatusPipe | None]:
+    """Start the agent, under a supervisor if ``supervise``: the process we own, and the status pipe."""
     # Shielded: once the child exists, no cancellation may escape before the caller owns the process (asyncio
     # would otherwise kill only the direct child itself; trio finishes the spawn in a thread regardless).
     with anyio.CancelScope(shield=True):
+        if not supervise:
+            process = await _open_process(command, list(command), env, cwd)
+            return process, None
+        read_end, write_end = os.pipe()
+        status = _StatusPipe(read_end)
         try:
-            process = await anyio.open_process(
-                list(command),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
-            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            raise AgentSpawnError(command, f"exec failed: {reason}") from exc
-    return process
+            if write_end < 3:
+                # subprocess would overwrite a passed fd 0-2 with the child's stdio.
+                write_end, low_fd = fcntl.fcntl(write_end, fcntl.F_DUPFD_CLOEXEC, 3), write_end
+                os.close(low_fd)
+            supervisor_argv = [
+                sys.executable,
+                *_SUPERVISOR_FLAGS,
+                _SUPERVISOR_PATH,
+                "--status-fd",
+                str(write_end),
+                "--parent-pid",
+                str(os.getpid()),
+                "--",
+                *command,
+            ]
+            try:
+                process = await _open_process(command, supervisor_argv, env, cwd, pass_fds=(write_end,))
+            finally:
+                os.close(write_end)
+            failure = await _await_agent_pid(status)
+            if failure is not None:
+                await _reap_failed_supervisor(process)
+                reason, cause = failure
+                raise AgentSpawnError(command, reason) from cause
+        except BaseException:
+            status.close()
+            raise
+    return process, status
+
+
+async def _open_process(
+    command: tuple[str, ...],
+    argv: list[str],
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    pass_fds: Sequence[int] = (),
+) -> anyio.abc.Process:
+    try:
+        return await anyio.open_process(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            pass_fds=pass_fds,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise AgentSpawnError(command, f"exec failed: {reason}") from exc
+
+
+async def _await_agent_pid(status: _StatusPipe) -> tuple[str, OSError | None] | None:
+    """Wait (bounded) for the supervisor's first report; if the agent did not start, why (and the cause)."""
+    with anyio.move_on_after(SUPERVISOR_START_TIMEOUT):
+        status.pump()
+        while status.agent_pid is None and status.failure is None and not status.eof:
+            await status.wait_readable()
+            status.pump()
+    if status.agent_pid is not None:
+        return None
+    if status.failure is not None:
+        cause = OSError(status.exec_errno, os.strerror(status.exec_errno)) if status.exec_errno else None
+        return status.failure, cause
+    if status.eof:
+        return "its supervisor exited before starting it", None
+    return f"its supervisor did not report within {SUPERVISOR_START_TIMEOUT:g}s", None
+
+
+async def _reap_failed_supervisor(process: anyio.abc.Process) -> None:
+    """Reap a supervisor that failed to start the agent (it exits by itself; bounded), close its pipes."""
+    with anyio.move_on_after(SIGKILL_TIMEOUT):
+        with anyio.move_on_after(STDERR_SETTLE_TIMEOUT):
+            await process.wait()
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        await process.aclose()
+    if process.returncode is None:
+        logger.error(
+            "the supervisor pid %d of an agent that failed to start could not be reaped", process.pid
+        )
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                await stream.aclose()
 
 
 @contextlib.asynccontextmanager
@@ -607,6 +950,7 @@ async def open_agent_process(
     sigterm_timeout: float = SIGTERM_TIMEOUT,
     sigkill_timeout: float = SIGKILL_TIMEOUT,
     stderr_settle_timeout: float = STDERR_SETTLE_TIMEOUT,
+    supervise: bool = True,
 ) -> AsyncIterator[AgentProcess]:
     """Spawn ``argv`` as a child agent and own it until the block exits; then tear its process group down.
 
@@ -623,9 +967,14 @@ async def open_agent_process(
         sigterm_timeout: Teardown step 2's grace after SIGTERM.
         sigkill_timeout: How long to wait for the reap after SIGKILL.
         stderr_settle_timeout: How long to wait for stderr EOF after the exit before describing it.
+        supervise: Start the agent under a supervisor where `supervision_available` (Linux), so that
+            descendants that leave its process group die with it too, even if this process is SIGKILLed.
+            False: spawn the agent directly, as a process group of its own.
 
     Raises:
-        AgentSpawnError: The program is missing or not executable, ``cwd`` is not a directory, or exec failed.
+        AgentSpawnError: The program is missing or not executable, ``cwd`` is not a directory, exec failed,
+            or an argument, ``cwd`` or ``env`` holds what exec cannot carry (a NUL character; a variable
+            name that is empty or contains ``=``).
 
     An exception from the block propagates unchanged (not wrapped in an exception group) after teardown.
     Leaving the block is a cancellation point: a cancellation that arrives during the (shielded) teardown is
@@ -639,16 +988,20 @@ async def open_agent_process(
         raise ValueError("argv must name a program")
     if stderr_tail_bytes < 0:
         raise ValueError("stderr_tail_bytes must not be negative")
-    spawn_env = _spawn_environment(env, inherit_env=inherit_env)
     spawn_cwd = None if cwd is None else os.fspath(cwd)
+    _refuse_malformed(command, env, spawn_cwd)
+    spawn_env = _spawn_environment(env, inherit_env=inherit_env)
     _check_executable(command, spawn_env, spawn_cwd)
     # A caller that is already cancelled gets no child at all.
     await anyio.lowlevel.checkpoint_if_cancelled()
-    process = await _spawn(command, spawn_env, spawn_cwd)
+    process, status = await _spawn(
+        command, spawn_env, spawn_cwd, supervise=supervise and supervision_available()
+    )
     # No await from here to the try block, so no cancellation can arrive before teardown is guaranteed.
     agent = AgentProcess(
         process,
         command,
+        status=status,
         stderr_tail_bytes=stderr_tail_bytes,
         on_stderr_line=on_stderr_line,
         stdin_close_timeout=stdin_close_timeout,
@@ -656,7 +1009,9 @@ async def open_agent_process(
         sigkill_timeout=sigkill_timeout,
         stderr_settle_timeout=stderr_settle_timeout,
     )
-    logger.debug("spawned agent `%s` as pid %d", shlex.join(command), agent.pid)
+    logger.debug(
+        "spawned agent `%s` as pid %d (supervisor: %s)", shlex.join(command), agent.pid, agent.supervisor_pid
+    )
     body_error: BaseException | None = None
     try:
         async with anyio.create_task_group() as task_group:
@@ -674,6 +1029,7 @@ async def open_agent_process(
     finally:
         # A no-op after the teardown above; it matters only if the task group itself failed to start.
         await agent.aclose()
+        agent._close_status()
     if body_error is not None:
         raise body_error
     # A cancellation that arrived during the shielded teardown is delivered here, on every backend.

@@ -1,0 +1,295 @@
+"""The supervisor between our process and one child agent: no descendant of the agent outlives it (Linux).
+
+Run by `subagent.acp.process` as ``python -I -S _supervisor.py --status-fd FD --parent-pid PID -- ARGV...``,
+by file path and importing only the standard library, so it starts in about 15 ms and stays small. It
+inherits the agent's stdin/stdout/stderr pipes, environment and working directory, and leads its own
+session.
+
+What it does
+    It makes itself a *child subreaper* (``PR_SET_CHILD_SUBREAPER``), so every orphaned descendant of the
+    agent, double-forked or ``setsid``'d daemons included, is re-parented to it rather than to init. It
+    forks and execs ARGV in a new process group (so the agent's pid is its process group id), with exactly
+    the environment our parent asked for (read from ``/proc/self/environ``: Python may have added
+    ``LC_CTYPE`` to its own, PEP 538), the signal mask it inherited and the dispositions Python changed
+    (SIGPIPE, SIGXFSZ) back at their defaults: what a direct spawn with `subprocess` gives. Then it points
+    its own fds 0/1/2 at ``/dev/null``, so that the agent's pipes reach end of file when the agent and its
+    descendants close them, never because of us.
+
+Status pipe (FD; one line per message, ASCII)
+    ``pid <agent pid>`` once the agent runs; or, and then the supervisor exits 127, ``error <errno> <text>``
+    if exec failed, ``fail <text>`` if the supervisor itself could not do its job. ``exit <returncode>`` as
+    soon as the agent itself is reaped (negative: killed by that signal, as in `subprocess`). Nothing
+    follows ``exit``.
+
+Requests (signals)
+    * SIGTERM (also SIGINT, SIGHUP): SIGTERM to every live descendant once: the agent's process group with
+      ``killpg`` while the agent is unreaped (the group id cannot have been reused then), and each
+      descendant outside that group by pid.
+    * SIGUSR1: SIGKILL every descendant, again and again until none is left, reap them all, exit.
+    * Our parent dies (``getppid()`` changes, or the status pipe breaks; checked every `IDLE_POLL` s):
+      SIGTERM to every descendant, `PARENT_DEATH_GRACE` s for them to go, then as SIGUSR1.
+      ``PR_SET_PDEATHSIG`` cannot serve here: it fires when the *thread* that spawned us exits, and trio
+      spawns from worker threads it retires.
+
+It exits (status 0) once it has no child left, which, as their subreaper, means no descendant left.
+Descendants are found by walking ``/proc`` from our pid, and each is signalled through a pidfd after
+checking its start time, so a pid reused by an unrelated process is never signalled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import time
+
+# How often an idle supervisor checks that its parent is alive: the bound on noticing the parent's death.
+IDLE_POLL = 0.25
+# While waiting for descendants to die, how often to look again.
+BUSY_POLL = 0.02
+# After our parent dies, how long descendants get to act on SIGTERM before SIGKILL.
+PARENT_DEATH_GRACE = 1.0
+# A process in uninterruptible sleep can ignore even SIGKILL for a while; give up on it after this long.
+KILL_BOUND = 10.0
+
+_PR_SET_CHILD_SUBREAPER = 36
+_STOP_REQUESTS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+_WATCHED = frozenset({signal.SIGCHLD, signal.SIGUSR1, *_STOP_REQUESTS})
+# Python ignores these at start-up; an ignored disposition survives exec, so the agent must get them reset.
+_RESET_FOR_AGENT = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
+
+
+class _ProcessEntry:
+    __slots__ = ("pgrp", "pid", "ppid", "starttime", "zombie")
+
+    def __init__(self, pid: int, zombie: bool, ppid: int, pgrp: int, starttime: int) -> None:
+        self.pid = pid
+        self.zombie = zombie
+        self.ppid = ppid
+        self.pgrp = pgrp
+        self.starttime = starttime
+
+
+def _read_stat(pid: int) -> _ProcessEntry | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat_file:
+            stat = stat_file.read()
+    except OSError:
+        return None  # Gone while we looked.
+    # "pid (comm) state ppid pgrp ... starttime(22nd field)": comm may hold spaces or ")".
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return _ProcessEntry(pid, fields[0] in (b"Z", b"X"), int(fields[1]), int(fields[2]), int(fields[19]))
+
+
+def _descendants() -> list[_ProcessEntry]:
+    """Our live descendants, found by walking the parent links in /proc from our own pid."""
+    children: dict[int, list[_ProcessEntry]] = {}
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if entry.name.isdigit() and (info := _read_stat(int(entry.name))) is not None:
+                children.setdefault(info.ppid, []).append(info)
+    found: list[_ProcessEntry] = []
+    pending = list(children.get(os.getpid(), ()))
+    while pending:
+        info = pending.pop()
+        if not info.zombie:
+            found.append(info)
+        pending.extend(children.get(info.pid, ()))
+    return found
+
+
+def _signal_process(info: _ProcessEntry, sig: signal.Signals) -> None:
+    """Signal ``info.pid`` only if it is still the process we found (same start time), never a reused pid."""
+    try:
+        pidfd = os.pidfd_open(info.pid)
+    except ProcessLookupError:
+        return
+    except OSError:
+        pidfd = -1  # No pidfd (kernel older than 5.3): a plain kill after the same check.
+    try:
+        current = _read_stat(info.pid)
+        if current is None or current.starttime != info.starttime:
+            return
+        if pidfd >= 0:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(info.pid, sig)
+    except ProcessLookupError:
+        pass
+    finally:
+        if pidfd >= 0:
+            os.close(pidfd)
+
+
+class Supervisor:
+    """One agent and its descendants; `run` returns the supervisor's exit status."""
+
+    def __init__(self, command: list[bytes], status_fd: int, parent_pid: int) -> None:
+        self.command = command
+        self.status_fd = status_fd
+        self.parent_pid = parent_pid
+        self.agent_pid = 0
+        self.agent_reaped = False
+        self.parent_gone = False
+
+    def report(self, line: str) -> None:
+        if self.status_fd < 0:
+            return
+        try:
+            os.write(self.status_fd, line.encode() + b"\n")
+        except OSError:
+            # EPIPE: nobody reads the status any more, so our parent is gone.
+            os.close(self.status_fd)
+            self.status_fd = -1
+            self.parent_gone = True
+
+    def parent_alive(self) -> bool:
+        if os.getppid() != self.parent_pid:
+            self.parent_gone = True
+        return not self.parent_gone
+
+    def spawn(self, original_mask: set[int | signal.Signals]) -> int:
+        with open("/proc/self/environ", "rb") as environ_file:
+            environ = environ_file.read()
+        env: dict[bytes, bytes] = {}
+        for item in environ.split(b"\0"):
+            name, sep, value = item.partition(b"=")
+            if sep:
+                env.setdefault(name, value)
+        # fork and exec, not posix_spawn: glibc's posix_spawn leaves its internal signals (32, 33) ignored
+        # in the new program, and an ignored signal stays ignored across exec.
+        errors_read, errors_write = os.pipe()  # Close-on-exec: end of file means exec succeeded.
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setpgid(0, 0)
+                for sig in _RESET_FOR_AGENT:
+                    signal.signal(sig, signal.SIG_DFL)
+                signal.pthread_sigmask(signal.SIG_SETMASK, original_mask)
+                os.execvpe(self.command[0], self.command, env)
+            except (OSError, ValueError) as exc:
+                code = exc.errno if isinstance(exc, OSError) and exc.errno else 0
+                reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                os.write(errors_write, f"{code} {reason}".encode())
+            finally:
+                os._exit(127)
+        os.close(errors_write)
+        # Blocks until exec succeeded or failed: the pid reported is then the agent's, in its own group.
+        with os.fdopen(errors_read, "rb") as errors:
+            failure = errors.read()
+        if failure:
+            os.waitpid(pid, 0)
+            errno_text, _, strerror = failure.decode(errors="replace").partition(" ")
+            raise OSError(int(errno_text), strerror)
+        return pid
+
+    def reap(self) -> bool:
+        """Reap every child that exited, reporting the agent's status; True while any child remains."""
+        while True:
+            try:
+                pid, wait_status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return False
+            if pid == 0:
+                return True
+            if pid == self.agent_pid:
+                self.agent_reaped = True
+                self.report(f"exit {os.waitstatus_to_exitcode(wait_status)}")
+
+    def signal_all(self, sig: signal.Signals) -> int:
+        """Send ``sig`` to every live descendant once; how many there were."""
+        found = _descendants()
+        skip_group = False
+        if not self.agent_reaped:
+            # The agent (even as a zombie) holds its group id, so the group cannot be someone else's.
+            try:
+                os.killpg(self.agent_pid, sig)
+                skip_group = True
+            except OSError:
+                pass
+        for info in found:
+            if not (skip_group and info.pgrp == self.agent_pid):
+                _signal_process(info, sig)
+        return len(found)
+
+    def wait_signal(self, timeout: float) -> signal.Signals | None:
+        info = signal.sigtimedwait(_WATCHED, timeout)
+        return None if info is None else signal.Signals(info.si_signo)
+
+    def kill_all(self) -> None:
+        """SIGKILL every descendant until none is left (one may fork meanwhile), then reap them all."""
+        deadline = time.monotonic() + KILL_BOUND
+        while time.monotonic() < deadline:
+            children_left = self.reap()
+            if self.signal_all(signal.SIGKILL) == 0 and not children_left:
+                return
+            self.wait_signal(BUSY_POLL)
+        self.reap()
+
+    def terminate_after_parent_death(self) -> None:
+        self.signal_all(signal.SIGTERM)
+        deadline = time.monotonic() + PARENT_DEATH_GRACE
+        while time.monotonic() < deadline:
+            if not self.reap():
+                return
+            self.wait_signal(BUSY_POLL)
+        self.kill_all()
+
+    def run(self) -> int:
+        # Blocked signals stay pending until sigtimedwait() takes them: none is lost, no handler races.
+        original_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
+        # An ignored SIGCHLD (inherited) would make the kernel reap children for us, status and all.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        os.set_inheritable(self.status_fd, False)
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            self.report(f"fail cannot become a child subreaper: {os.strerror(ctypes.get_errno())}")
+            return 127
+        if not self.parent_alive():
+            return 1  # Our parent died before we could start anything: start nothing.
+        try:
+            self.agent_pid = self.spawn(original_mask)
+        except OSError as exc:
+            code = exc.errno or 0
+            self.report(f"error {code} {exc.strerror or exc}")
+            return 127
+        except ValueError as exc:  # Refused by the parent already; kept as a last line of defence.
+            self.report(f"fail {exc}")
+            return 127
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.close(devnull)
+        self.report(f"pid {self.agent_pid}")
+        while self.reap():
+            if not self.parent_alive():
+                self.terminate_after_parent_death()
+                return 0
+            request = self.wait_signal(IDLE_POLL)
+            if request in _STOP_REQUESTS:
+                self.signal_all(signal.SIGTERM)
+            elif request is signal.SIGUSR1:
+                self.kill_all()
+                return 0
+        return 0
+
+
+def main(argv: list[str]) -> int:
+    """Parse ``--status-fd FD --parent-pid PID -- ARGV...`` and supervise ARGV."""
+    try:
+        separator = argv.index("--")
+        options = dict(zip(argv[0:separator:2], argv[1:separator:2], strict=True))
+        status_fd = int(options.pop("--status-fd"))
+        parent_pid = int(options.pop("--parent-pid"))
+        command = [os.fsencode(arg) for arg in argv[separator + 1 :]]
+        if options or not command:
+            raise ValueError(argv)
+    except (ValueError, KeyError):
+        sys.stderr.write("usage: _supervisor.py --status-fd FD --parent-pid PID -- ARGV...\n")
+        return 2
+    return Supervisor(command, status_fd, parent_pid).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
