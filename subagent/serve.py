@@ -78,7 +78,7 @@ from subagent.acp.agent import (
     negotiate_protocol_version,
     serve_stdio,
 )
-from subagent.acp.errors import AcpError, RequestError, RpcErrorCode
+from subagent.acp.errors import AcpError, MessageTooLargeError, RequestError, RpcErrorCode
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime.agent import (
@@ -615,6 +615,10 @@ class _Reporter:
                 elif not gone:
                     try:
                         await turn.send_update(item)
+                    except MessageTooLargeError as exc:
+                        # Refused before sending (over the client's line limit): the client is still
+                        # there, and the updates after this one still go out.
+                        logger.warning("session %s: an update was not sent: %s", self.session_id, exc)
                     except AcpError as exc:
                         # The client is gone: nothing more can reach it. Keep draining, so that no flush
                         # waits forever; the turn itself ends with the connection.

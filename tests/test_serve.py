@@ -86,15 +86,21 @@ class _Send(anyio.abc.ByteSendStream):
 
 @asynccontextmanager
 async def served(
-    llm: ScriptedLlm, *, permission: Any = "deny", **options: Any
+    llm: ScriptedLlm,
+    *,
+    permission: Any = "deny",
+    max_line_bytes: int | None = None,
+    **options: Any,
 ) -> AsyncIterator[tuple[ServedAgent, AcpClient]]:
-    """A `ServedAgent` behind an `AgentSideConnection`, and an initialized `AcpClient` talking to it."""
+    """A `ServedAgent` behind an `AgentSideConnection` (with that line limit, if given), and an
+    initialized `AcpClient` talking to it."""
+    limits: dict[str, Any] = {} if max_line_bytes is None else {"max_line_bytes": max_line_bytes}
     to_agent_send, to_agent_receive = anyio.create_memory_object_stream[bytes](math.inf)
     to_client_send, to_client_receive = anyio.create_memory_object_stream[bytes](math.inf)
     with to_agent_send, to_agent_receive, to_client_send, to_client_receive:
         async with (
             ServedAgent(llm, **options) as handler,
-            AgentSideConnection(handler, _Receive(to_agent_receive), _Send(to_client_send)),
+            AgentSideConnection(handler, _Receive(to_agent_receive), _Send(to_client_send), **limits),
             AcpClient(_Receive(to_client_receive), _Send(to_agent_send), permission=permission) as client,
         ):
             with anyio.fail_after(WAIT):
@@ -151,6 +157,30 @@ def note_tool(notes: list[dict[str, Any]]) -> FunctionTool:
 
 
 # -- initialize and sessions ----------------------------------------------------------------------------
+
+
+async def test_an_update_over_the_clients_line_limit_is_skipped_and_the_turn_goes_on(tmp_path: Path) -> None:
+    def big(arguments: Mapping[str, Any]) -> str:
+        return "y" * 5000
+
+    tool = FunctionTool("big", "Print a lot.", {"type": "object"}, big)
+    llm = ScriptedLlm(
+        [
+            Reply(tool_calls=[call("big", {}, id="call-big")]),
+            Reply("Done.", when=When(after_tool_result=True)),
+        ]
+    )
+    async with served(llm, tools=[tool], delegate=False, max_line_bytes=4096) as (_, client):
+        with anyio.fail_after(WAIT):
+            session = await client.new_session(tmp_path)
+            turn = await session.prompt("print a lot")
+    # The model read all of it; the client got every update but the one too long for its line.
+    assert llm.requests[1].messages[-1].content == "y" * 5000
+    started = schema.ToolCall(
+        tool_call_id="call-big", title="big", kind="other", status="in_progress", raw_input={}
+    )
+    assert tool_updates(turn.updates) == [started]
+    assert (turn.stop_reason, turn.output) == ("end_turn", "Done.")
 
 
 async def test_initialize_negotiates_version_1_and_advertises_only_what_is_implemented() -> None:
