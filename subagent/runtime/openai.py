@@ -345,7 +345,13 @@ class _CallParts:
 
 class _Assembly:
     """Assembles the answer from chunks, and says what each chunk added as events. Past
-    ``max_chars`` characters of text and tool-call ids, names and arguments, it fails."""
+    ``max_chars`` characters of text and tool-call ids, names and arguments, it fails.
+
+    The text is counted only once :meth:`count` is called: the caller does so once more bytes have
+    arrived than ``max_chars`` (every character of the answer took at least one byte), so that an
+    answer of ordinary size costs its hot path nothing, and a long one fails at the very chunk that
+    crossed the cap, however the reads fell.
+    """
 
     def __init__(self, max_chars: int) -> None:
         self.text: list[str] = []
@@ -353,11 +359,20 @@ class _Assembly:
         self.last_index: int | None = None
         self.finish_reason: str | None = None
         self.usage: Usage | None = None
-        self.size = 0
         self.max_chars = max_chars
+        self.call_chars = 0  # tool calls are few: always counted
+        self.text_chars = 0  # counted from `count()` on
+        self.feed: Callable[[_Chunk], list[CompletionEvent]] = self._feed
         self._text_mark = 0
 
-    def feed(self, chunk: _Chunk) -> list[CompletionEvent]:
+    def count(self) -> None:
+        """Count the answer's size from now on, chunk by chunk, and fail past the cap."""
+        if self.feed != self._feed_counted:
+            self.text_chars = sum(map(len, self.text))
+            self.feed = self._feed_counted
+            self._check()
+
+    def _feed(self, chunk: _Chunk) -> list[CompletionEvent]:
         if chunk.usage is not None:
             self.usage = _usage(chunk.usage)
         events: list[CompletionEvent] = []
@@ -369,20 +384,29 @@ class _Assembly:
                 content = delta.content
                 if content:
                     self.text.append(content)
-                    self.size += len(content)
                     events.append(TextDelta(content))
                 pieces = delta.tool_calls
                 if pieces:
                     events.extend(self._tool_piece(piece) for piece in pieces)
             if choice.finish_reason is not None:
                 self.finish_reason = choice.finish_reason
-        if self.size > self.max_chars:
+        return events
+
+    def _feed_counted(self, chunk: _Chunk) -> list[CompletionEvent]:
+        text = self.text
+        known = len(text)  # compaction happens between reads, never inside a feed
+        events = self._feed(chunk)
+        self.text_chars += sum(map(len, text[known:]))
+        self._check()
+        return events
+
+    def _check(self) -> None:
+        if self.text_chars + self.call_chars > self.max_chars:
             raise _AttemptFailed(
                 LlmErrorKind.TOO_LARGE,
                 f"the answer is longer than {self.max_chars} characters (text and tool calls); "
                 "reading stopped there",
             )
-        return events
 
     def compact(self) -> None:
         """Join what the last read added (called once per read)."""
@@ -413,13 +437,13 @@ class _Assembly:
         arguments = piece.function.arguments if piece.function is not None else None
         if piece.id and parts.id is None:
             parts.id = piece.id
-            self.size += len(piece.id)
+            self.call_chars += len(piece.id)
         if name and parts.name is None:
             parts.name = name
-            self.size += len(name)
+            self.call_chars += len(name)
         if arguments:
             parts.arguments.append(arguments)
-            self.size += len(arguments)
+            self.call_chars += len(arguments)
         return ToolCallDelta(index=index, id=piece.id or None, name=name or None, arguments=arguments or "")
 
     def completion(self) -> Completion:
@@ -1013,8 +1037,12 @@ class OpenAiChatAdapter:
             decoder = _SseDecoder(self.max_event_bytes)
             chunks = 0
             done = False
+            counting = False
             while not done:
                 data = await body.next()
+                if not counting and body.received > self.max_answer_chars:
+                    assembly.count()
+                    counting = True
                 pending = decoder.flush() if data is None else decoder.feed(data)
                 # The events of one read go out together: one hand-over per read, not per delta.
                 batch: list[CompletionEvent] = []
@@ -1076,6 +1104,7 @@ class OpenAiChatAdapter:
                 LlmErrorKind.PROTOCOL, f"the JSON completion has no choices: {redact.quote(raw)}"
             )
         assembly = _Assembly(self.max_answer_chars)
+        assembly.count()
         events = assembly.feed(chunk)
         return [*events, assembly.completion()]
 
