@@ -172,7 +172,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
     except OSError as exc:
         raise ConfigError(location, f"cannot read the config file: {exc.strerror or exc}") from None
     if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(location, f"the config file is larger than {MAX_CONFIG_BYTES // 1024} KiB")
+        raise ConfigError(location, f"the config file is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -24,7 +24,14 @@ from typing import Any, Final
 import pytest
 
 from subagent.testing.scenario import dump_scenario
-from tests.leaks import LEAK_TAG_VARIABLE, leaked_processes, live_group_members, process_info, process_is_gone
+from tests.leaks import (
+    LEAK_TAG_VARIABLE,
+    ProcessInfo,
+    leaked_processes,
+    live_group_members,
+    process_info,
+    process_is_gone,
+)
 
 pytestmark = pytest.mark.subprocess
 
@@ -174,15 +181,25 @@ def live(tmp_path: Path) -> Iterator[list[LiveCli]]:
         cli.kill()
 
 
-def children_of(pid: int) -> list[int]:
-    """Live processes whose parent is ``pid``."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            info = process_info(int(entry))
-            if info is not None and info.ppid == pid and not info.is_zombie:
-                found.append(info.pid)
-    return found
+def descendants_of(pid: int) -> list[ProcessInfo]:
+    """Live processes below ``pid`` (children, their children, ...)."""
+    live = [info for entry in os.listdir("/proc") if entry.isdigit() and (info := process_info(int(entry)))]
+    found: list[ProcessInfo] = []
+    parents = {pid}
+    while True:
+        below = [info for info in live if info.ppid in parents and not info.is_zombie and info not in found]
+        if not below:
+            return found
+        found += below
+        parents = {info.pid for info in below}
+
+
+def agent_of(cli_pid: int) -> int:
+    """The CLI's agent process: the deepest descendant leading its own process group (the agent may
+    run under a supervisor, which is then the CLI's child and leads a group of its own)."""
+    leaders = [info.pid for info in descendants_of(cli_pid) if info.pgrp == info.pid]
+    assert len(leaders) in (1, 2), leaders  # the agent, and perhaps its supervisor above it
+    return leaders[-1]  # found level by level: the deepest comes last
 
 
 # -- run: output and exit status ------------------------------------------------------------------------
@@ -581,6 +598,89 @@ def test_an_invalid_config_exits_2_naming_the_file_and_the_key(tmp_path: Path, t
     assert "Traceback" not in done.stderr
 
 
+# What no process could receive: TOML writes a NUL as "\u0000" (the test's TOML text holds the escape).
+UNEXECUTABLE_AGENTS: Final = [
+    ('command = "ag\\u0000ent"\n', "agents.broken.command: contains a NUL character"),
+    ('command = "x"\nargs = ["ok", "a\\u0000b"]\n', "agents.broken.args[1]: contains a NUL character"),
+    (
+        'command = "x"\nenv = { TOKEN = "se\\u0000cret" }\n',
+        "agents.broken.env.TOKEN: contains a NUL character",
+    ),
+    (
+        'command = "x"\nenv = { "A=B" = "1" }\n',
+        'agents.broken.env."A=B": an environment name must be non-empty',
+    ),
+    ('command = "x"\nenv = { "" = "1" }\n', 'agents.broken.env."": an environment name must be non-empty'),
+    ('command = "x"\nenv = { "A\\u0000" = "1" }\n', r'agents.broken.env."A\u0000": an environment name'),
+    ('command = "x"\ncwd = "/tmp/a\\u0000b"\n', "agents.broken.cwd: contains a NUL character"),
+]
+
+
+@pytest.mark.parametrize(("agent", "message"), UNEXECUTABLE_AGENTS)
+def test_config_that_cannot_be_executed_is_a_config_error_with_exit_2(
+    tmp_path: Path, agent: str, message: str
+) -> None:
+    config = write_config(tmp_path / "subagent.toml", f"[agents.broken]\n{agent}")
+    done = run_cli(tmp_path, "run", "--agent", "broken", "-p", "hi")
+    assert (done.status, done.stdout) == (2, "")
+    assert done.stderr.startswith(f"subagent: invalid config: {config}: {message}")
+    assert "Traceback" not in done.stderr
+    assert "cret" not in done.stderr  # a value is never repeated: it may be a secret
+
+
+@pytest.mark.parametrize(
+    "nested",
+    ["[" * 1000 + "]" * 1000, "{ a = " * 1000 + "1" + " }" * 1000],
+    ids=["arrays", "inline-tables"],
+)
+def test_a_config_nested_hundreds_of_levels_deep_is_a_config_error_not_a_traceback(
+    tmp_path: Path, nested: str
+) -> None:
+    config = write_config(tmp_path / "subagent.toml", f'[agents.deep]\ncommand = "x"\nargs = {nested}\n')
+    for args in (["run", "--agent", "deep", "-p", "hi"], ["agents"]):
+        done = run_cli(tmp_path, *args)
+        assert (done.status, done.stdout) == (2, "")
+        assert done.stderr == (
+            f"subagent: invalid config: {config}: not valid TOML: arrays or tables nested too deeply\n"
+        )
+
+
+def test_a_config_file_over_1_mib_is_a_config_error(tmp_path: Path) -> None:
+    config = write_config(tmp_path / "subagent.toml", "# padding\n" * 110_000)
+    done = run_cli(tmp_path, "run", "--agent", "any", "-p", "hi")
+    assert (done.status, done.stdout) == (2, "")
+    assert done.stderr == f"subagent: invalid config: {config}: the config file is larger than 1 MiB\n"
+
+
+SERVE_SCRIPT: Final = ["Nothing to see."]
+
+
+def test_a_prompt_over_the_message_limit_exits_2_naming_it_before_any_agent_starts(tmp_path: Path) -> None:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(SERVE_SCRIPT))
+    started = tmp_path / "started"
+    # The agent is `subagent serve` behind a shell that leaves a mark if it is ever started.
+    agent = [
+        "sh",
+        "-c",
+        f'touch "{started}"; exec "$0" -m subagent serve --script "$1"',
+        sys.executable,
+        str(script),
+    ]
+    prompt = "x" * (65 * 1024 * 1024)  # read from stdin, with no --timeout: nothing may wait
+    done = run_cli(tmp_path, "run", "--", *agent, stdin=prompt)
+    assert (done.status, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"subagent: the prompt is {len(prompt) + 113:,} bytes as a session/prompt message, over the "
+        "67,108,864-byte (64 MiB) limit on one message to the agent (max_line_bytes)\n"
+    )
+    assert not started.exists()
+    # The same agent takes a prompt under the limit.
+    ok = run_cli(tmp_path, "run", "--", *agent, stdin="hello")
+    assert (ok.status, ok.stdout) == (0, "Nothing to see.\n")
+    assert started.exists()
+
+
 def test_an_unknown_agent_exits_2_listing_the_configured_ones(tmp_path: Path) -> None:
     write_config(tmp_path / "subagent.toml", stub_agent_toml("alpha", STUB) + stub_agent_toml("beta", STUB))
     done = run_cli(tmp_path, "run", "--agent", "gamma", "-p", "hi")
@@ -720,7 +820,7 @@ def test_sigint_cancels_the_turn_exits_1_and_leaves_no_agent_process(
     info = process_info(grandchild)
     assert info is not None
     agent_pid = info.pgrp  # the agent leads its own process group
-    assert agent_pid in children_of(cli.process.pid)
+    assert agent_of(cli.process.pid) == agent_pid
 
     cli.process.send_signal(signal.SIGINT)
     done = cli.finish()
@@ -751,7 +851,7 @@ def test_a_second_sigint_tears_an_agent_that_ignores_cancel_down_at_once(
     cli = LiveCli(tmp_path, "run", "--json", "--events", "-p", "work", "--", *agent)
     live.append(cli)
     cli.wait_for_event("update")
-    (agent_pid,) = children_of(cli.process.pid)
+    agent_pid = agent_of(cli.process.pid)
 
     cli.process.send_signal(signal.SIGINT)
     cli.wait_for_event("interrupt", count=1, action="cancel")
@@ -776,7 +876,7 @@ def test_sigterm_tears_the_agent_down_and_exits_1(tmp_path: Path, live: list[Liv
     cli = LiveCli(tmp_path, "run", "--json", "--events", "-p", "work", "--", *agent)
     live.append(cli)
     cli.wait_for_event("update")
-    (agent_pid,) = children_of(cli.process.pid)
+    agent_pid = agent_of(cli.process.pid)
     cli.process.send_signal(signal.SIGTERM)
     done = cli.finish()
     assert done.status == 1
