@@ -164,7 +164,7 @@ _ABANDONED_IDS_REMEMBERED: Final = 1024
 _EXCERPT_BYTES: Final = 120
 # Why: enough of a malformed line to recognise it (e.g. an agent logging to stdout), short enough for a log.
 
-_IDENTIFY_BYTES: Final = 1024 * 1024
+_IDENTIFY_BYTES: Final = 64 * 1024
 # Why: how much of a broken or over-long line is searched for its "id" and "method"; they come first in
 # practice, and the search is Python-level work on a line that already failed.
 
