@@ -12,6 +12,7 @@ import pytest
 from subagent.testing import (
     ErrorReply,
     JsonReply,
+    RawStream,
     StreamedReply,
     ToolCallReply,
     serve_chat_completions,
@@ -168,3 +169,39 @@ async def test_a_malformed_request_line_gets_a_400_over_a_raw_socket() -> None:
 def test_a_reply_cannot_both_drop_and_stall() -> None:
     with pytest.raises(ValueError, match="drop or stall"):
         StreamedReply(text="x", drop_after=1, stall_after=1)
+
+
+async def test_an_error_reply_quotes_the_request_headers_it_is_told_to_echo() -> None:
+    echo = ErrorReply(401, "Incorrect API key", echo_headers=["Authorization", "X-Missing"])
+    with anyio.fail_after(WAIT):
+        async with serve_chat_completions([echo]) as server, httpx.AsyncClient() as client:
+            response = await client.post(
+                f"{server.base_url}/chat/completions", json=BODY, headers={"Authorization": "Bearer sk-1"}
+            )
+    assert response.status_code == 401
+    assert response.json()["error"]["message"] == (
+        "Incorrect API key (authorization: Bearer sk-1; x-missing: (absent))"
+    )
+
+
+async def test_a_paused_raw_stream_trickles_its_pieces_and_stops_when_the_client_hangs_up() -> None:
+    trickle = RawStream(["a", "b", "c", "d"], pause=0.01)
+    body = json.dumps(BODY).encode()
+    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    received = b""
+    with anyio.fail_after(WAIT):
+        async with serve_chat_completions([trickle]) as server:
+            async with await anyio.connect_tcp("127.0.0.1", server.port) as stream:
+                await stream.send(head.encode() + body)
+                while b"1\r\nb\r\n" not in received:  # the second piece, as its own HTTP chunk
+                    received += await stream.receive()
+            await server.requests[0].disconnected.wait()
+    assert received.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert b"\r\n\r\n1\r\na\r\n1\r\nb\r\n" in received  # each piece its own HTTP chunk
+
+
+def test_a_raw_streams_pause_and_an_echo_beside_a_verbatim_body_are_refused() -> None:
+    with pytest.raises(ValueError, match="pause must be >= 0 seconds, got -1"):
+        RawStream(["x"], pause=-1)
+    with pytest.raises(ValueError, match="echo_headers goes into the message"):
+        ErrorReply(401, body="{}", echo_headers=["authorization"])
