@@ -10,7 +10,7 @@ their message text::
         ├── MessageTooLargeError   a line over the limit: discarded unread, or (outgoing) refused unsent
         ├── MalformedMessageError  a line that is not UTF-8, not JSON, or not a JSON-RPC 2.0 envelope
         ├── UnexpectedResponseError  a response for an id we are not waiting for (unknown or duplicate)
-        └── InvalidResponseError   a result that does not decode into the type the caller asked for
+        └── InvalidResponseError   a response that is broken, or does not decode into the type asked for
 
 `RequestError` is both directions of the same thing: `Connection.request()` raises it when the peer answers
 with an error object, and a request handler raises it to choose exactly the error object the peer receives.
@@ -209,7 +209,8 @@ class UnexpectedResponseError(ProtocolError):
 
 
 class InvalidResponseError(ProtocolError):
-    """The peer's answer to `method` could not be decoded as the caller asked (`detail` says why)."""
+    """The peer's answer to `method` is broken (not JSON, no result nor error, a malformed error object...)
+    or could not be decoded as the caller asked; `detail` says which."""
 
     def __init__(self, method: str, detail: str) -> None:
         super().__init__(f"invalid response to {method!r}: {detail}")
