@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import functools
 import json
 import logging
 import math
@@ -181,12 +182,17 @@ class _Redactor:
     percent-encoded. A server may echo a key back, and a transport error may quote a header."""
 
     def __init__(self, secrets: list[str]) -> None:
+        self._secrets = secrets
+
+    @functools.cached_property
+    def forms(self) -> list[str]:
+        """Every form to redact, worked out at the first failure (a call that succeeds needs none)."""
         forms: set[str] = set()
-        for secret in secrets:
+        for secret in self._secrets:
             once = {escape(form) for form in {secret, secret.strip()} for escape in _ESCAPES}
             forms |= once | {escape(form) for form in once for escape in _ESCAPES[:3]}
         # Longest first: a form inside a longer one must not break the longer one's match.
-        self.forms = sorted((form for form in forms if form.strip()), key=len, reverse=True)
+        return sorted((form for form in forms if form.strip()), key=len, reverse=True)
 
     def __call__(self, text: str) -> str:
         for form in self.forms:
