@@ -123,11 +123,19 @@ SUPERVISOR_START_TIMEOUT = 30.0
 # The returncode of an agent whose supervisor died before reporting its exit (asyncio's choice for a child
 # whose status was lost); ExitInfo.status_known is False then.
 UNKNOWN_RETURNCODE = 255
-# The supervisor runs by file path with the standard library only: importing this package would be slow.
-_SUPERVISOR_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_supervisor.py")
-# Run by file path, isolated (-I: no environment variables, no user site, no script dir on sys.path) and
-# without site-packages (-S): its import path is then the standard library's alone.
-_SUPERVISOR_FLAGS = ("-I", "-S")
+# The supervisor imports the standard library only (importing this package would be slow), run isolated
+# (-I: no PYTHON* variables, no user site, no current directory on sys.path) and without site-packages (-S).
+# It is imported from its directory, appended after the standard library, rather than run as a script: an
+# imported module's bytecode is cached, which saves compiling it at every spawn (measured: 3 ms of ~17).
+_SUPERVISOR_DIR = os.path.dirname(os.path.abspath(__file__))
+_SUPERVISOR_PATH = os.path.join(_SUPERVISOR_DIR, "_supervisor.py")
+_SUPERVISOR_COMMAND = (
+    "-I",
+    "-S",
+    "-c",
+    f"import sys; sys.path.append({_SUPERVISOR_DIR!r}); "
+    "from _supervisor import main; sys.exit(main(sys.argv[1:]))",
+)
 # The supervisor's status lines are a few dozen bytes; anything longer is not from it.
 _STATUS_LINE_LIMIT = 1024
 
@@ -855,8 +863,7 @@ async def _spawn(
                 os.close(low_fd)
             supervisor_argv = [
                 sys.executable,
-                *_SUPERVISOR_FLAGS,
-                _SUPERVISOR_PATH,
+                *_SUPERVISOR_COMMAND,
                 "--status-fd",
                 str(write_end),
                 "--parent-pid",
