@@ -41,6 +41,7 @@ pytestmark = [
 ]
 
 PROCS = Path(__file__).resolve().parent.parent / "fixtures" / "procs"
+SUPERVISOR_SCRIPT = Path(__file__).resolve().parent.parent / "subagent" / "acp" / "_supervisor.py"
 SHORT_GRACE = 0.3
 ALL_THREE_STEPS = (TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM, TeardownStep.SIGKILL)
 STDIN_THEN_SIGTERM = (TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM)
@@ -489,3 +490,52 @@ async def test_the_agent_runs_as_the_supervisor_s_child_in_a_group_and_session_o
         assert supervisor is not None
         assert (agent.ppid, agent.pgrp) == (proc.supervisor_pid, proc.pid)
         assert (supervisor.ppid, supervisor.pgrp) == (os.getpid(), proc.supervisor_pid)
+
+
+async def run_supervisor_script(parent_pid: int, *argv: str) -> tuple[int, list[str], bytes, bytes]:
+    """Run _supervisor.py as a script (as on a remote node): its status, status lines, stdout, stderr."""
+    read_end, write_end = os.pipe()
+    command = [sys.executable, "-I", "-S", str(SUPERVISOR_SCRIPT), "--status-fd", str(write_end)]
+    try:
+        with anyio.fail_after(10):
+            result = await anyio.run_process(
+                [*command, "--parent-pid", str(parent_pid), "--", *argv], pass_fds=(write_end,), check=False
+            )
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as status:
+        lines = status.read().decode().splitlines()
+    return result.returncode, lines, result.stdout, result.stderr
+
+
+async def test_run_as_a_script_it_reports_the_agent_s_pid_then_its_exit_on_the_status_pipe() -> None:
+    async with assert_no_leaks():
+        returncode, lines, stdout, stderr = await run_supervisor_script(
+            os.getpid(), *fixture_argv("exit_with_status.py", "3", "last words")
+        )
+    assert returncode == 0
+    assert [line.split()[0] for line in lines] == ["pid", "exit"]
+    assert lines[1] == "exit 3"
+    assert (stdout, stderr) == (b"", b"last words\n")
+
+
+async def test_run_as_a_script_it_reports_an_exec_failure_and_exits_127() -> None:
+    async with assert_no_leaks():
+        returncode, lines, _, _ = await run_supervisor_script(os.getpid(), "/nonexistent/agent")
+    assert (returncode, lines) == (127, ["error 2 No such file or directory"])
+
+
+async def test_a_supervisor_whose_parent_is_already_gone_starts_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    async with assert_no_leaks():
+        # Its parent is this process, not pid 1: as if the real parent had died and it had been re-parented.
+        returncode, lines, _, _ = await run_supervisor_script(1, "touch", str(marker))
+    assert (returncode, lines) == (1, [])
+    assert not marker.exists()
+
+
+async def test_bad_usage_of_the_supervisor_script_exits_2_with_the_usage() -> None:
+    async with assert_no_leaks():
+        returncode, lines, _, stderr = await run_supervisor_script(os.getpid())
+    assert (returncode, lines) == (2, [])
+    assert stderr == b"usage: _supervisor.py --status-fd FD --parent-pid PID -- ARGV...\n"
