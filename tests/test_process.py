@@ -1,9 +1,11 @@
 """Owning a child agent process: spawn, stderr tail, exit diagnosis, and process-group teardown.
 
-Every test runs real child processes from ``fixtures/procs/`` on asyncio and on trio. Nothing sleeps to wait
-for something: each test waits for the event itself (a line on stdout, the exit) under ``anyio.fail_after``.
-Grace periods are shortened only in tests that are meant to exhaust them; elsewhere the defaults stand, and
-teardown returns as soon as the group is gone.
+Every test runs real child processes from ``fixtures/procs/`` on asyncio and on trio, and both ways: under
+the supervisor (the default on Linux) and spawned directly (as elsewhere, or with ``supervise=False``); the
+supervisor's own guarantees are in test_supervisor.py. Nothing sleeps to wait for something: each test waits
+for the event itself (a line on stdout, the exit) under ``anyio.fail_after``. Grace periods are shortened
+only in tests that are meant to exhaust them; elsewhere the defaults stand, and teardown returns as soon as
+the group is gone.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
+import subagent.acp.process
 from subagent.acp.process import (
     AgentProcess,
     AgentSpawnError,
@@ -40,6 +43,15 @@ STDIN_THEN_SIGTERM = (TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM)
 ALL_THREE_STEPS = (TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM, TeardownStep.SIGKILL)
 # The stderr_flood fixture's block layout (see its docstring).
 FLOOD_BLOCK_SIZE = 4096
+
+
+@pytest.fixture(autouse=True, params=["supervised", "direct"])
+def spawn_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run each test with the agent under its supervisor, and spawned directly (the non-Linux path)."""
+    mode: str = request.param
+    if mode == "direct":
+        monkeypatch.setattr(subagent.acp.process, "supervision_available", lambda: False)
+    return mode
 
 
 def fixture_argv(name: str, *args: str) -> list[str]:
@@ -407,3 +419,10 @@ async def test_an_exception_in_the_block_propagates_unwrapped_after_teardown() -
         assert type(caught.value) is LookupError
         assert proc.teardown_report is not None
         assert proc.teardown_report.graceful
+
+
+async def test_the_agent_runs_under_a_supervisor_exactly_where_one_is_available(spawn_mode: str) -> None:
+    async with assert_no_leaks(), open_agent_process(fixture_argv("echo_lines.py")) as proc:
+        assert proc.supervised is (spawn_mode == "supervised" and sys.platform == "linux")
+        assert (proc.supervisor_pid is not None) is proc.supervised
+        assert proc.pid != proc.supervisor_pid
