@@ -202,9 +202,14 @@ def test_the_turn_output_is_exact_up_to_its_limit_cut_there_and_marked_for_the_r
     output.add(chunk("é€😀"))  # characters, not bytes
     assert (output.text, output.length, output.truncated) == ("abé€😀", 5, True)
     unlimited = TurnOutput(limit=None)
-    for index in range(1000):
+    for index in range(20_000):  # past the chunks joined into one block at a time
         unlimited.add(chunk(f"{index},"))
-    assert (unlimited.text, unlimited.truncated) == ("".join(f"{i}," for i in range(1000)), False)
+        if index == 5000:
+            unlimited.add(schema.ToolCallProgress(tool_call_id="c1", status="completed"))
+    expected = "".join(f"{i}," for i in range(5001, 20_000))
+    assert (unlimited.text, unlimited.text, unlimited.truncated) == (expected, expected, False)
+    unlimited.add(chunk("end"))
+    assert (unlimited.text, unlimited.length) == (expected + "end", len(expected) + 3)
 
 
 # -- prompts too large to send ------------------------------------------------------------------------------

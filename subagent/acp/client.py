@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import io
 import logging
 import os
 import shlex
+import sys
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -179,6 +179,7 @@ def final_message(updates: Iterable[schema.SessionUpdate]) -> str:
     return "".join(parts)
 
 
+_PARTS_PER_BLOCK: Final = 4096
 _MESSAGE_CHUNK: Final = schema.AgentMessageChunk
 _TEXT: Final = schema.TextContent
 _TOOL_CALL: Final = schema.ToolCall
@@ -195,7 +196,7 @@ class TurnOutput:
     an answer that was cut from a whole one, and stop an agent that streams without end.
     """
 
-    __slots__ = ("_buffer", "length", "limit", "truncated")
+    __slots__ = ("_blocks", "_parts", "_room", "length", "limit", "truncated")
 
     def __init__(self, limit: int | None = DEFAULT_MAX_OUTPUT_CHARS) -> None:
         _check_bound("the output limit", limit)
@@ -203,7 +204,12 @@ class TurnOutput:
         self.length = 0
         """Characters of the message kept now."""
         self.truncated = False
-        self._buffer = io.StringIO()  # appends in amortised linear time, compactly (no object per chunk)
+        self._room = sys.maxsize if limit is None else limit
+        # Chunks are appended as they come (the cheapest step per update) and joined a block at a
+        # time, so the text costs linear time, and memory close to its size rather than an object
+        # per chunk.
+        self._parts: list[str] = []
+        self._blocks: list[str] = []
 
     def __repr__(self) -> str:
         cut = ", truncated" if self.truncated else ""
@@ -222,24 +228,34 @@ class TurnOutput:
     def add_text(self, text: str) -> None:
         """Append message text (cut at the limit)."""
         length = self.length + len(text)
-        limit = self.limit
-        if limit is not None and length > limit:
-            text = text[: limit - self.length]
-            length = limit
+        if length > self._room:
+            text = text[: self._room - self.length]
+            length = self._room
             self.truncated = True
-        self._buffer.write(text)
         self.length = length
+        parts = self._parts
+        parts.append(text)
+        if len(parts) >= _PARTS_PER_BLOCK:
+            self._blocks.append("".join(parts))
+            parts.clear()
 
     def clear(self) -> None:
         """A tool call: what came before it was narration, not the answer."""
         if self.length:
-            self._buffer = io.StringIO()
+            self._parts.clear()
+            self._blocks.clear()
             self.length = 0
 
     @property
     def text(self) -> str:
         """The message so far."""
-        return self._buffer.getvalue()
+        if self._blocks:
+            self._blocks.append("".join(self._parts))
+            self._parts.clear()
+            joined = "".join(self._blocks)
+            self._blocks = [joined]  # asked again, it costs no second join
+            return joined
+        return "".join(self._parts)
 
 
 @dataclass(slots=True)
@@ -261,7 +277,7 @@ class TurnResult:
     output_truncated: bool = False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Turn:
     on_update: UpdateCallback | None
     updates: deque[schema.SessionUpdate]
@@ -420,7 +436,14 @@ class ClientSession:
         elif turn is not None:
             turn.updates.append(update)  # a bounded deque: the oldest falls out
             turn.count += 1
-            turn.output.add(update)
+            # TurnOutput.add, inlined: this runs for every update of every turn.
+            kind = type(update)
+            if kind is _MESSAGE_CHUNK:
+                content = update.content  # type: ignore[union-attr]
+                if type(content) is _TEXT:
+                    turn.output.add_text(content.text)
+            elif kind is _TOOL_CALL or kind is _TOOL_CALL_UPDATE:
+                turn.output.clear()
         if not self._listeners and (turn is None or turn.on_update is None):
             return None
         callbacks: list[UpdateCallback] = list(self._listeners)
