@@ -21,6 +21,8 @@ import anyio
 import anyio.abc
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
+from hypothesis import given
+from hypothesis import strategies as st
 
 from subagent.acp import schema
 from subagent.acp.process import (
@@ -431,6 +433,61 @@ async def test_what_exec_cannot_carry_is_refused_with_a_typed_error_that_names_n
     assert caught.value.command == tuple(argv)
     assert "secret" not in str(caught.value)
     assert "sec\0ret" not in str(caught.value)
+
+
+# Any text, lone surrogates and NULs included: what a caller might hand over, and what exec cannot take.
+EXEC_TEXT = st.text(st.characters(exclude_categories=()), max_size=8)
+
+
+def exec_refuses(text: str) -> bool:
+    """Whether exec cannot carry ``text``: a NUL, or a character the file system encoding cannot encode."""
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return True
+    return "\0" in text
+
+
+async def read_to_end(stream: anyio.abc.ByteReceiveStream) -> bytes:
+    with anyio.fail_after(10):
+        return b"".join([chunk async for chunk in stream])
+
+
+@pytest.mark.fuzz
+@given(env=st.dictionaries(EXEC_TEXT, EXEC_TEXT, max_size=4))
+async def test_any_exact_environment_reaches_the_agent_byte_for_byte_or_is_refused_with_a_typed_error(
+    env: dict[str, str],
+) -> None:
+    argv = ["/usr/bin/env", "-0"]
+    if any(
+        not name or "=" in name or exec_refuses(name) or exec_refuses(value) for name, value in env.items()
+    ):
+        with pytest.raises(AgentSpawnError):
+            async with open_agent_process(argv, env=env, inherit_env=False):
+                pytest.fail("the block must not run")
+        return
+    async with open_agent_process(argv, env=env, inherit_env=False) as proc:
+        output = await read_to_end(proc.stdout)
+    received = dict(entry.partition(b"=")[::2] for entry in output.split(b"\0") if entry)
+    assert received == {os.fsencode(name): os.fsencode(value) for name, value in env.items()}
+
+
+@pytest.mark.fuzz
+@given(args=st.lists(EXEC_TEXT, max_size=4))
+async def test_any_arguments_reach_the_agent_byte_for_byte_or_are_refused_with_a_typed_error(
+    args: list[str],
+) -> None:
+    argv = ["/usr/bin/printf", "%s\\0", "first", *args]
+    refused = [index for index, arg in enumerate(argv) if exec_refuses(arg)]
+    if refused:
+        with pytest.raises(AgentSpawnError) as caught:
+            async with open_agent_process(argv):
+                pytest.fail("the block must not run")
+        assert caught.value.reason.startswith(f"argument {refused[0]} ")
+        return
+    async with open_agent_process(argv) as proc:
+        output = await read_to_end(proc.stdout)
+    assert output.split(b"\0")[:-1] == [b"first", *map(os.fsencode, args)]
 
 
 # -- the supervisor itself ---------------------------------------------------------------------------

@@ -789,27 +789,37 @@ def _process_is_running(pid: int, pgid: int) -> bool:
     return len(fields) >= 3 and fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid
 
 
+def _exec_cannot_carry(text: str) -> str | None:
+    """Why exec cannot pass ``text`` on (it becomes a C string in the file system encoding), or None."""
+    if "\0" in text:
+        return "contains a NUL character"
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError:
+        return "cannot be encoded (it holds a lone surrogate)"
+    return None
+
+
 def _refuse_malformed(command: tuple[str, ...], env: Mapping[str, str] | None, cwd: str | None) -> None:
-    """Raise AgentSpawnError for what exec cannot carry: a NUL anywhere, a variable name that is empty or
-    holds ``=``. The reason names the argument or the variable, never a value (values may be secrets)."""
+    """Raise AgentSpawnError for what exec cannot carry: a NUL or an unencodable character anywhere, a
+    variable name that is empty or holds ``=``. The reason names the argument or the variable, never a value
+    (values may be secrets), so subprocess never gets to raise ValueError."""
     for index, arg in enumerate(command):
-        if "\0" in arg:
+        if problem := _exec_cannot_carry(arg):
             what = "the program name" if index == 0 else f"argument {index}"
-            raise AgentSpawnError(command, f"{what} contains a NUL character")
-    if cwd is not None and "\0" in cwd:
-        raise AgentSpawnError(command, "the working directory contains a NUL character")
+            raise AgentSpawnError(command, f"{what} {problem}")
+    if cwd is not None and (problem := _exec_cannot_carry(cwd)):
+        raise AgentSpawnError(command, f"the working directory {problem}")
     for name, value in (env or {}).items():
         if not name:
             raise AgentSpawnError(command, "an environment variable name is empty")
-        if "\0" in name:
-            raise AgentSpawnError(command, "an environment variable name contains a NUL character")
+        if problem := _exec_cannot_carry(name):
+            raise AgentSpawnError(command, f"an environment variable name {problem}")
         if "=" in name:
             shown = name[: name.index("=") + 1]
             raise AgentSpawnError(command, f"environment variable name {shown + '…'!r} contains '='")
-        if "\0" in value:
-            raise AgentSpawnError(
-                command, f"the value of environment variable {name!r} contains a NUL character"
-            )
+        if problem := _exec_cannot_carry(value):
+            raise AgentSpawnError(command, f"the value of environment variable {name!r} {problem}")
 
 
 def _spawn_environment(env: Mapping[str, str] | None, *, inherit_env: bool) -> dict[str, str] | None:
