@@ -281,7 +281,8 @@ class _StatusPipe:
         """Why the agent was not started: ``exec failed: <strerror>`` or the supervisor's own reason."""
         self.exec_errno: int | None = None
         self.eof = False
-        """The supervisor closed the pipe (it exited), or the pipe was closed here."""
+        """Nothing more is read: the supervisor closed the pipe (it exited), the pipe was closed here, or
+        it carried something the supervisor never writes."""
 
     @property
     def settled(self) -> bool:
@@ -305,7 +306,9 @@ class _StatusPipe:
                 self._parse(bytes(line))
             if len(self._buffer) > _STATUS_LINE_LIMIT:
                 logger.error("unexpected data on the supervisor's status pipe; ignoring the rest")
-                self.close()
+                # Not closed here: the exit watcher may be waiting on it. open_agent_process closes it.
+                self._buffer.clear()
+                self.eof = True
 
     def _parse(self, line: bytes) -> None:
         kind, _, rest = line.partition(b" ")
