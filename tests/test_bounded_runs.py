@@ -26,7 +26,7 @@ import pytest
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, SubagentService
 from subagent._cli_progress import ToolCalls
 from subagent.acp import schema
-from subagent.acp.client import TurnOutput
+from subagent.acp.client import TurnOutput, spawn_agent
 from subagent.providers.acp import AcpProvider, AcpRun, prompt_size_error
 from subagent.types import SubagentRunEndInfo
 from tests.leaks import assert_no_leaks
@@ -329,3 +329,19 @@ def test_the_command_line_remembers_a_bounded_number_of_tool_calls_the_most_rece
     state = calls.get("call-4900")
     assert state is not None
     assert state.title == "Step 4900 again"
+
+
+@pytest.mark.anyio
+async def test_a_loaded_sessions_replay_keeps_its_most_recent_updates(
+    stub: MakeCommand, tmp_path: Path
+) -> None:
+    chunk = {"sessionUpdate": "agent_message_chunk"}
+    replay = [{**chunk, "content": {"type": "text", "text": f"{i} "}} for i in range(50)]
+    command = stub({"loadSession": {"replay": replay}})
+    async with assert_no_leaks(), spawn_agent(command, cwd=tmp_path, max_kept_updates=5) as client:
+        with anyio.fail_after(WAIT):
+            await client.initialize()
+            session = await client.load_session("old-session", tmp_path)
+    assert [update.content for update in session.replayed] == [  # type: ignore[union-attr]
+        schema.TextContent(text=f"{i} ") for i in range(45, 50)
+    ]
