@@ -705,7 +705,15 @@ def _read_prompt_from_stdin() -> str:
     if stream.isatty():
         sys.stderr.write(f"{_PROG}: reading the prompt from the terminal; finish it with Ctrl-D\n")
         sys.stderr.flush()
-    return stream.buffer.read().decode("utf-8", errors="replace")
+    limit = DEFAULT_MAX_LINE_BYTES
+    data = stream.buffer.read(limit + 1)
+    if len(data) > limit:
+        # Each byte read is at least a byte of the message: the rest need not be read, nor held.
+        raise _PromptTooLarge(
+            f"the prompt on stdin is more than {limit:,} bytes, over the {limit:,}-byte "
+            f"({_MAX_PROMPT_MIB} MiB) limit on one message to the agent (max_line_bytes)"
+        )
+    return data.decode("utf-8", errors="replace")
 
 
 def _cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:

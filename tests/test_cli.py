@@ -655,7 +655,27 @@ def test_a_config_file_over_1_mib_is_a_config_error(tmp_path: Path) -> None:
 SERVE_SCRIPT: Final = ["Nothing to see."]
 
 
-def test_a_prompt_over_the_message_limit_exits_2_naming_it_before_any_agent_starts(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("prompt", "message"),
+    [
+        # Read no further than the limit: a byte of input is at least a byte of the message.
+        (
+            "x" * (65 * 1024 * 1024),
+            "the prompt on stdin is more than 67,108,864 bytes, over the 67,108,864-byte (64 MiB) "
+            "limit on one message to the agent (max_line_bytes)",
+        ),
+        # Under the limit as read, over it as JSON: a quote is sent as two bytes.
+        (
+            '"' * (33 * 1024 * 1024),
+            f"the prompt is {66 * 1024 * 1024 + 113:,} bytes as a session/prompt message, over the "
+            "67,108,864-byte (64 MiB) limit on one message to the agent (max_line_bytes)",
+        ),
+    ],
+    ids=["as-read", "as-json"],
+)
+def test_a_prompt_over_the_message_limit_exits_2_naming_it_before_any_agent_starts(
+    tmp_path: Path, prompt: str, message: str
+) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps(SERVE_SCRIPT))
     started = tmp_path / "started"
@@ -667,13 +687,8 @@ def test_a_prompt_over_the_message_limit_exits_2_naming_it_before_any_agent_star
         sys.executable,
         str(script),
     ]
-    prompt = "x" * (65 * 1024 * 1024)  # read from stdin, with no --timeout: nothing may wait
-    done = run_cli(tmp_path, "run", "--", *agent, stdin=prompt)
-    assert (done.status, done.stdout) == (2, "")
-    assert done.stderr == (
-        f"subagent: the prompt is {len(prompt) + 113:,} bytes as a session/prompt message, over the "
-        "67,108,864-byte (64 MiB) limit on one message to the agent (max_line_bytes)\n"
-    )
+    done = run_cli(tmp_path, "run", "--", *agent, stdin=prompt)  # no --timeout: nothing may wait
+    assert (done.status, done.stdout, done.stderr) == (2, "", f"subagent: {message}\n")
     assert not started.exists()
     # The same agent takes a prompt under the limit.
     ok = run_cli(tmp_path, "run", "--", *agent, stdin="hello")
