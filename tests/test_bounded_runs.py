@@ -22,11 +22,13 @@ from typing import Any, Final
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, SubagentService
 from subagent._cli_progress import ToolCalls
 from subagent.acp import schema
-from subagent.acp.client import TurnOutput, spawn_agent
+from subagent.acp.client import TurnOutput, final_message, spawn_agent
 from subagent.providers.acp import AcpProvider, AcpRun, prompt_size_error
 from subagent.types import SubagentRunEndInfo
 from tests.leaks import assert_no_leaks
@@ -345,3 +347,32 @@ async def test_a_loaded_sessions_replay_keeps_its_most_recent_updates(
     assert [update.content for update in session.replayed] == [  # type: ignore[union-attr]
         schema.TextContent(text=f"{i} ") for i in range(45, 50)
     ]
+
+
+_PIECES = st.one_of(
+    st.text(max_size=8).map(lambda text: schema.AgentMessageChunk(content=schema.TextContent(text=text))),
+    st.text(max_size=8).map(lambda text: schema.AgentThoughtChunk(content=schema.TextContent(text=text))),
+    st.just(schema.ToolCall(tool_call_id="c", title="Call")),
+    st.just(schema.ToolCallProgress(tool_call_id="c", status="completed")),
+    st.just(schema.AgentMessageChunk(content=schema.ResourceLink(name="n", uri="file:///n"))),
+)
+
+
+@given(updates=st.lists(_PIECES, max_size=60), limit=st.one_of(st.none(), st.integers(0, 40)))
+def test_the_turn_output_is_the_final_message_cut_at_its_limit(
+    updates: list[schema.SessionUpdate], limit: int | None
+) -> None:
+    output = TurnOutput(limit)
+    for update in updates:
+        output.add(update)
+    whole = final_message(updates)
+    assert output.text == (whole if limit is None else whole[:limit])
+    assert output.length == len(output.text)
+    # Marked once any message (the text between two tool calls) went past the limit.
+    segments = [0]
+    for update in updates:
+        if isinstance(update, schema.ToolCall | schema.ToolCallProgress):
+            segments.append(0)
+        elif isinstance(update, schema.AgentMessageChunk) and isinstance(update.content, schema.TextContent):
+            segments[-1] += len(update.content.text)
+    assert output.truncated == (limit is not None and max(segments) > limit)
