@@ -41,9 +41,20 @@ from __future__ import annotations
 
 import ctypes
 import os
-import signal
 import sys
 import time
+
+TYPE_CHECKING = False  # Not typing's: importing typing would cost more start-up time than it is worth here.
+if TYPE_CHECKING:
+    import signal
+    from collections.abc import Iterable
+else:
+    # Every spawn waits for our start, so it is kept short. The public signal module is this C module plus
+    # enums, and importing enum is 4 ms of a 15 ms start (measured); signals are plain ints here.
+    try:
+        import _signal as signal
+    except ImportError:  # Not CPython.
+        import signal
 
 # How often an idle supervisor checks that its parent is alive: the bound on noticing the parent's death.
 IDLE_POLL = 0.25
@@ -100,7 +111,7 @@ def _descendants() -> list[_ProcessEntry]:
     return found
 
 
-def _signal_process(info: _ProcessEntry, sig: signal.Signals) -> None:
+def _signal_process(info: _ProcessEntry, sig: int) -> None:
     """Signal ``info.pid`` only if it is still the process we found (same start time), never a reused pid."""
     try:
         pidfd = os.pidfd_open(info.pid)
@@ -150,7 +161,7 @@ class Supervisor:
             self.parent_gone = True
         return not self.parent_gone
 
-    def spawn(self, original_mask: set[int | signal.Signals]) -> int:
+    def spawn(self, original_mask: Iterable[int]) -> int:
         with open("/proc/self/environ", "rb") as environ_file:
             environ = environ_file.read()
         env: dict[bytes, bytes] = {}
@@ -198,7 +209,7 @@ class Supervisor:
                 self.agent_reaped = True
                 self.report(f"exit {os.waitstatus_to_exitcode(wait_status)}")
 
-    def signal_all(self, sig: signal.Signals) -> int:
+    def signal_all(self, sig: int) -> int:
         """Send ``sig`` to every live descendant once; how many there were."""
         found = _descendants()
         skip_group = False
@@ -214,9 +225,9 @@ class Supervisor:
                 _signal_process(info, sig)
         return len(found)
 
-    def wait_signal(self, timeout: float) -> signal.Signals | None:
+    def wait_signal(self, timeout: float) -> int | None:
         info = signal.sigtimedwait(_WATCHED, timeout)
-        return None if info is None else signal.Signals(info.si_signo)
+        return None if info is None else info.si_signo
 
     def kill_all(self) -> None:
         """SIGKILL every descendant until none is left (one may fork meanwhile), then reap them all."""
@@ -270,7 +281,7 @@ class Supervisor:
             request = self.wait_signal(IDLE_POLL)
             if request in _STOP_REQUESTS:
                 self.signal_all(signal.SIGTERM)
-            elif request is signal.SIGUSR1:
+            elif request == signal.SIGUSR1:
                 self.kill_all()
                 return 0
         return 0
