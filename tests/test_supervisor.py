@@ -534,7 +534,7 @@ async def test_the_supervisor_stays_small() -> None:
     async with assert_no_leaks(), open_agent_process(fixture_argv("ignores_stdin_eof.py")) as proc:
         assert await read_line(proc.stdout) == b"ready"
         rss_kib = resident_kib(proc.supervisor_pid or 0)
-    # About 10.5 MiB measured (5 MiB proportional, the interpreter's pages being shared): a bare interpreter
+    # About 9 MiB measured (4 MiB proportional, the interpreter's pages being shared): a bare interpreter
     # plus ctypes. Importing this package would double it.
     assert rss_kib < 20 * 1024
 

@@ -3,7 +3,7 @@
 Usage: ``python -I -S _supervisor.py --status-fd FD --parent-pid PID -- ARGV...``; `subagent.acp.process`
 imports it by the same arguments from its directory (``-c "...from _supervisor import main..."``), so its
 bytecode is cached. It imports only the standard library, never the ``subagent`` package, so it starts in
-about 15 ms and stays small (10 MiB resident, 5 MiB proportional). It inherits the agent's
+about 10 ms and stays small (9 MiB resident, 4 MiB proportional). It inherits the agent's
 stdin/stdout/stderr pipes, environment and working directory, and leads its own session.
 
 What it does
