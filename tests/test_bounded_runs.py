@@ -318,6 +318,24 @@ def test_a_provider_that_could_not_start_its_agent_intact_is_refused_at_construc
     assert "se\0cret" not in str(refused.value)  # a value is never repeated: it may be a secret
 
 
+@pytest.mark.anyio
+async def test_a_request_cwd_with_a_nul_fails_the_start_before_any_child_is_spawned(
+    stub: MakeCommand, tmp_path: Path
+) -> None:
+    provider = provider_for(stub({}), tmp_path)
+    request = SubagentRequest("hi", cwd=f"{tmp_path}/a\0b")
+    async with service_with(provider) as (service, _), service.start("acp", request) as run:
+        with anyio.fail_after(WAIT), pytest.raises(SubagentError) as failed:
+            await run.started()
+        acp_run = run.provider_run
+        assert isinstance(acp_run, AcpRun)
+        assert acp_run.pid is None
+    assert failed.value.code == ErrorCode.START_FAILED
+    assert failed.value.message == (
+        f"agent `{acp_run.command_line}` was not started: its cwd {request.cwd!r} has a NUL character"
+    )
+
+
 def test_the_command_line_remembers_a_bounded_number_of_tool_calls_the_most_recent() -> None:
     calls = ToolCalls(limit=100)
     for index in range(5000):

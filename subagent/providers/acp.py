@@ -601,6 +601,12 @@ class AcpRun:
             self._fail_start(f"agent `{self.command_line}` was not started: {too_large}")
             return
         cwd = self.request.cwd or provider.cwd or os.getcwd()
+        if "\0" in cwd:
+            # No process can be given that directory: fail as a spawn would, before trying one.
+            self._fail_start(
+                f"agent `{self.command_line}` was not started: its cwd {cwd!r} has a NUL character"
+            )
+            return
         fs = FsSandbox(provider.fs_roots or [cwd])
         terminals: TerminalHost | None = None
         if provider.terminal:
