@@ -1149,8 +1149,11 @@ class Connection:
         """Send an error reply from the reader, within the bounds; beyond them it is dropped."""
         if self._closed is not None or self._handlers is None:
             return
+        if len(line) > self._max_send_bytes + 1:  # only an id that long can make it so
+            logger.warning("%s: an error reply is longer than the peer's line limit; dropped", self._name)
+            return
         crowded = self._error_replies > 0 and self._error_reply_bytes + len(line) > _MAX_ERROR_REPLY_BYTES
-        if self._error_replies >= _MAX_ERROR_REPLIES or crowded or len(line) > self._max_send_bytes + 1:
+        if self._error_replies >= _MAX_ERROR_REPLIES or crowded:
             logger.warning("%s: too many error replies in flight; dropped one", self._name)
             return
         self._error_replies += 1
