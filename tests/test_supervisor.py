@@ -596,3 +596,36 @@ async def test_bad_usage_of_the_supervisor_script_exits_2_with_the_usage() -> No
         returncode, lines, _, stderr = await run_supervisor_script(os.getpid())
     assert (returncode, lines) == (2, [])
     assert stderr == b"usage: _supervisor.py --status-fd FD --parent-pid PID -- ARGV...\n"
+
+
+async def test_teardown_s_sigterm_reaches_the_agent_exactly_once() -> None:
+    # Relayed by the supervisor alone, not also sent to the group from here: a second SIGTERM makes some
+    # programs skip their clean-up.
+    async with assert_no_leaks():
+        async with open_agent_process(
+            fixture_argv("reports_sigterm.py"), stdin_close_timeout=SHORT_GRACE, sigterm_timeout=SHORT_GRACE
+        ) as proc:
+            assert await read_line(proc.stdout) == b"ready"
+        assert proc.teardown_report == TeardownReport(
+            steps=ALL_THREE_STEPS, exited_before_teardown=False, group_gone=True
+        )
+        assert proc.stderr_tail() == "SIGTERM\n"
+
+
+async def test_a_sigterm_sent_to_the_supervisor_by_anyone_stops_the_whole_tree() -> None:
+    async with assert_no_leaks():
+        async with open_agent_process(
+            fixture_argv("escaping_descendants.py", "exit-on-stdin-eof", "obey-sigterm")
+        ) as proc:
+            _, *helper_pids = map(int, (await read_line(proc.stdout)).split())
+            assert proc.supervisor_pid is not None
+            os.kill(proc.supervisor_pid, signal.SIGTERM)
+            with anyio.fail_after(10):
+                info = await proc.wait_exit()
+            assert (info.returncode, info.teardown_signal) == (-signal.SIGTERM, None)
+        # Everything was gone before teardown began: closing stdin was all it had to do.
+        assert proc.teardown_report == TeardownReport(
+            steps=(TeardownStep.CLOSE_STDIN,), exited_before_teardown=True, group_gone=True
+        )
+        for pid in (proc.supervisor_pid, *helper_pids):
+            assert_no_such_process(pid)
