@@ -6,19 +6,22 @@ measured two ways, each from just before the big turn, after a small warm-up tur
 
 * ``blocks``: the most small objects alive at once (``sys.getallocatedblocks()``, sampled every
   1,000 updates): what grows with every update kept, whatever the allocator does with freed memory;
-* ``rss``: the peak resident set size (``ru_maxrss``) past the resident size before the turn: the
-  whole cost, allocator fragmentation and the connection's bounded queue included.
+* ``heap``: the most bytes in use in the C heap at once (glibc's ``mallinfo2``, sampled likewise):
+  the larger allocations (buffers, long strings) that are not small objects;
+* ``rss``: the peak resident set size (``VmHWM``) past the resident size before the turn: the
+  whole cost, allocator fragmentation included. Not ``ru_maxrss``: that one keeps the peak of the
+  process that spawned this one (exec inherits it), a test runner of any size.
 
 The output is reported as its length and SHA-256, for the test to compare with the exact text.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import hashlib
 import json
-import os
-import resource
 import sys
 from pathlib import Path
 from typing import Any
@@ -43,13 +46,45 @@ def flood_turn(count: int, *, after_cancel: bool) -> list[dict[str, Any]]:
     ]
 
 
-def _rss_kib() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
+
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c"))
+_libc.mallinfo2.restype = _MallInfo2
+
+
+def _heap_bytes() -> int:
+    """Bytes in use in the C heap: allocated chunks, and the ones mapped on their own."""
+    info = _libc.mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+def _status_kib(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status``: ``VmRSS`` (resident now), ``VmHWM`` (its peak)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1])
+    raise LookupError(field)
 
 
 async def _one_run(
-    work: Path, count: int, *, after_cancel: bool, keep: int | None, blocks: list[int]
+    work: Path, count: int, *, after_cancel: bool, keep: int | None, peaks: list[int]
 ) -> dict[str, Any]:
     scenario = work / f"flood-{count}-{after_cancel}.json"
     scenario.write_text(json.dumps({"turns": [flood_turn(count, after_cancel=after_cancel)]}))
@@ -67,7 +102,8 @@ async def _one_run(
 
             def sample(update: object) -> None:
                 if acp_run.update_count % 1000 == 0:
-                    blocks[0] = max(blocks[0], sys.getallocatedblocks())
+                    peaks[0] = max(peaks[0], sys.getallocatedblocks())
+                    peaks[1] = max(peaks[1], _heap_bytes())
 
             acp_run.on_update(sample)
             if after_cancel:
@@ -92,14 +128,15 @@ async def main(config: dict[str, Any]) -> dict[str, Any]:
     work = Path(config["work"])
     keep = config.get("keep", 10_000)
     after_cancel = bool(config["afterCancel"])
-    await _one_run(work, 2_000, after_cancel=after_cancel, keep=keep, blocks=[0])  # warm-up
+    await _one_run(work, 2_000, after_cancel=after_cancel, keep=keep, peaks=[0, 0])  # warm-up
     gc.collect()
-    rss_before = _rss_kib()
-    blocks = [sys.getallocatedblocks()]
-    blocks_before = blocks[0]
-    figures = await _one_run(work, int(config["count"]), after_cancel=after_cancel, keep=keep, blocks=blocks)
-    figures["blocksGrowth"] = blocks[0] - blocks_before
-    figures["rssGrowthKib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
+    rss_before = _status_kib("VmRSS")
+    before = [sys.getallocatedblocks(), _heap_bytes()]
+    peaks = list(before)
+    figures = await _one_run(work, int(config["count"]), after_cancel=after_cancel, keep=keep, peaks=peaks)
+    figures["blocksGrowth"] = peaks[0] - before[0]
+    figures["heapGrowthKib"] = (peaks[1] - before[1]) // 1024
+    figures["rssGrowthKib"] = _status_kib("VmHWM") - rss_before
     return figures
 
 
