@@ -65,7 +65,7 @@ async def ours_turn(argv: list[str], cwd: str, chunks: int) -> float:
         started = time.perf_counter()
         result = await session.prompt("go")
         elapsed = time.perf_counter() - started
-    assert len(result.updates) == chunks, len(result.updates)
+    assert result.update_count == chunks, result.update_count
     return elapsed
 
 

@@ -18,7 +18,7 @@ import os
 import shlex
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,7 +148,7 @@ async def first_update(run: AcpRun) -> None:
         dispose()
 
 
-def texts(updates: list[schema.SessionUpdate]) -> list[str]:
+def texts(updates: Iterable[schema.SessionUpdate]) -> list[str]:
     return [
         update.content.text
         for update in updates
