@@ -759,3 +759,43 @@ async def test_a_flood_of_notifications_into_a_stuck_handler_holds_memory_near_t
     # Measured: 1.07 MiB held when the reader stopped, 1.07 MiB at the peak (20.7 MB with no bound).
     assert held < 3 * bound
     assert peak < 4 * bound
+
+
+async def test_a_notification_handler_sending_to_a_peer_that_is_still_writing_does_not_deadlock() -> None:
+    # A single-threaded peer: it writes all its notifications, and reads our echoes only afterwards.
+    bound = 2048
+    count = 50
+    to_connection, from_peer = anyio.create_memory_object_stream[bytes](0)
+    to_peer, from_connection = anyio.create_memory_object_stream[bytes](0)
+    holder: list[Connection] = []
+
+    async def on_notification(method: str, params: msgspec.Raw | None) -> None:
+        await holder[0].notify("echo", params)  # blocks: the peer is not reading yet
+
+    class PeerReader(anyio.abc.ByteSendStream):
+        async def send(self, item: bytes) -> None:
+            await to_peer.send(item)
+
+        async def aclose(self) -> None:
+            to_peer.close()
+
+    echoes: list[Any] = []
+    with from_connection, to_peer:
+        from_peer_end = PipeEnd(from_peer)
+        connection = Connection(
+            from_peer_end,
+            PeerReader(),
+            notification_handler=on_notification,
+            max_queued_notification_bytes=bound,
+        )
+        holder.append(connection)
+        try:
+            async with connection:
+                with anyio.fail_after(WAIT), to_connection:  # no end of stream before the echoes
+                    for n in range(count):
+                        await to_connection.send(padded(notification("n", n), 300) + b"\n")
+                    while len(echoes) < count:
+                        echoes.append(json.loads(await from_connection.receive())["params"])
+        finally:
+            await from_peer_end.aclose()
+    assert echoes == list(range(count))
