@@ -122,6 +122,8 @@ class ClientPeer:
         RequestError: the client answered with an error object.
         ConnectionClosedError: the connection closed first.
         InvalidResponseError: the result does not fit the method's response type.
+        MessageTooLargeError: the message is over the client's line limit (`outgoing`: nothing was sent),
+            or the client's answer was over ours. `notify` and `session_update` raise the first too.
     """
 
     def __init__(self, connection: Connection) -> None:
