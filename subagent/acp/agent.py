@@ -417,7 +417,8 @@ class AgentSideConnection:
             or raised after the cancel (the spec's MUST). Turn it off only to emulate a non-compliant agent.
         require_initialize: refuse every request before `initialize` succeeded (-32600), as the module
             docstring says. Turn it off only to emulate a lax agent.
-        max_line_bytes, on_protocol_error, drain_on_eof: passed to the `Connection`.
+        max_line_bytes, max_send_bytes, on_protocol_error, drain_on_eof: passed to the `Connection`
+            (`max_send_bytes`, the client's line limit, is `max_line_bytes` unless given).
         name: names the connection in log messages.
     """
 
@@ -433,6 +434,7 @@ class AgentSideConnection:
         on_protocol_error: ProtocolErrorCallback | None = None,
         name: str = "acp-agent",
         drain_on_eof: float = 0.0,
+        max_send_bytes: int | None = None,
     ) -> None:
         self._handler = handler
         self._name = name
@@ -447,6 +449,7 @@ class AgentSideConnection:
             notification_handler=self._on_notification,
             on_protocol_error=on_protocol_error,
             max_line_bytes=max_line_bytes,
+            max_send_bytes=max_send_bytes,
             name=name,
             value_encoder=schema.encode,
             drain_on_eof=drain_on_eof,
