@@ -28,6 +28,7 @@ from subagent import (
     SubagentResult,
     SubagentService,
 )
+from subagent.acp.process import supervision_available
 from subagent.providers.acp import DEFAULT_MAX_CONCURRENT, AcpProvider, AcpRun
 from subagent.testing import dump_scenario, stub_agent_argv
 from subagent.testing.pytest_plugin import StubAgentCommand
@@ -70,8 +71,12 @@ def acp(run: ServiceRun) -> AcpRun:
 
 
 def live_children() -> int:
-    """How many of our descendant processes are running now (the stub agents)."""
-    return len(leaked_processes())
+    """How many stub agents of ours are running now (their supervisors, our direct children, not counted)."""
+    processes = leaked_processes()
+    if supervision_available():
+        me = os.getpid()
+        processes = [info for info in processes if info.ppid != me]
+    return len(processes)
 
 
 async def first_update(run: AcpRun) -> None:
