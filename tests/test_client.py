@@ -14,7 +14,6 @@ import anyio
 import anyio.abc
 import msgspec
 import pytest
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from subagent.acp import schema
 from subagent.acp.client import (
@@ -32,37 +31,11 @@ from subagent.acp.errors import RequestError
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
 from subagent.acp.terminals import TerminalHost
 from tests.leaks import assert_no_leaks
+from tests.wiring import MemoryReceive, MemorySend
 
 pytestmark = pytest.mark.anyio
 
 RELATIVE_DIR_ABSOLUTE = str(Path("relative/dir").absolute())
-
-
-class _Receive(anyio.abc.ByteReceiveStream):
-    def __init__(self, stream: MemoryObjectReceiveStream[bytes]) -> None:
-        self._stream = stream
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        try:
-            return await self._stream.receive()
-        except anyio.EndOfStream:
-            raise
-        except anyio.ClosedResourceError:
-            raise anyio.EndOfStream from None
-
-    async def aclose(self) -> None:
-        self._stream.close()
-
-
-class _Send(anyio.abc.ByteSendStream):
-    def __init__(self, stream: MemoryObjectSendStream[bytes]) -> None:
-        self._stream = stream
-
-    async def send(self, item: bytes) -> None:
-        await self._stream.send(item)
-
-    async def aclose(self) -> None:
-        self._stream.close()
 
 
 Handler = Callable[["FakeAgent", Any], Awaitable[Any]]
@@ -76,7 +49,7 @@ class FakeAgent:
     received: list[tuple[str, Any]] = field(default_factory=list)
     cancelled: anyio.Event = field(default_factory=anyio.Event)
     connection: Connection | None = None
-    agent_to_client: _Send | None = None
+    agent_to_client: MemorySend | None = None
 
     async def serve_request(self, method: str, params: msgspec.Raw | None) -> Any:
         decoded = None if params is None else msgspec.json.decode(params)
@@ -121,9 +94,9 @@ async def connected(agent: FakeAgent, **client_options: Any) -> AsyncIterator[Ac
     agent.handlers.setdefault("session/new", answer_new_session)
     to_agent_send, to_agent_receive = anyio.create_memory_object_stream[bytes](100)
     to_client_send, to_client_receive = anyio.create_memory_object_stream[bytes](100)
-    agent.agent_to_client = _Send(to_client_send)
+    agent.agent_to_client = MemorySend(to_client_send)
     agent.connection = Connection(
-        _Receive(to_agent_receive),
+        MemoryReceive(to_agent_receive),
         agent.agent_to_client,
         request_handler=agent.serve_request,
         notification_handler=agent.serve_notification,
@@ -137,7 +110,9 @@ async def connected(agent: FakeAgent, **client_options: Any) -> AsyncIterator[Ac
     ):  # the connections never close streams
         async with (
             agent.connection,
-            AcpClient(_Receive(to_client_receive), _Send(to_agent_send), **client_options) as client,
+            AcpClient(
+                MemoryReceive(to_client_receive), MemorySend(to_agent_send), **client_options
+            ) as client,
         ):
             yield client
 

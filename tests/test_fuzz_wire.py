@@ -46,6 +46,7 @@ from subagent.acp.client import AcpClient
 from subagent.acp.connection import Connection
 from subagent.runtime.scripted import ScriptedLlm
 from subagent.serve import ServedAgent
+from tests.wiring import MemoryReceive, MemorySend
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fuzz]
 
@@ -281,31 +282,6 @@ def check_answers(data: bytes, answers: list[Any]) -> None:
 # -- memory wiring ------------------------------------------------------------------------------------------
 
 
-class _Receive(anyio.abc.ByteReceiveStream):
-    def __init__(self, stream: MemoryObjectReceiveStream[bytes]) -> None:
-        self._stream = stream
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        try:
-            return await self._stream.receive()
-        except anyio.ClosedResourceError:
-            raise anyio.EndOfStream from None
-
-    async def aclose(self) -> None:
-        self._stream.close()
-
-
-class _Send(anyio.abc.ByteSendStream):
-    def __init__(self, stream: MemoryObjectSendStream[bytes]) -> None:
-        self._stream = stream
-
-    async def send(self, item: bytes) -> None:
-        await self._stream.send(item)
-
-    async def aclose(self) -> None:
-        self._stream.close()
-
-
 @dataclass
 class Wire:
     """The fuzzer's end of the wire: it writes raw reads and reads whole lines."""
@@ -339,12 +315,16 @@ class Wire:
 
 
 @asynccontextmanager
-async def wire() -> AsyncIterator[tuple[Wire, _Receive, _Send]]:
+async def wire() -> AsyncIterator[tuple[Wire, MemoryReceive, MemorySend]]:
     """A wire and the target's two ends of it."""
     to_target_send, to_target_receive = anyio.create_memory_object_stream[bytes](math.inf)
     from_target_send, from_target_receive = anyio.create_memory_object_stream[bytes](math.inf)
     with to_target_send, to_target_receive, from_target_send, from_target_receive:
-        yield Wire(to_target_send, from_target_receive), _Receive(to_target_receive), _Send(from_target_send)
+        yield (
+            Wire(to_target_send, from_target_receive),
+            MemoryReceive(to_target_receive),
+            MemorySend(from_target_send),
+        )
 
 
 async def feed(target: str, wire_end: Wire, fuzzed: Input, sentinel: dict[str, Any]) -> list[Any]:

@@ -23,7 +23,6 @@ import anyio
 import anyio.abc
 import anyio.streams.buffered
 import pytest
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from subagent import SubagentRequest, SubagentService
 from subagent._version import __version__
@@ -40,6 +39,7 @@ from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS
 from subagent.serve import ServedAgent
 from subagent.types import LINEAGE_META_KEY, Usage
 from tests.leaks import assert_no_leaks
+from tests.wiring import MemoryReceive, MemorySend
 
 pytestmark = pytest.mark.anyio
 
@@ -59,31 +59,6 @@ NOT_APPROVED: Final = "error: this tool call was not approved, so it did not run
 # -- wiring a client to the served agent in memory ------------------------------------------------------
 
 
-class _Receive(anyio.abc.ByteReceiveStream):
-    def __init__(self, stream: MemoryObjectReceiveStream[bytes]) -> None:
-        self._stream = stream
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        try:
-            return await self._stream.receive()
-        except anyio.ClosedResourceError:
-            raise anyio.EndOfStream from None
-
-    async def aclose(self) -> None:
-        self._stream.close()
-
-
-class _Send(anyio.abc.ByteSendStream):
-    def __init__(self, stream: MemoryObjectSendStream[bytes]) -> None:
-        self._stream = stream
-
-    async def send(self, item: bytes) -> None:
-        await self._stream.send(item)
-
-    async def aclose(self) -> None:
-        self._stream.close()
-
-
 @asynccontextmanager
 async def served(
     llm: ScriptedLlm,
@@ -100,8 +75,12 @@ async def served(
     with to_agent_send, to_agent_receive, to_client_send, to_client_receive:
         async with (
             ServedAgent(llm, **options) as handler,
-            AgentSideConnection(handler, _Receive(to_agent_receive), _Send(to_client_send), **limits),
-            AcpClient(_Receive(to_client_receive), _Send(to_agent_send), permission=permission) as client,
+            AgentSideConnection(
+                handler, MemoryReceive(to_agent_receive), MemorySend(to_client_send), **limits
+            ),
+            AcpClient(
+                MemoryReceive(to_client_receive), MemorySend(to_agent_send), permission=permission
+            ) as client,
         ):
             with anyio.fail_after(WAIT):
                 await client.initialize()
@@ -522,7 +501,9 @@ async def test_the_end_of_the_connection_closes_every_agent_and_the_service(tmp_
     to_client_send, to_client_receive = anyio.create_memory_object_stream[bytes](math.inf)
     with anyio.fail_after(WAIT), to_agent_send, to_agent_receive, to_client_send, to_client_receive:
         async with ServedAgent(hanging_delegation(arrived)) as handler:
-            connection = AgentSideConnection(handler, _Receive(to_agent_receive), _Send(to_client_send))
+            connection = AgentSideConnection(
+                handler, MemoryReceive(to_agent_receive), MemorySend(to_client_send)
+            )
 
             async def serve() -> None:
                 await connection.run()
@@ -530,7 +511,7 @@ async def test_the_end_of_the_connection_closes_every_agent_and_the_service(tmp_
 
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(serve)
-                async with AcpClient(_Receive(to_client_receive), _Send(to_agent_send)) as client:
+                async with AcpClient(MemoryReceive(to_client_receive), MemorySend(to_agent_send)) as client:
                     await client.initialize()
                     session = await client.new_session(tmp_path)
                     task_group.start_soon(session.prompt, "start")
