@@ -15,7 +15,7 @@ import hashlib
 import json
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Final
@@ -30,6 +30,7 @@ from subagent._cli_progress import ToolCalls
 from subagent.acp import schema
 from subagent.acp.client import TurnOutput, final_message, spawn_agent
 from subagent.providers.acp import AcpProvider, AcpRun, prompt_size_error
+from subagent.testing.pytest_plugin import StubAgentCommand
 from subagent.types import SubagentRunEndInfo
 from tests.leaks import assert_no_leaks
 
@@ -46,20 +47,11 @@ FLOOD_BLOCKS_BOUND: Final = 300_000
 FLOOD_HEAP_BOUND_MIB: Final = 64
 FLOOD_RSS_BOUND_MIB: Final = 40
 
-MakeCommand = Callable[[dict[str, Any]], list[str]]
-
 
 @pytest.fixture
-def stub(tmp_path: Path) -> MakeCommand:
-    """argv running the stub agent with `scenario` (written under tmp_path)."""
-    counter = iter(range(1000))
-
-    def make(scenario: dict[str, Any]) -> list[str]:
-        path = tmp_path / f"scenario-{next(counter)}.json"
-        path.write_text(json.dumps(scenario))
-        return [sys.executable, "-m", "subagent.testing.stub_agent", "--scenario", str(path)]
-
-    return make
+def stub(stub_agent_command: StubAgentCommand) -> StubAgentCommand:
+    """argv running the stub agent with `scenario` (the plugin's fixture, as users get it)."""
+    return stub_agent_command
 
 
 @asynccontextmanager
@@ -125,7 +117,7 @@ def test_a_flood_of_300000_chunks_leaves_the_parents_memory_bounded_and_the_outp
 
 @pytest.mark.anyio
 async def test_past_max_kept_updates_the_oldest_are_dropped_and_counted_and_the_output_stays_exact(
-    stub: MakeCommand, tmp_path: Path
+    stub: StubAgentCommand, tmp_path: Path
 ) -> None:
     command = stub(
         {
@@ -156,7 +148,7 @@ async def test_past_max_kept_updates_the_oldest_are_dropped_and_counted_and_the_
 
 @pytest.mark.anyio
 async def test_a_message_past_max_output_chars_cancels_the_turn_and_is_an_error_cut_at_the_limit(
-    stub: MakeCommand, tmp_path: Path
+    stub: StubAgentCommand, tmp_path: Path
 ) -> None:
     # The agent answers only once it is cancelled: the overflow must have sent session/cancel.
     command = stub(
@@ -179,7 +171,7 @@ async def test_a_message_past_max_output_chars_cancels_the_turn_and_is_an_error_
 
 @pytest.mark.anyio
 async def test_an_agent_that_ignores_the_cancel_after_an_overflow_is_torn_down_and_the_result_says_why(
-    stub: MakeCommand, tmp_path: Path
+    stub: StubAgentCommand, tmp_path: Path
 ) -> None:
     command = stub({"turns": [[{"step": "flood", "count": 100, "text": "{i} "}, {"step": "hang"}]]})
     provider = provider_for(command, tmp_path, max_output_chars=50, cancel_grace=0.5)
@@ -224,7 +216,7 @@ SMALL_LIMIT: Final = 64 * 1024
 
 @pytest.mark.anyio
 async def test_a_prompt_too_large_to_send_fails_the_start_before_any_child_is_spawned(
-    stub: MakeCommand, tmp_path: Path
+    stub: StubAgentCommand, tmp_path: Path
 ) -> None:
     provider = provider_for(stub({}), tmp_path, max_line_bytes=SMALL_LIMIT)
     prompt = "x" * SMALL_LIMIT
@@ -247,7 +239,7 @@ async def test_a_prompt_too_large_to_send_fails_the_start_before_any_child_is_sp
 
 @pytest.mark.anyio
 async def test_a_resumed_prompt_too_large_to_send_is_an_error_result_and_the_session_goes_on(
-    stub: MakeCommand, tmp_path: Path
+    stub: StubAgentCommand, tmp_path: Path
 ) -> None:
     command = stub({"turns": [[{"step": "echo", "prefix": "got: "}]]})
     provider = provider_for(command, tmp_path, max_line_bytes=SMALL_LIMIT)
@@ -323,7 +315,7 @@ def test_a_provider_that_could_not_start_its_agent_intact_is_refused_at_construc
 
 @pytest.mark.anyio
 async def test_a_request_cwd_with_a_nul_fails_the_start_before_any_child_is_spawned(
-    stub: MakeCommand, tmp_path: Path
+    stub: StubAgentCommand, tmp_path: Path
 ) -> None:
     provider = provider_for(stub({}), tmp_path)
     request = SubagentRequest("hi", cwd=f"{tmp_path}/a\0b")
@@ -356,7 +348,7 @@ def test_the_command_line_remembers_a_bounded_number_of_tool_calls_the_most_rece
 
 @pytest.mark.anyio
 async def test_a_loaded_sessions_replay_keeps_its_most_recent_updates(
-    stub: MakeCommand, tmp_path: Path
+    stub: StubAgentCommand, tmp_path: Path
 ) -> None:
     chunk = {"sessionUpdate": "agent_message_chunk"}
     replay = [{**chunk, "content": {"type": "text", "text": f"{i} "}} for i in range(50)]
