@@ -176,6 +176,10 @@ class AcpProvider:
         cwd: the session's working directory when the request gives none (default: ours).
         permission: ``"allow"``, ``"deny"`` (default), a policy, or an async callback.
         fs_roots: where the agent may read and write through the client (default: the session cwd).
+        fs: advertise and serve ``fs/read_text_file`` and ``fs/write_text_file`` (default). False
+            advertises no file-system capability and answers every ``fs/*`` request -32601
+            (method not found): a workaround for an agent whose use of the client's fs is broken,
+            which then reads and writes files itself.
         terminal: serve ``terminal/*`` (off by default); commands run confined to the same roots.
         auth_method: the auth method id to use when the agent demands authentication.
         ready_timeout: spawn to a ready session, in seconds. It starts at the spawn, after the run
@@ -213,6 +217,7 @@ class AcpProvider:
         cwd: str | os.PathLike[str] | None = None,
         permission: Literal["allow", "deny"] | PermissionPolicy | PermissionCallback = "deny",
         fs_roots: Sequence[str | os.PathLike[str]] | None = None,
+        fs: bool = True,
         terminal: bool = False,
         auth_method: str | None = None,
         ready_timeout: float = DEFAULT_READY_TIMEOUT,
@@ -242,6 +247,7 @@ class AcpProvider:
             if fs_roots is not None
             else None
         )
+        self.fs = fs
         self.terminal = terminal
         self.auth_method = auth_method
         self.ready_timeout = ready_timeout
@@ -620,7 +626,7 @@ class AcpRun:
                 env=provider.env,
                 cwd=cwd,
                 permission=provider.permission,
-                fs=fs,
+                fs=fs if provider.fs else None,
                 terminals=terminals,
                 max_line_bytes=provider.max_line_bytes,
                 max_kept_updates=provider.max_kept_updates,
