@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.subprocess
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+TESTING_SECTION = "## Testing your code against stub agents"
 
 # The user's tests talk to the stub agent with nothing but subprocess and json: one request, its answer, then
 # stdin is closed and the agent exits.
@@ -73,3 +79,41 @@ def test_the_fixture_serves_a_users_tests(pytester: pytest.Pytester) -> None:
 def test_the_fixture_is_registered_under_the_plugin_entry_point(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("--fixtures", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*stub_agent_command*", "*Build stub ACP agent command lines*"])
+
+
+def readme_testing_examples() -> list[str]:
+    """The ```python blocks of the README's testing section, verbatim."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split(TESTING_SECTION, 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^```python\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+
+
+def test_the_readmes_testing_examples_pass_as_written_in_a_fresh_project(pytester: pytest.Pytester) -> None:
+    examples = readme_testing_examples()
+    assert len(examples) == 2, "the README's testing section changed: update this test's count"
+    pytester.makepyfile(**{f"test_readme_example_{n}": code for n, code in enumerate(examples)})
+    # A fresh project: no conftest, no configuration; only the installed plugins (ours and anyio's, which
+    # runs each test on every backend it finds: asyncio and trio here).
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error", "-v")
+    result.assert_outcomes(passed=2 * len(examples))
+    result.stdout.fnmatch_lines(
+        ["*test_my_code_survives_a_crash?asyncio? PASSED*", "*test_my_code_survives_a_crash?trio? PASSED*"]
+    )
+
+
+def test_an_anyio_backend_fixture_chooses_where_the_readmes_examples_run(pytester: pytest.Pytester) -> None:
+    examples = readme_testing_examples()
+    pytester.makepyfile(**{f"test_readme_example_{n}": code for n, code in enumerate(examples)})
+    pytester.makeconftest(
+        """
+import pytest
+
+
+@pytest.fixture
+def anyio_backend():
+    return "trio"
+"""
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error", "-v")
+    result.assert_outcomes(passed=len(examples))
+    result.stdout.fnmatch_lines(["*test_my_client_retries_a_429 PASSED*"])
