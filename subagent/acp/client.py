@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import logging
 import os
 import shlex
@@ -66,6 +67,7 @@ __all__ = [
     "CLIENT_NAME",
     "DEFAULT_MAX_KEPT_UPDATES",
     "DEFAULT_MAX_OUTPUT_CHARS",
+    "MAX_ERROR_QUOTE_CHARS",
     "AcpClient",
     "AgentCapabilityError",
     "AgentError",
@@ -76,6 +78,7 @@ __all__ = [
     "TurnOutput",
     "TurnResult",
     "UpdateCallback",
+    "describe_request_error",
     "final_message",
     "spawn_agent",
 ]
@@ -105,6 +108,11 @@ DEFAULT_MAX_OUTPUT_CHARS: int = 16 * 1024 * 1024
 """How long a turn's final message may grow, in characters (16 Mi). A model's whole answer is at
 most a few hundred KiB; this is room for far more, and a bound on what an agent streaming
 endlessly can make us hold (at most 4 bytes a character, 64 MiB)."""
+
+MAX_ERROR_QUOTE_CHARS: int = 2000
+"""How much of an agent's error (its message and ``data``) an error message of ours quotes: the
+reason an agent gives fits in far less, and a hostile agent's megabytes of ``data`` must not become
+our error message."""
 
 UpdateCallback = Callable[[schema.SessionUpdate], object]
 """Receives each session update in order; may be sync or async (an awaitable result is awaited)."""
@@ -150,6 +158,31 @@ class AuthenticationRequiredError(AgentError):
 
 class AgentCapabilityError(AgentError):
     """The call needs an agent capability the agent did not advertise (e.g. ``loadSession``)."""
+
+
+def describe_request_error(
+    error: RequestError, *, secrets: Iterable[str] = (), limit: int = MAX_ERROR_QUOTE_CHARS
+) -> str:
+    """An agent's JSON-RPC error as one line: ``error <code>: <message> (<data as JSON>)``.
+
+    ``data`` is where agents put the reason (claude-agent-acp answers ``Internal error`` with
+    ``{"details": "Claude Code process exited with code 1"}``), so it is shown. Every value in
+    ``secrets`` (say, the child's environment values) found in the agent's text is replaced by
+    ``[redacted]`` before the text is cut to ``limit`` characters, so no secret is cut in two.
+    """
+    text = f"{error.message}"
+    if error.data is not None:
+        try:
+            data = json.dumps(error.data, ensure_ascii=False)
+        except (TypeError, ValueError):  # decoded from JSON, so always encodable; but never fail here
+            data = repr(error.data)
+        text += f" ({data})"
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "[redacted]")
+    if len(text) > limit:
+        text = f"{text[:limit]}… ({len(text) - limit:,} more characters)"
+    return f"error {error.code}: {text}"
 
 
 # -- turns ----------------------------------------------------------------------------------------------

@@ -48,7 +48,6 @@ child. ``ready_timeout`` starts at the spawn, so time spent queued never counts 
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import shlex
@@ -73,6 +72,7 @@ from subagent.acp.client import (
     ClientSession,
     TurnOutput,
     TurnResult,
+    describe_request_error,
     spawn_agent,
 )
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
@@ -130,6 +130,8 @@ _STOP_REASONS: dict[str, StopReason] = {
 }
 
 _run_ids = itertools.count(1)
+
+_MIN_SECRET_CHARS = 8
 
 # The session/prompt request around a text prompt, with an empty session id and the shortest request
 # id (the line limit does not count the newline): a prompt whose JSON string is longer than the limit
@@ -240,6 +242,13 @@ class AcpProvider:
         self.command = [_path_text(part, f"command[{index}]") for index, part in enumerate(command)]
         self.name = name
         self.env = _checked_env(env) if env is not None else None
+        # Values the agent's error text must never show us back verbatim. Short ones are left out:
+        # they are flags ("1", "true"), not credentials, and would blank out ordinary words.
+        self._secrets = sorted(
+            {value for value in (self.env or {}).values() if len(value) >= _MIN_SECRET_CHARS},
+            key=len,
+            reverse=True,  # a longer value containing a shorter one is redacted whole
+        )
         self.cwd = _path_text(cwd, "cwd") if cwd is not None else None
         self.permission = permission
         self.fs_roots = (
@@ -691,9 +700,11 @@ class AcpRun:
     async def _handshake(self, client: AcpClient, cwd: str) -> ClientSession | None:
         """initialize, session/new (authenticating once when demanded); None after a failure."""
         provider = self.provider
+        step = schema.INITIALIZE  # the request in flight, to name the one the agent refused
         try:
             with anyio.fail_after(provider.ready_timeout):
                 self.agent = await client.initialize()
+                step = schema.SESSION_NEW
                 try:
                     session = await client.new_session(cwd, meta=self._session_meta())
                 except AuthenticationRequiredError as exc:
@@ -704,7 +715,9 @@ class AcpRun:
                         self.command_line,
                         provider.auth_method,
                     )
+                    step = schema.AUTHENTICATE
                     await client.authenticate(provider.auth_method)
+                    step = schema.SESSION_NEW
                     session = await client.new_session(cwd, meta=self._session_meta())
                     del exc
         except TimeoutError:
@@ -717,18 +730,32 @@ class AcpRun:
             advice = (
                 "configure auth_method with one of them" if provider.auth_method is None else "it was refused"
             )
-            self._fail_start(f"agent `{self.command_line}`: {exc}; {advice}{_stderr_suffix(client)}")
+            said = ""
+            if isinstance(exc.__cause__, RequestError) and exc.__cause__.data is not None:
+                said = f" (the agent answered {self._quote(exc.__cause__)})"
+            self._fail_start(f"agent `{self.command_line}`: {exc}{said}; {advice}{_stderr_suffix(client)}")
             return None
         except AgentExitedError as exc:
             self._fail_start(str(exc))
             return None
+        except RequestError as exc:
+            self._fail_start(
+                f"agent `{self.command_line}` failed its handshake: it answered {step} with "
+                f"{self._quote(exc)}{_stderr_suffix(client)}"
+            )
+            return None
         except AcpError as exc:
             self._fail_start(
-                f"agent `{self.command_line}` failed its handshake: {exc}{_stderr_suffix(client)}"
+                f"agent `{self.command_line}` failed its handshake at {step}: {exc}{_stderr_suffix(client)}"
             )
             return None
         self.session_id = session.session_id
         return session
+
+    def _quote(self, error: RequestError) -> str:
+        """The agent's error for one of our messages: bounded, and with the child's environment values
+        (API keys, typically) redacted should the agent echo them."""
+        return describe_request_error(error, secrets=self.provider._secrets)
 
     async def _run_turn(self, session: ClientSession, prompt: str, *, structured: bool) -> SubagentResult:
         async with self._turn_lock:
@@ -815,12 +842,10 @@ class AcpRun:
             self._lose_child(str(failure))
             return SubagentResult(output=output.text, stop_reason="error", error=str(failure))
         if isinstance(failure, RequestError):
-            detail = f" ({json.dumps(failure.data)})" if failure.data is not None else ""
             return SubagentResult(
                 output=output.text,
                 stop_reason="error",
-                error=f"agent `{self.command_line}` answered session/prompt with error {failure.code}: "
-                f"{failure.message}{detail}",
+                error=f"agent `{self.command_line}` answered session/prompt with {self._quote(failure)}",
             )
         if isinstance(failure, MessageTooLargeError) and failure.outgoing:
             # Refused before a byte was sent (the check above counts no session id): nobody waits.
