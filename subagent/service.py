@@ -309,7 +309,52 @@ class SubagentService:
             # Every run is disposed, so every provider task should have ended; cancel what a
             # faulty provider left behind rather than wait on it forever.
             task_group.cancel_scope.cancel()
-        return await task_group.__aexit__(exc_type, exc, tb)
+        try:
+            return await task_group.__aexit__(exc_type, exc, tb)
+        except BaseExceptionGroup as group:
+            # anyio wraps whatever left the block (the caller's own exception, a SubagentError
+            # from a run) in an exception group; the caller gets it back as itself.
+            raise_sole_error(group, preferred=exc)
+            raise
+
+
+def raise_sole_error(
+    group: BaseExceptionGroup[BaseException], *, preferred: BaseException | None = None
+) -> None:
+    """Raise the one real error inside a task group's exception ``group`` as itself; return if none.
+
+    The group's leaves are its exceptions once nested groups are flattened. Cancellations are left
+    to the group (a cancel scope takes them out of it), so with no other leaf this returns and the
+    caller re-raises the group. ``preferred`` (the exception that left the task group's own block)
+    wins over leaves raised by its tasks, which are logged; several task errors and no preferred
+    one: the first is raised, the others logged and named in its notes.
+    """
+    cancelled = anyio.get_cancelled_exc_class()
+    errors = [leaf for leaf in _leaves(group) if not isinstance(leaf, cancelled)]
+    if not errors:
+        return
+    chosen = preferred if preferred is not None and any(e is preferred for e in errors) else errors[0]
+    for other in errors:
+        if other is not chosen:
+            logger.error("a task failed while %r was raised", chosen, exc_info=other)
+            chosen.add_note(f"also failed meanwhile: {type(other).__name__}: {other}")
+    context = chosen.__context__
+    try:
+        raise chosen
+    finally:
+        # Raised from inside the handler, it would show the group as its context: restore its own.
+        chosen.__context__ = context
+        del chosen, context
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for member in group.exceptions:
+        if isinstance(member, BaseExceptionGroup):
+            leaves += _leaves(member)
+        else:
+            leaves.append(member)
+    return leaves
 
 
 class ServiceRun:
