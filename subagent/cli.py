@@ -12,7 +12,8 @@ the summary:
 * stdout carries only the answer (or, with ``--json``, exactly one JSON object); progress,
   ``--events`` lines, permission prompts and diagnostics go to stderr;
 * the first Ctrl-C cancels the turn (``session/cancel``, then the provider's grace and teardown),
-  a second one tears the agent down at once; SIGTERM and SIGHUP tear it down at once too.
+  a second one SIGKILLs the agent's whole process tree at once, even mid-teardown; SIGTERM and
+  SIGHUP tear it down at once too (a graceful, bounded teardown).
 """
 
 from __future__ import annotations
@@ -119,8 +120,10 @@ class _Outcome:
 
 
 class _Interrupts:
-    """Turns signals into actions on the run: the first SIGINT cancels the turn; a second one, or
-    SIGTERM/SIGHUP, tears the agent down at once. Signals before the run exists are kept for it."""
+    """Turns signals into actions on the run: the first SIGINT cancels the turn; SIGTERM/SIGHUP
+    tear the agent down (dispose: a bounded, graceful teardown); a second SIGINT, or any signal
+    once a teardown is under way, also SIGKILLs the agent's whole process tree at once, so a
+    teardown waiting out a grace period ends now. Signals before the run exists are kept for it."""
 
     SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -131,6 +134,7 @@ class _Interrupts:
         self._run: ServiceRun | None = None
         self._pending: str | None = None
         self._cancelling = False
+        self._kill = False
         self.stopped_by: str | None = None
         """What tore the agent down at once: "a second SIGINT", "SIGTERM" or "SIGHUP"."""
 
@@ -147,13 +151,19 @@ class _Interrupts:
 
     def _on_signal(self, signum: signal.Signals) -> None:
         self.count += 1
-        action = "cancel" if signum == signal.SIGINT and not self._cancelling else "stop"
-        if self.stopped_by is not None or (action == "cancel" and self._cancelling):
+        if self.stopped_by is not None:
+            # Insisting while a teardown runs: no grace is left to wait out.
+            logger.debug("%s received (%d so far) during teardown: killing", signum.name, self.count)
+            self._kill = True
+            self._kill_now()
             return
+        action = "cancel" if signum == signal.SIGINT and not self._cancelling else "stop"
         if action == "cancel":
             self._cancelling = True
         else:
             self.stopped_by = f"a second {signum.name}" if signum == signal.SIGINT else signum.name
+            # The user pressed Ctrl-C twice: whatever grace the first one started, it is over.
+            self._kill = signum == signal.SIGINT
         logger.debug("%s received (%d so far): %s", signum.name, self.count, action)
         self.view.interrupted(signum.name, self.count, action)
         if self._run is None:
@@ -164,7 +174,26 @@ class _Interrupts:
     def _act(self, action: str) -> None:
         run = self._run
         assert run is not None
+        if action == "stop" and self._kill:
+            self._kill_now()
         self._task_group.start_soon(run.cancel if action == "cancel" else run.dispose)
+
+    def _kill_now(self) -> None:
+        """SIGKILL the agent's whole tree, if it has one yet; a teardown under way then finds it gone
+        at its next look (within ~50 ms) instead of waiting out its grace. Idempotent."""
+        run = self._run
+        if run is None:
+            return  # the start is abandoned by dispose() once the run exists (see attach)
+        acp_run = run.provider_run
+        assert isinstance(acp_run, AcpRun)
+        # Neither AcpRun nor AgentProcess offers this publicly yet. _signal_tree(SIGKILL) is
+        # teardown's own last step: SIGUSR1 to the supervisor (which SIGKILLs every descendant,
+        # those that left the group included) and SIGKILL to the agent's group, each only while
+        # it is still ours to signal.
+        client = acp_run._client
+        process = client.process if client is not None else None
+        if process is not None:
+            process._signal_tree(signal.SIGKILL)
 
 
 class _StartGate(RunView):
@@ -508,8 +537,9 @@ exit status:
 
 interrupts:
   Ctrl-C once cancels the turn (session/cancel; an agent that ignores it is torn down after
-  a grace of a few seconds) and exits 1 with stop reason "cancelled". Ctrl-C again tears
-  the agent down at once (exit 1). SIGTERM and SIGHUP tear it down at once too.
+  a grace of a few seconds) and exits 1 with stop reason "cancelled". Ctrl-C again kills
+  the agent and every process it started at once (SIGKILL, no grace; exit 1), even while
+  a teardown is waiting for it. SIGTERM and SIGHUP tear it down at once too.
 
 examples:
   {_PROG} run -p "Summarise README.md" -- npx @agentclientprotocol/claude-agent-acp
