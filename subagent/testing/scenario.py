@@ -74,8 +74,9 @@ Steps (``{"step": <kind>, ...}``)
     Time and answers: ``sleep`` {seconds}; ``wait_for_cancel`` {then="stop", timeout?} waits for
     ``session/cancel``, then answers ``cancelled`` (``"stop"``) or goes on (``"continue"``); after
     ``timeout`` seconds without a cancel it goes on. Every other step ignores cancellation. ``stop``
-    {reason="end_turn", usage?} answers the prompt (``usage`` is the unstable ``PromptResponse.usage``
-    object); running out of steps answers ``end_turn``. ``error`` {code, message, data?} answers with a
+    {reason="end_turn", usage?, meta?} answers the prompt (``usage`` is the unstable
+    ``PromptResponse.usage`` object, ``meta`` its ``_meta``, where some agents report usage);
+    running out of steps answers ``end_turn``. ``error`` {code, message, data?} answers with a
     JSON-RPC error. ``hang`` never answers.
 
     Misbehaviour: ``raw`` {text | base64} writes exactly those bytes to stdout (a garbage line, half a line,
@@ -361,11 +362,12 @@ class WaitForCancelStep(_Step, tag="wait_for_cancel"):
 
 
 class StopStep(_Step, tag="stop"):
-    """Answer the prompt with ``reason`` (and the unstable ``usage`` object, if given)."""
+    """Answer the prompt with ``reason`` (and the unstable ``usage`` object and a ``_meta``, if given)."""
 
     where: ClassVar[frozenset[str]] = _TURN_ONLY
     reason: StopReason = "end_turn"
     usage: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None
 
 
 class ErrorStep(_Step, tag="error"):

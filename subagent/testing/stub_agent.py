@@ -105,6 +105,7 @@ class _Stop:
 
     reason: str
     usage: dict[str, Any] | None = None
+    meta: dict[str, Any] | None = None
 
 
 @dataclass(slots=True)
@@ -277,6 +278,8 @@ class ScenarioAgent(AgentHandler):
         answer: dict[str, Any] = {"stopReason": stop.reason}
         if stop.usage is not None:
             answer["usage"] = stop.usage
+        if stop.meta is not None:
+            answer["_meta"] = stop.meta
         return _raw(answer)
 
     def _check_authenticated(self) -> None:
@@ -462,7 +465,7 @@ class ScenarioAgent(AgentHandler):
         return None
 
     async def _stop(self, step: StopStep, context: _Context) -> _Stop:
-        return _Stop(step.reason, step.usage)
+        return _Stop(step.reason, step.usage, step.meta)
 
     async def _error(self, step: ErrorStep, context: _Context) -> None:
         raise RequestError(step.code, step.message, None if step.data is msgspec.UNSET else step.data)
