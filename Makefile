@@ -27,7 +27,22 @@ $(INTEROP_AGENT):
 		npm install --silent --no-audit --no-fund --prefix .interop @agentclientprotocol/sdk@1.9.0; \
 	else echo "npm not found: the interop tests will be skipped"; fi
 
-interop: $(INTEROP_AGENT) ## install the third-party ACP agent the interop tests drive
+# Real agents, pinned, each in its own npm prefix (their dependencies pin other SDK versions), driven by
+# tests/test_real_agents.py against a fake model server on loopback: no network, no keys.
+CLAUDE_ACP := .interop/claude-agent-acp/node_modules/@agentclientprotocol/claude-agent-acp/dist/index.js
+$(CLAUDE_ACP):
+	@if command -v npm >/dev/null 2>&1; then \
+		npm install --silent --no-audit --no-fund --prefix .interop/claude-agent-acp \
+			@agentclientprotocol/claude-agent-acp@0.49.0; \
+	else echo "npm not found: the real-agent tests will be skipped"; fi
+
+QWEN_CODE := .interop/qwen-code/node_modules/@qwen-code/qwen-code/cli.js
+$(QWEN_CODE):
+	@if command -v npm >/dev/null 2>&1; then \
+		npm install --silent --no-audit --no-fund --prefix .interop/qwen-code @qwen-code/qwen-code@0.15.10; \
+	else echo "npm not found: the real-agent tests will be skipped"; fi
+
+interop: $(INTEROP_AGENT) $(CLAUDE_ACP) $(QWEN_CODE) ## install the third-party ACP agents the interop and real-agent tests drive
 
 test: $(STAMP) interop ## run the test suite on asyncio and trio
 	$(BIN)/python -m pytest

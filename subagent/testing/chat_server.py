@@ -31,8 +31,17 @@ Replies (all frozen dataclasses):
   pause before each (a server that trickles its answer).
 
 ``server.requests`` records every chat-completions request with a JSON body, in arrival order, one
-beyond the script too (that one is answered 500 with a body that says so). ``GET /v1/models`` lists the
-one model name and is not recorded. HTTP/1.1 is parsed by hand, minimally: a request line, headers and
+beyond the script too (that one is answered 500 with a body that says so, unless a ``responder`` is
+given: then it answers every request beyond the script, ``responder(request)``, which suits a real agent
+whose side calls, such as title generation, make the count of requests unpredictable). ``GET /v1/models``
+lists the one model name and is not recorded; requests to unknown routes are answered 404 and listed in
+``server.unrouted`` as ``(method, path)``.
+
+The server is also a proxy that goes nowhere: point ``HTTPS_PROXY`` / ``HTTP_PROXY`` at it and a
+client that honours them (a real agent, say) has its every ``CONNECT`` listed in ``server.tunnels``; a
+tunnel to the server itself is opened (the client's requests then arrive through it, as plain HTTP),
+any other target is refused with 403. An empty list of other targets shows the client tried to reach
+nothing else. HTTP/1.1 is parsed by hand, minimally: a request line, headers and
 a ``Content-Length`` body; every response carries ``Connection: close`` and the connection is closed
 after it.
 """
@@ -42,7 +51,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -278,13 +287,26 @@ class _ClientGone(Exception):
 class ChatCompletionsServer:
     """The running stub server: where it listens and what it received. See :func:`serve_chat_completions`."""
 
-    def __init__(self, script: Iterable[ChatReply], *, model: str, port: int) -> None:
+    def __init__(
+        self,
+        script: Iterable[ChatReply],
+        *,
+        model: str,
+        port: int,
+        responder: Callable[[ReceivedRequest], ChatReply] | None = None,
+    ) -> None:
         self.script: list[ChatReply] = list(script)
         """The replies, in order; append to it to script more while the server runs."""
         self.model = model
         self.port = port
+        self.responder = responder
+        """Answers each request beyond the script, when given."""
         self.requests: list[ReceivedRequest] = []
         """Every chat-completions request received, in arrival order (one per script entry used)."""
+        self.unrouted: list[tuple[str, str]] = []
+        """``(method, path)`` of every request to a route the server does not know (answered 404)."""
+        self.tunnels: list[str] = []
+        """The target (``host:port``) of every ``CONNECT``: see :func:`serve_chat_completions` on proxies."""
 
     @property
     def base_url(self) -> str:
@@ -308,7 +330,9 @@ class ChatCompletionsServer:
             ):
                 await self._serve_one(stream, reader)
 
-    async def _serve_one(self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream) -> None:
+    async def _serve_one(
+        self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, *, tunnelled: bool = False
+    ) -> None:
         try:
             request_line = await self._read_line(reader)
             method, target, version = request_line.split(" ")
@@ -344,11 +368,19 @@ class ChatCompletionsServer:
         body = await reader.receive_exactly(length) if length else b""
         path = target.split("?", 1)[0]
 
+        if method == "CONNECT":
+            self.tunnels.append(target)
+            if tunnelled:
+                await _send_json(stream, 400, _error_body("no CONNECT inside a tunnel", "bad_request"))
+            elif await _open_tunnel(stream, target, self.port):
+                await self._serve_one(stream, reader, tunnelled=True)
+            return
         if method == "GET" and path == "/v1/models":
             listing = {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "stub"}]}
             await _send_json(stream, 200, listing)
             return
         if path != "/v1/chat/completions":
+            self.unrouted.append((method, path))
             await _send_json(stream, 404, _error_body(f"no route {method} {path}", "not_found"))
             return
         if method != "POST":
@@ -374,14 +406,17 @@ class ChatCompletionsServer:
             disconnected=anyio.Event(),
         )
         self.requests.append(request)
-        if request.index >= len(self.script):
+        if request.index < len(self.script):
+            reply = self.script[request.index]
+        elif self.responder is not None:
+            reply = self.responder(request)
+        else:
             message = (
                 f"stub chat server: request #{request.index + 1} is beyond the script "
                 f"({len(self.script)} replies scripted)"
             )
             await _send_json(stream, 500, _error_body(message, "script_exhausted"))
             return
-        reply = self.script[request.index]
         model = payload.get("model", self.model) if isinstance(payload, dict) else self.model
         try:
             await _answer(stream, reader, reply, request.index, str(model), request.headers)
@@ -396,21 +431,36 @@ class ChatCompletionsServer:
 
 @asynccontextmanager
 async def serve_chat_completions(
-    script: Iterable[ChatReply] = (), *, model: str = "stub-model"
+    script: Iterable[ChatReply] = (),
+    *,
+    model: str = "stub-model",
+    responder: Callable[[ReceivedRequest], ChatReply] | None = None,
 ) -> AsyncIterator[ChatCompletionsServer]:
-    """Serve ``script`` on a free loopback port for the duration of the block.
+    """Serve ``script`` on a free loopback port for the duration of the block; ``responder``, when
+    given, answers every request beyond the script.
 
     Leaving the block stops the server and closes every connection still open (a stalled one included).
     """
     listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
     port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    server = ChatCompletionsServer(script, model=model, port=port)
+    server = ChatCompletionsServer(script, model=model, port=port, responder=responder)
     async with listener, anyio.create_task_group() as tg:
         tg.start_soon(listener.serve, server._handle, tg, name="stub chat server")
         try:
             yield server
         finally:
             tg.cancel_scope.cancel()
+
+
+async def _open_tunnel(stream: anyio.abc.ByteStream, target: str, own_port: int) -> bool:
+    """Answer a ``CONNECT``: open the tunnel when ``target`` is this server itself (True), else refuse it."""
+    host, _, port = target.rpartition(":")
+    if host in ("127.0.0.1", "localhost") and port == str(own_port):
+        await _send(stream, b"HTTP/1.1 200 Connection established\r\n\r\n")
+        return True
+    message = f"this stub server tunnels to nowhere but itself, not to {target}"
+    await _send_json(stream, 403, _error_body(message, "forbidden"))
+    return False
 
 
 def _error_body(message: str, error_type: str) -> dict[str, Any]:

@@ -1,0 +1,428 @@
+"""A scripted stub of the Anthropic Messages API, on loopback, to run real agents (Claude Code) offline.
+
+It runs inside the caller's own event loop (asyncio or trio, through anyio). Unlike the chat-completions
+stub, which answers requests in order from a script, this one asks a *responder* for each answer: an agent
+makes calls of its own beside the turn (titles, summaries, quota probes), so the answer has to follow
+from the request, not from its position::
+
+    def respond(request: MessagesRequest) -> MessagesReply:
+        if request.tool_results:                      # the tool ran: finish the turn
+            return MessagesReply(text="Done.")
+        return MessagesReply(tool_uses=[ToolUse("toolu_1", "Write", {"file_path": ..., "content": ...})])
+
+    async with serve_anthropic_messages(respond) as server:
+        env = {"ANTHROPIC_BASE_URL": server.base_url, "ANTHROPIC_API_KEY": "sk-ant-test", ...}
+        ...
+
+Routes:
+
+* ``POST /v1/messages``: the responder's `MessagesReply` (or `MessagesError`), as a server-sent-event
+  stream when the request asks ``"stream": true`` (``message_start``, ``content_block_start`` /
+  ``content_block_delta`` / ``content_block_stop`` per block, ``message_delta``, ``message_stop``),
+  else as one JSON ``message``. A reply can stall after a number of events (``stall_after``) and hang
+  until the client hangs up.
+* ``POST /v1/messages/count_tokens``: ``{"input_tokens": N}``, N a rough count of the request's text.
+* anything else: ``404`` with an Anthropic-style error body.
+
+``server.requests`` records every request with its method, path, headers and JSON body (None when the
+body is not JSON), in arrival order, unknown routes included: what an agent asks at startup is there to
+read.
+
+The server is also a proxy that goes nowhere: point ``HTTPS_PROXY`` / ``HTTP_PROXY`` at it and every
+``CONNECT`` of a client that honours them is listed in ``server.tunnels``; a tunnel to the server
+itself is opened (requests then arrive through it, as plain HTTP), any other target is refused with
+403. No other target in that list shows the client tried to reach nothing else.
+
+HTTP/1.1 is parsed by hand, minimally, as in `subagent.testing.chat_server`; every response closes its
+connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from subagent.testing.chat_server import (
+    _MAX_BODY,
+    _MAX_HEADERS,
+    _ClientGone,
+    _open_tunnel,
+    _send,
+    _send_json,
+    _send_stream_head,
+    _wait_for_disconnect,
+)
+
+__all__ = [
+    "AnthropicMessagesServer",
+    "MessagesError",
+    "MessagesReply",
+    "MessagesRequest",
+    "MessagesResponder",
+    "ToolUse",
+    "serve_anthropic_messages",
+]
+
+_MAX_LINE = 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ToolUse:
+    """One ``tool_use`` block: the model calls tool ``name`` with ``input``. Streamed, its input arrives
+    as ``input_json_delta`` pieces of about ``piece_size`` characters."""
+
+    id: str
+    name: str
+    input: Mapping[str, Any] = field(default_factory=dict)
+    piece_size: int = 64
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input", dict(self.input))
+        if self.piece_size < 1:
+            raise ValueError(f"piece_size must be >= 1, got {self.piece_size}")
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesReply:
+    """One assistant message: a text block (``text`` given as pieces, one ``text_delta`` each, or a
+    string sent as one), then the tool uses. ``stop_reason`` defaults to ``"tool_use"`` when there are
+    tool uses, else ``"end_turn"``. ``stall_after=N`` (streamed only) sends the first N events, then
+    hangs until the client closes the connection."""
+
+    text: str | Sequence[str] = ""
+    tool_uses: Sequence[ToolUse] = ()
+    stop_reason: str | None = None
+    input_tokens: int = 10
+    output_tokens: int = 5
+    stall_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            object.__setattr__(self, "text", tuple(self.text))
+        object.__setattr__(self, "tool_uses", tuple(self.tool_uses))
+        if self.stall_after is not None and self.stall_after < 0:
+            raise ValueError(f"stall_after must be >= 0, got {self.stall_after}")
+
+    @property
+    def text_pieces(self) -> tuple[str, ...]:
+        """The text as streamed, one piece per ``text_delta``."""
+        if isinstance(self.text, str):
+            return (self.text,) if self.text else ()
+        return tuple(self.text)
+
+    @property
+    def effective_stop_reason(self) -> str:
+        """The stop reason sent: the given one, else ``tool_use`` or ``end_turn``."""
+        if self.stop_reason is not None:
+            return self.stop_reason
+        return "tool_use" if self.tool_uses else "end_turn"
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesError:
+    """An HTTP error with an Anthropic-style body ``{"type": "error", "error": {"type", "message"}}``."""
+
+    status: int
+    message: str = "scripted error"
+    error_type: str = "api_error"
+
+    def __post_init__(self) -> None:
+        if not 400 <= self.status <= 599:
+            raise ValueError(f"an error status is 400..599, got {self.status}")
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class MessagesRequest:
+    """A request as the server received it. ``headers`` has lower-cased names; ``json`` is the parsed
+    body, or None when it is not JSON. ``disconnected`` is set when the client hung up on a reply."""
+
+    index: int
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    json: Any
+    disconnected: anyio.Event = field(repr=False)
+
+    @property
+    def messages(self) -> list[Any]:
+        """The request's ``messages`` list (empty when there is none)."""
+        if isinstance(self.json, dict) and isinstance(self.json.get("messages"), list):
+            return list(self.json["messages"])
+        return []
+
+    @property
+    def tool_results(self) -> list[Mapping[str, Any]]:
+        """The ``tool_result`` blocks of the last message, when it is the user's: what the tools returned."""
+        messages = self.messages
+        if not messages or not isinstance(messages[-1], dict) or messages[-1].get("role") != "user":
+            return []
+        content = messages[-1].get("content")
+        if not isinstance(content, list):
+            return []
+        return [block for block in content if isinstance(block, dict) and block.get("type") == "tool_result"]
+
+    @property
+    def tool_names(self) -> list[str]:
+        """The names of the tools the request offers the model."""
+        tools = self.json.get("tools") if isinstance(self.json, dict) else None
+        if not isinstance(tools, list):
+            return []
+        return [str(tool.get("name")) for tool in tools if isinstance(tool, dict)]
+
+    def text(self) -> str:
+        """Every text of the request (system prompt and messages) joined: for a responder's ``in`` tests."""
+        return json.dumps(self.json) if self.json is not None else ""
+
+
+MessagesResponder = Callable[[MessagesRequest], "MessagesReply | MessagesError"]
+"""What the server calls for each ``POST /v1/messages`` to decide the answer."""
+
+
+class AnthropicMessagesServer:
+    """The running stub server: where it listens, what it received. See :func:`serve_anthropic_messages`."""
+
+    def __init__(self, responder: MessagesResponder, *, model: str, port: int) -> None:
+        self.responder = responder
+        self.model = model
+        self.port = port
+        self.requests: list[MessagesRequest] = []
+        """Every request received, in arrival order, whatever its route."""
+        self.tunnels: list[str] = []
+        """The target (``host:port``) of every ``CONNECT``: see the module docstring on proxies."""
+
+    @property
+    def base_url(self) -> str:
+        """The value for ``ANTHROPIC_BASE_URL``: ``http://127.0.0.1:PORT`` (the client adds ``/v1/...``)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def message_requests(self) -> list[MessagesRequest]:
+        """The ``POST /v1/messages`` requests only."""
+        return [r for r in self.requests if r.method == "POST" and r.path == "/v1/messages"]
+
+    def __repr__(self) -> str:
+        return f"AnthropicMessagesServer({self.base_url!r}, requests={len(self.requests)})"
+
+    async def _handle(self, stream: anyio.abc.ByteStream) -> None:
+        async with stream:
+            reader = BufferedByteReceiveStream(stream)
+            with contextlib.suppress(
+                _ClientGone,
+                anyio.EndOfStream,
+                anyio.IncompleteRead,
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+            ):
+                await self._serve_one(stream, reader)
+
+    async def _serve_one(
+        self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, *, tunnelled: bool = False
+    ) -> None:
+        try:
+            request_line = await _read_line(reader)
+            method, target, version = request_line.split(" ")
+            if not version.startswith("HTTP/1."):
+                raise ValueError(f"unsupported protocol {version!r}")
+            headers: dict[str, str] = {}
+            for _ in range(_MAX_HEADERS):
+                line = await _read_line(reader)
+                if not line:
+                    break
+                name, sep, value = line.partition(":")
+                if not sep or not name or name != name.strip():
+                    raise ValueError(f"malformed header line {line[:80]!r}")
+                key = name.lower()
+                headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+            else:
+                raise ValueError(f"more than {_MAX_HEADERS} headers")
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                raise ValueError("send the body with Content-Length")
+            length = int(headers.get("content-length", "0"))
+            if not 0 <= length <= _MAX_BODY:
+                raise ValueError(f"bad Content-Length {length}")
+        except (anyio.DelimiterNotFound, ValueError) as exc:
+            await _send_json(stream, 400, _error_body("invalid_request_error", f"bad request: {exc}"))
+            return
+        body = await reader.receive_exactly(length) if length else b""
+        try:
+            payload: Any = json.loads(body) if body else None
+        except ValueError:
+            payload = None
+        request = MessagesRequest(
+            index=len(self.requests),
+            method=method,
+            path=target.split("?", 1)[0],
+            headers=headers,
+            json=payload,
+            disconnected=anyio.Event(),
+        )
+        self.requests.append(request)
+        if method == "CONNECT":
+            self.tunnels.append(target)
+            if tunnelled:
+                await _send_json(
+                    stream, 400, _error_body("invalid_request_error", "no CONNECT inside a tunnel")
+                )
+            elif await _open_tunnel(stream, target, self.port):
+                await self._serve_one(stream, reader, tunnelled=True)
+            return
+        route = (request.method, request.path)
+        if route == ("POST", "/v1/messages/count_tokens"):
+            await _send_json(stream, 200, {"input_tokens": max(1, len(request.text()) // 4)})
+            return
+        if route != ("POST", "/v1/messages"):
+            message = f"no route {method} {request.path}"
+            await _send_json(stream, 404, _error_body("not_found_error", message))
+            return
+        if not isinstance(payload, dict):
+            await _send_json(
+                stream, 400, _error_body("invalid_request_error", "the body is not a JSON object")
+            )
+            return
+        reply = self.responder(request)
+        model = str(payload.get("model", self.model))
+        try:
+            if isinstance(reply, MessagesError):
+                await _send_json(stream, reply.status, _error_body(reply.error_type, reply.message))
+            elif payload.get("stream") is True:
+                await _stream(stream, reader, reply, request.index, model)
+            else:
+                await _send_json(stream, 200, _message_body(reply, request.index, model))
+        except _ClientGone:
+            request.disconnected.set()
+
+
+@asynccontextmanager
+async def serve_anthropic_messages(
+    responder: MessagesResponder, *, model: str = "claude-stub"
+) -> AsyncIterator[AnthropicMessagesServer]:
+    """Serve the Messages API on a free loopback port for the duration of the block, answering each
+    ``POST /v1/messages`` with ``responder(request)``.
+
+    Leaving the block stops the server and closes every connection still open (a stalled one included).
+    """
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    port = listener.extra(anyio.abc.SocketAttribute.local_port)
+    server = AnthropicMessagesServer(responder, model=model, port=port)
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, server._handle, tg, name="stub Anthropic server")
+        try:
+            yield server
+        finally:
+            tg.cancel_scope.cancel()
+
+
+async def _read_line(reader: BufferedByteReceiveStream) -> str:
+    raw = await reader.receive_until(b"\n", _MAX_LINE)
+    return raw.rstrip(b"\r").decode("latin-1")
+
+
+def _error_body(error_type: str, message: str) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": error_type, "message": message}}
+
+
+def _message_id(index: int) -> str:
+    return f"msg_stub_{index + 1:04d}"
+
+
+def _usage(reply: MessagesReply) -> dict[str, int]:
+    return {
+        "input_tokens": reply.input_tokens,
+        "output_tokens": reply.output_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+def _message_body(reply: MessagesReply, index: int, model: str) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if reply.text_pieces:
+        content.append({"type": "text", "text": "".join(reply.text_pieces)})
+    content += [
+        {"type": "tool_use", "id": u.id, "name": u.name, "input": dict(u.input)} for u in reply.tool_uses
+    ]
+    return {
+        "id": _message_id(index),
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reply.effective_stop_reason,
+        "stop_sequence": None,
+        "usage": _usage(reply),
+    }
+
+
+def _stream_events(reply: MessagesReply, index: int, model: str) -> list[tuple[str, dict[str, Any]]]:
+    start = _message_body(reply, index, model)
+    start.update(content=[], stop_reason=None, usage={**_usage(reply), "output_tokens": 1})
+    events: list[tuple[str, dict[str, Any]]] = [
+        ("message_start", {"type": "message_start", "message": start})
+    ]
+    block = 0
+    if reply.text_pieces:
+        events.append(
+            (
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": block,
+                    "content_block": {"type": "text", "text": ""},
+                },
+            )
+        )
+        events += [
+            (
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": block,
+                    "delta": {"type": "text_delta", "text": piece},
+                },
+            )
+            for piece in reply.text_pieces
+        ]
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": block}))
+        block += 1
+    for use in reply.tool_uses:
+        header = {"type": "tool_use", "id": use.id, "name": use.name, "input": {}}
+        events.append(
+            ("content_block_start", {"type": "content_block_start", "index": block, "content_block": header})
+        )
+        arguments = json.dumps(dict(use.input))
+        for offset in range(0, len(arguments), use.piece_size):
+            piece = {"type": "input_json_delta", "partial_json": arguments[offset : offset + use.piece_size]}
+            events.append(
+                ("content_block_delta", {"type": "content_block_delta", "index": block, "delta": piece})
+            )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": block}))
+        block += 1
+    end = {"stop_reason": reply.effective_stop_reason, "stop_sequence": None}
+    events.append(("message_delta", {"type": "message_delta", "delta": end, "usage": _usage(reply)}))
+    events.append(("message_stop", {"type": "message_stop"}))
+    return events
+
+
+async def _stream(
+    stream: anyio.abc.ByteStream,
+    reader: BufferedByteReceiveStream,
+    reply: MessagesReply,
+    index: int,
+    model: str,
+) -> None:
+    await _send_stream_head(stream)
+    events = _stream_events(reply, index, model)
+    for name, data in events[: reply.stall_after]:
+        payload = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+        await _send(stream, f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+    if reply.stall_after is not None:
+        await _wait_for_disconnect(reader)
+    await _send(stream, b"0\r\n\r\n")
