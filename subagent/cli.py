@@ -19,6 +19,7 @@ the summary:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import io
 import logging
@@ -48,6 +49,7 @@ from subagent._cli_progress import (
     ToolCalls,
     ToolCallState,
     is_terminal,
+    sanitize,
     usage_json,
     use_color,
 )
@@ -106,6 +108,7 @@ class _TurnSpec:
     timeout: float | None = None
     ready_timeout: float | None = None
     auth_method: str | None = None
+    fs: bool = True
     json_output: bool = False
     events: bool = False
     progress: bool = False
@@ -196,12 +199,23 @@ class _Interrupts:
             process._signal_tree(signal.SIGKILL)
 
 
+@dataclass(frozen=True, slots=True)
+class _Denial:
+    """A permission question the policy answered with a rejection, or withdrew."""
+
+    call: ToolCallState
+    reason: str
+
+
 class _StartGate(RunView):
-    """Forwards to the real view, announcing the start (once) before anything of the session."""
+    """Forwards to the real view, announcing the start (once) before anything of the session.
+    Remembers the last permission decision: a denial may be why the agent ended its turn."""
 
     def __init__(self, inner: RunView) -> None:
         self.inner = inner
         self.announce: Callable[[], None] = lambda: None
+        self.last_denial: _Denial | None = None
+        """The last permission decision, if it was a denial (None after an allowing one)."""
 
     def spawning(self, command: Sequence[str], cwd: str) -> None:
         logger.info("starting agent `%s` in %s", shlex.join(command), cwd)
@@ -234,6 +248,8 @@ class _StartGate(RunView):
         self.announce()
         answer = "cancelled" if isinstance(decision, PermissionOutcome) else decision.option_id
         logger.info("permission for tool call %r: %s (%s)", question.tool_call_id, answer, reason)
+        denied = isinstance(decision, PermissionOutcome) or decision.kind in ("reject_once", "reject_always")
+        self.last_denial = _Denial(call, reason) if denied else None
         self.inner.decided(question, call, decision, reason)
 
     def interrupted(self, signal_name: str, count: int, action: str) -> None:
@@ -272,6 +288,7 @@ async def _drive(spec: _TurnSpec, view: RunView) -> _Outcome:
             cwd=spec.cwd,
             permission=_policy(spec, gate, tool_calls),
             auth_method=spec.auth_method,
+            fs=spec.fs,
             ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
         )
     except (ValueError, TypeError) as exc:
@@ -311,9 +328,34 @@ async def _drive(spec: _TurnSpec, view: RunView) -> _Outcome:
         finally:
             outer.cancel_scope.cancel()
     outcome.elapsed = time.monotonic() - began
+    denial = gate.last_denial
+    if outcome.result.stop_reason == "cancelled" and denial is not None and not interrupts.count:
+        # Nobody pressed Ctrl-C: the agent ended its own turn on our denial (Codex, for one,
+        # offers only a reject option that aborts the turn). Say so, and how to allow it.
+        why = _denial_explanation(denial, spec.permission)
+        error = outcome.result.error
+        outcome.result = dataclasses.replace(outcome.result, error=f"{error}; {why}" if error else why)
     if outcome.start_error is None:
         gate.ended(outcome.result, outcome.elapsed)
     return outcome
+
+
+_MAX_TITLE_CHARS: Final = 200
+
+
+def _denial_explanation(denial: _Denial, permission: str) -> str:
+    title = " ".join(sanitize(denial.call.title or denial.call.tool_call_id).split())
+    if len(title) > _MAX_TITLE_CHARS:
+        title = title[: _MAX_TITLE_CHARS - 1] + "\u2026"
+    how = (
+        "answer yes when asked, or use --permission allow to allow every request"
+        if permission == "ask"
+        else "use --permission allow to allow every request, or --permission ask to decide each one"
+    )
+    return (
+        f"the agent ended its turn after its permission request for {title!r} was denied "
+        f"({denial.reason}); to allow it, {how}"
+    )
 
 
 async def _await_turn(
@@ -558,7 +600,8 @@ $XDG_CONFIG_HOME/subagent/config.toml (~/.config/subagent/config.toml). Example:
   timeout = 600               # inactivity timeout, seconds
   cwd = "~/src/project"       # relative to the config file's directory
 
-Other keys: description, ready_timeout, auth_method. Run `{_PROG} COMMAND --help` for more.
+Other keys: description, ready_timeout, auth_method, fs (false: --no-fs).
+Run `{_PROG} COMMAND --help` for more.
 """
 
 
@@ -666,6 +709,15 @@ def _build_parser() -> tuple[_Parser, dict[str, _Parser]]:
     )
     run.add_argument(
         "--auth-method", metavar="ID", help="the auth method to use if the agent demands authentication"
+    )
+    run.add_argument(
+        "--fs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="offer the agent our file system (fs/read_text_file, fs/write_text_file, confined to the "
+        "cwd). --no-fs offers none, so the agent reads and writes files itself: a workaround for agents "
+        "whose use of it is broken, such as Gemini CLI 0.61.0, which cannot create a new file through a "
+        "client that offers it (default: the agent's `fs` in the config, else on)",
     )
     _add_turn_options(run, demo=False)
     _add_verbose(run)
@@ -791,6 +843,7 @@ def _cmd_run(args: argparse.Namespace, command: list[str] | None) -> int:
         timeout=args.timeout if args.timeout is not None else (agent.timeout if agent else None),
         ready_timeout=agent.ready_timeout if agent else None,
         auth_method=args.auth_method or (agent.auth_method if agent else None),
+        fs=args.fs if args.fs is not None else (agent.fs if agent else True),
         json_output=args.json,
         events=args.events,
         progress=_progress_wanted(args, default=is_terminal(sys.stderr)),
@@ -900,6 +953,7 @@ def _cmd_agents(args: argparse.Namespace, command: list[str] | None) -> int:
                         "name": agent.name,
                         "command": list(agent.command),
                         "description": agent.description,
+                        "fs": agent.fs,
                         "source": str(agent.source),
                     }
                     for agent in agents
@@ -918,7 +972,8 @@ def _cmd_agents(args: argparse.Namespace, command: list[str] | None) -> int:
     width = max(len(agent.name) for agent in agents)
     lines = [f"agents in {path}:"]
     for agent in agents:
-        lines.append(f"  {agent.name:<{width}}  {shlex.join(agent.command)}")
+        no_fs = "  (fs off: no fs/* offered)" if not agent.fs else ""
+        lines.append(f"  {agent.name:<{width}}  {shlex.join(agent.command)}{no_fs}")
         if agent.description:
             lines.append(f"  {'':<{width}}  {agent.description}")
     _print_stdout("\n".join(lines) + "\n")

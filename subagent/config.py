@@ -19,6 +19,7 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     timeout = 600                                 # inactivity timeout of a turn, in seconds
     ready_timeout = 120                           # spawn to a ready session, in seconds
     auth_method = "claude-login"                  # used when the agent demands authentication
+    fs = false                                    # offer no fs/* to the agent (default: true)
 
 Every key is checked: an unknown key, a value of the wrong type or an out-of-range number is a
 :class:`ConfigError` whose message names the file and the dotted key (``agents.claude.args[1]``).
@@ -73,6 +74,7 @@ AGENT_KEYS: Final = (
     "timeout",
     "ready_timeout",
     "auth_method",
+    "fs",
 )
 """The keys an agent table may have, in the order the documentation lists them."""
 
@@ -110,6 +112,9 @@ class AgentConfig:
     timeout: float | None = None
     ready_timeout: float | None = None
     auth_method: str | None = None
+    fs: bool = True
+    """Whether the client offers the agent its file system (``fs/read_text_file`` and
+    ``fs/write_text_file``); ``fs = false`` is a workaround for an agent whose use of it is broken."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +277,7 @@ def _parse_agent(name: str, table: Mapping[str, Any], path: Path) -> AgentConfig
         timeout=_optional_seconds(table, "timeout", path, prefix),
         ready_timeout=_optional_seconds(table, "ready_timeout", path, prefix),
         auth_method=_optional_string(table, "auth_method", path, prefix, non_empty=True),
+        fs=_optional_bool(table, "fs", path, prefix, default=True),
     )
 
 
@@ -307,6 +313,15 @@ def _optional_string(
     if name not in table:
         return None
     return _string(table[name], path, f"{prefix}.{name}", non_empty=non_empty)
+
+
+def _optional_bool(table: Mapping[str, Any], name: str, path: Path, prefix: str, *, default: bool) -> bool:
+    if name not in table:
+        return default
+    value = table[name]
+    if not isinstance(value, bool):
+        raise ConfigError(path, f"must be true or false, not {_toml_type(value)}", key=f"{prefix}.{name}")
+    return value
 
 
 def _optional_seconds(table: Mapping[str, Any], name: str, path: Path, prefix: str) -> float | None:

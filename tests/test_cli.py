@@ -727,12 +727,14 @@ def test_agents_lists_name_command_line_and_source(tmp_path: Path) -> None:
             "name": "stub",
             "command": ["python3", "-m", "subagent.testing.stub_agent"],
             "description": "The stub",
+            "fs": True,
             "source": str(config),
         },
         {
             "name": "claude",
             "command": ["npx", "-y", "@agentclientprotocol/claude-agent-acp"],
             "description": None,
+            "fs": True,
             "source": str(config),
         },
     ]
