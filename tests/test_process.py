@@ -39,6 +39,10 @@ PROCS = Path(__file__).resolve().parent.parent / "fixtures" / "procs"
 # For tests whose child is meant to outlast a grace period: short enough to keep the module fast, long
 # enough for nothing else to depend on it.
 SHORT_GRACE = 0.3
+# For a teardown step the child honours: it ends as soon as the child is gone, so it costs nothing, and a
+# loaded machine slow to run the child's exit cannot make teardown take the next step.
+GENEROUS_GRACE = 30.0
+WAIT = 30  # seconds: a hang guard on one step of a test, never a statement about speed
 STDIN_THEN_SIGTERM = (TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM)
 ALL_THREE_STEPS = (TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM, TeardownStep.SIGKILL)
 # The stderr_flood fixture's block layout (see its docstring).
@@ -61,7 +65,7 @@ def fixture_argv(name: str, *args: str) -> list[str]:
 
 async def read_line(stdout: BufferedByteReceiveStream) -> bytes:
     """The next line from the child's stdout, without its newline."""
-    with anyio.fail_after(5):
+    with anyio.fail_after(WAIT):
         return await stdout.receive_until(b"\n", 4096)
 
 
@@ -87,7 +91,9 @@ async def test_lines_written_to_stdin_come_back_on_stdout() -> None:
 
 async def test_a_child_that_exits_on_stdin_close_is_torn_down_by_closing_stdin_alone() -> None:
     async with assert_no_leaks():
-        async with open_agent_process(fixture_argv("echo_lines.py")) as proc:
+        async with open_agent_process(
+            fixture_argv("echo_lines.py"), stdin_close_timeout=GENEROUS_GRACE
+        ) as proc:
             await proc.stdin.send(b"ping\n")
             assert await read_line(BufferedByteReceiveStream(proc.stdout)) == b"ping"
         assert proc.teardown_report == TeardownReport(
@@ -101,7 +107,9 @@ async def test_a_child_that_exits_on_stdin_close_is_torn_down_by_closing_stdin_a
 async def test_a_child_that_ignores_stdin_eof_ends_by_sigterm_sent_by_teardown() -> None:
     argv = fixture_argv("ignores_stdin_eof.py")
     async with assert_no_leaks():
-        async with open_agent_process(argv, stdin_close_timeout=SHORT_GRACE) as proc:
+        async with open_agent_process(
+            argv, stdin_close_timeout=SHORT_GRACE, sigterm_timeout=GENEROUS_GRACE
+        ) as proc:
             assert await read_line(BufferedByteReceiveStream(proc.stdout)) == b"ready"
         assert proc.teardown_report == TeardownReport(
             steps=STDIN_THEN_SIGTERM, exited_before_teardown=False, group_gone=True
@@ -149,8 +157,14 @@ async def test_a_grandchild_ignoring_sigterm_is_gone_after_teardown_though_the_c
         ) as proc:
             pids = await read_line(BufferedByteReceiveStream(proc.stdout))
             _, grandchild_pid = map(int, pids.split())
+            # The child's cue to exit, given here rather than by teardown: however long a loaded machine
+            # takes to run its exit, teardown starts after it, and the grandchild is all that is left.
+            await proc.stdin.aclose()
+            with anyio.fail_after(WAIT):
+                await proc.wait_exit()
+            assert not process_is_gone(grandchild_pid)
         assert proc.teardown_report == TeardownReport(
-            steps=ALL_THREE_STEPS, exited_before_teardown=False, group_gone=True
+            steps=ALL_THREE_STEPS, exited_before_teardown=True, group_gone=True
         )
         # The child exited on its own, before any signal: its status and diagnosis say so.
         info = proc.exit_info()
@@ -170,7 +184,7 @@ async def test_wait_exit_returns_while_a_grandchild_holds_the_pipes_and_teardown
         ) as proc:
             pids = await read_line(BufferedByteReceiveStream(proc.stdout))
             _, grandchild_pid = map(int, pids.split())
-            with anyio.fail_after(5):
+            with anyio.fail_after(WAIT):
                 info = await proc.wait_exit()
             assert info.returncode == 0
             assert not process_is_gone(grandchild_pid)
@@ -203,7 +217,7 @@ async def test_a_crash_with_status_3_is_diagnosed_with_the_status_and_the_stderr
     argv = fixture_argv("exit_with_status.py", "3", "Traceback (most recent call last):", "ValueError: boom")
     async with assert_no_leaks():
         async with open_agent_process(argv) as proc:
-            with anyio.fail_after(5):
+            with anyio.fail_after(WAIT):
                 info = await proc.wait_exit()
         assert info == ExitInfo(
             command=tuple(argv),
@@ -228,7 +242,7 @@ async def test_a_death_by_signal_is_diagnosed_with_the_signal_name(killer: signa
     argv = fixture_argv("dies_by_signal.py", killer.name)
     async with assert_no_leaks():
         async with open_agent_process(argv) as proc:
-            with anyio.fail_after(5):
+            with anyio.fail_after(WAIT):
                 info = await proc.wait_exit()
         assert (info.returncode, info.killed_by, info.teardown_signal) == (-killer, killer, None)
         assert str(info) == (
@@ -324,7 +338,7 @@ async def test_cancelling_the_caller_during_teardown_neither_cuts_it_short_nor_h
         assert scope.cancelled_caught
 
     async with assert_no_leaks():
-        with anyio.fail_after(10):
+        with anyio.fail_after(WAIT):
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(run_agent)
                 await body_finished.wait()
@@ -341,7 +355,7 @@ async def test_a_cancellation_arriving_at_any_point_leaves_nothing_behind(deadli
     # Depending on the deadline and the machine, the cancellation lands before the spawn, during it, in the
     # block, or not at all before the block ends; whichever it is, nothing may be left behind.
     async with assert_no_leaks():
-        with anyio.fail_after(5), anyio.move_on_after(deadline):
+        with anyio.fail_after(WAIT), anyio.move_on_after(deadline):
             async with open_agent_process(fixture_argv("echo_lines.py")) as proc:
                 await proc.stdin.send(b"ping\n")
                 await read_line(BufferedByteReceiveStream(proc.stdout))
@@ -406,7 +420,7 @@ async def test_stderr_lines_are_forwarded_to_the_callback_as_they_arrive() -> No
     lines: list[str] = []
     argv = fixture_argv("exit_with_status.py", "0", "first", "", "caf\u00e9 \u2615")
     async with assert_no_leaks(), open_agent_process(argv, on_stderr_line=lines.append) as proc:
-        with anyio.fail_after(5):
+        with anyio.fail_after(WAIT):
             await proc.wait_exit()
     assert lines == ["first", "", "caf\u00e9 \u2615"]
 
