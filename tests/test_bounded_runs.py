@@ -389,3 +389,77 @@ def test_the_turn_output_is_the_final_message_cut_at_its_limit(
         elif isinstance(update, schema.AgentMessageChunk) and isinstance(update.content, schema.TextContent):
             segments[-1] += len(update.content.text)
     assert output.truncated == (limit is not None and max(segments) > limit)
+
+
+# -- a turn's messages --------------------------------------------------------------------------------------
+
+_CHUNKS_WITH_IDS = st.one_of(
+    st.tuples(st.text(max_size=8), st.sampled_from([None, "m1", "m2", "m3"])).map(
+        lambda pair: schema.AgentMessageChunk(content=schema.TextContent(text=pair[0]), message_id=pair[1])
+    ),
+    st.just(schema.ToolCall(tool_call_id="c", title="Call")),
+    st.just(schema.AgentThoughtChunk(content=schema.TextContent(text="thinking"), message_id="t")),
+    st.just(
+        schema.AgentMessageChunk(content=schema.ResourceLink(name="n", uri="file:///n"), message_id="m9")
+    ),
+)
+
+
+def reference_messages(
+    updates: list[schema.SessionUpdate],
+) -> tuple[list[tuple[str | None, str]], tuple[str | None, str]]:
+    """The spec, with no bounds: the finished messages and the open one (id, text). A message ends at a
+    tool call or at a chunk whose messageId differs from the open message's; a chunk without one joins
+    the open message (which takes the first id it sees); a message with no text is not kept."""
+    finished: list[tuple[str | None, str]] = []
+    current_id: str | None = None
+    text = ""
+    for update in updates:
+        ends = isinstance(update, schema.ToolCall) or (
+            isinstance(update, schema.AgentMessageChunk)
+            and update.message_id is not None
+            and current_id is not None
+            and update.message_id != current_id
+        )
+        if ends:
+            if text:
+                finished.append((current_id, text))
+            current_id, text = None, ""
+        if isinstance(update, schema.AgentMessageChunk):
+            current_id = update.message_id if update.message_id is not None else current_id
+            if isinstance(update.content, schema.TextContent):
+                text += update.content.text
+    return finished, (current_id, text)
+
+
+@given(
+    updates=st.lists(_CHUNKS_WITH_IDS, max_size=60),
+    limit=st.one_of(st.none(), st.integers(0, 40)),
+    max_messages=st.one_of(st.none(), st.integers(0, 5)),
+)
+def test_the_turn_messages_split_at_tool_calls_and_new_message_ids_within_their_bounds(
+    updates: list[schema.SessionUpdate], limit: int | None, max_messages: int | None
+) -> None:
+    output = TurnOutput(limit, max_messages=max_messages)
+    for update in updates:
+        output.add(update)
+    finished, (open_id, open_text) = reference_messages(updates)
+
+    def cut(text: str) -> str:
+        return text if limit is None else text[:limit]
+
+    assert final_message(updates) == open_text
+    assert (output.text, output.message_id) == (cut(open_text), open_id)
+    # The earlier messages kept: the longest run of the most recent that fits both bounds.
+    kept: list[tuple[str | None, str]] = []
+    for message_id, text in reversed(finished):
+        too_many = max_messages is not None and len(kept) >= max_messages
+        too_long = limit is not None and sum(len(cut(t)) for _, t in kept) + len(cut(text)) > limit
+        if too_many or too_long:
+            break
+        kept.insert(0, (message_id, text))
+    expected = kept + ([(open_id, open_text)] if open_text else [])
+    assert [(m.message_id, m.text, m.truncated) for m in output.messages] == [
+        (message_id, cut(text), cut(text) != text) for message_id, text in expected
+    ]
+    assert output.messages_dropped == len(finished) - len(kept)

@@ -12,9 +12,9 @@ from typing import Any
 import anyio
 import pytest
 
-from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, SubagentService
+from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, SubagentService, Usage
 from subagent.acp import schema
-from subagent.acp.client import MAX_ERROR_QUOTE_CHARS, describe_request_error
+from subagent.acp.client import MAX_ERROR_QUOTE_CHARS, TurnMessage, describe_request_error, spawn_agent
 from subagent.acp.errors import RequestError
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand
@@ -163,3 +163,190 @@ async def test_a_prompt_answered_with_error_data_shows_it_the_same_way(
         f"agent `{shlex.join(command)}` answered session/prompt with error -32603: "
         'Internal error ({"details": "Claude Code process exited with code 1"})'
     )
+
+
+# -- the output is the final message --------------------------------------------------------------------
+
+
+async def test_a_warning_message_then_the_answer_gives_the_answer_as_output_and_keeps_the_warning(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    # Codex's shape: a warning message, then the answer, each with its own messageId.
+    warning = "Warning: this model is deprecated; use gpt-5-codex instead."
+    command = stub_agent_command(
+        {
+            "turns": [
+                [
+                    {"step": "message", "text": warning, "messageId": "msg-warn"},
+                    {"step": "message", "text": "The answer is 42.", "chunks": 3, "messageId": "msg-answer"},
+                ]
+            ]
+        }
+    )
+    result, run = await run_once(AcpProvider(command, cwd=tmp_path, process_options=FAST))
+    assert result == SubagentResult(output="The answer is 42.", stop_reason="completed")
+    assert run.messages == [TurnMessage("msg-warn", warning), TurnMessage("msg-answer", "The answer is 42.")]
+
+
+async def test_narration_before_a_tool_call_is_an_earlier_message_and_chunks_without_ids_join(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    command = stub_agent_command(
+        {
+            "turns": [
+                [
+                    {"step": "message", "text": "Let me look.", "chunks": 2},
+                    {"step": "tool_call", "toolCallId": "call-1", "title": "Read"},
+                    {"step": "message", "text": "Found it: ", "chunks": 2},
+                    {"step": "message", "text": "line 3."},
+                ]
+            ]
+        }
+    )
+    result, run = await run_once(AcpProvider(command, cwd=tmp_path, process_options=FAST))
+    assert result.output == "Found it: line 3."
+    assert run.messages == [TurnMessage(None, "Let me look."), TurnMessage(None, "Found it: line 3.")]
+
+
+# -- usage where agents put it --------------------------------------------------------------------------
+
+CLAUDE_USAGE = {
+    "inputTokens": 1200,
+    "outputTokens": 80,
+    "cachedReadTokens": 3000,
+    "cachedWriteTokens": 500,
+    "totalTokens": 4780,
+}
+CLAUDE_TURN = [
+    {"step": "message", "text": "Done."},
+    {"step": "usage", "used": 4780, "size": 200000, "cost": {"amount": 0.0123, "currency": "USD"}},
+    {"step": "stop", "usage": CLAUDE_USAGE},
+]
+GEMINI_TOKENS = {"input_tokens": 812, "output_tokens": 64}
+GEMINI_TURN = [
+    {"step": "message", "text": "Done."},
+    {
+        "step": "stop",
+        "meta": {
+            "quota": {
+                "token_count": GEMINI_TOKENS,
+                "model_usage": [{"model": "gemini-2.5-pro", "token_count": GEMINI_TOKENS}],
+            }
+        },
+    },
+]
+
+
+def qwen_usage_chunk(usage: dict[str, Any], duration_ms: int) -> dict[str, Any]:
+    """Qwen Code's report of one model call: an empty message chunk whose _meta has the usage."""
+    chunk = {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": ""}}
+    return {"step": "update", "update": {**chunk, "_meta": {"usage": usage, "durationMs": duration_ms}}}
+
+
+QWEN_TURN = [
+    {"step": "message", "text": "Reading."},
+    qwen_usage_chunk({"inputTokens": 100, "outputTokens": 20, "totalTokens": 120, "thoughtTokens": 5}, 900),
+    {"step": "tool_call", "toolCallId": "call-1", "title": "Read"},
+    {"step": "message", "text": "Done."},
+    qwen_usage_chunk(
+        {
+            "inputTokens": 150,
+            "outputTokens": 30,
+            "totalTokens": 180,
+            "thoughtTokens": 0,
+            "cachedReadTokens": 100,
+        },
+        700,
+    ),
+]
+CODEX_TURN = [{"step": "message", "text": "Done."}, {"step": "usage", "used": 5321, "size": 272000}]
+NULL_USED_TURN = [
+    {"step": "message", "text": "Done."},
+    {"step": "update", "update": {"sessionUpdate": "usage_update", "used": None, "size": 128000}},
+]
+
+
+@pytest.mark.parametrize(
+    ("turn", "usage"),
+    [
+        pytest.param(CLAUDE_TURN, Usage(1200, 80, 4780, None, 3000, 500), id="claude-agent-acp"),
+        pytest.param(GEMINI_TURN, Usage(input_tokens=812, output_tokens=64), id="gemini-cli"),
+        pytest.param(QWEN_TURN, Usage(250, 50, 300, 5, 100), id="qwen-code"),
+        pytest.param(CODEX_TURN, None, id="codex-acp"),
+    ],
+)
+async def test_the_result_has_the_usage_wherever_the_agent_reported_it(
+    stub_agent_command: StubAgentCommand, tmp_path: Path, turn: list[Any], usage: Usage | None
+) -> None:
+    command = stub_agent_command({"turns": [turn]})
+    result, _ = await run_once(AcpProvider(command, cwd=tmp_path, process_options=FAST))
+    assert result == SubagentResult(output="Done.", stop_reason="completed", usage=usage)
+
+
+@pytest.mark.parametrize(
+    ("turn", "usage"),
+    [
+        pytest.param(
+            CLAUDE_TURN,
+            {
+                **CLAUDE_USAGE,
+                "contextUsed": 4780,
+                "contextSize": 200000,
+                "cost": {"amount": 0.0123, "currency": "USD"},
+            },
+            id="claude-agent-acp",
+        ),
+        pytest.param(GEMINI_TURN, {"inputTokens": 812, "outputTokens": 64}, id="gemini-cli"),
+        pytest.param(
+            QWEN_TURN,
+            {
+                "inputTokens": 250,
+                "outputTokens": 50,
+                "totalTokens": 300,
+                "thoughtTokens": 5,
+                "cachedReadTokens": 100,
+            },
+            id="qwen-code",
+        ),
+        pytest.param(CODEX_TURN, {"contextUsed": 5321, "contextSize": 272000}, id="codex-acp"),
+        pytest.param(NULL_USED_TURN, {"contextSize": 128000}, id="used-null"),
+        pytest.param([{"step": "message", "text": "Done."}], None, id="none"),
+    ],
+)
+async def test_the_turns_usage_mapping_gathers_every_place_the_agent_reported_it(
+    stub_agent_command: StubAgentCommand, tmp_path: Path, turn: list[Any], usage: dict[str, Any] | None
+) -> None:
+    command = stub_agent_command({"turns": [turn]})
+    async with assert_no_leaks(), spawn_agent(command, cwd=tmp_path, process_options=FAST) as client:
+        with anyio.fail_after(WAIT):
+            await client.initialize()
+            session = await client.new_session(tmp_path)
+            result = await session.prompt("go")
+    assert (result.output, result.usage) == ("Done.", usage)
+
+
+async def test_usage_that_is_not_a_count_is_ignored(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    bogus = {"inputTokens": -5, "outputTokens": "12", "totalTokens": True, "thoughtTokens": 1.5}
+    command = stub_agent_command(
+        {
+            "turns": [
+                [
+                    qwen_usage_chunk(bogus, 1),
+                    {
+                        "step": "update",
+                        "update": {
+                            "sessionUpdate": "usage_update",
+                            "used": -1,
+                            "size": "big",
+                            "cost": {"amount": "free", "currency": "USD"},
+                        },
+                    },
+                    {"step": "stop", "meta": {"usage": bogus, "quota": {"token_count": "lots"}}},
+                ]
+            ]
+        }
+    )
+    result, _ = await run_once(AcpProvider(command, cwd=tmp_path, process_options=FAST))
+    assert result.usage is None

@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
@@ -46,6 +46,7 @@ import msgspec
 
 from subagent._version import __version__
 from subagent.acp import schema
+from subagent.acp._usage import TurnUsage
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
 from subagent.acp.errors import AcpError, ConnectionClosedError, ProtocolError, RequestError
 from subagent.acp.handlers import (
@@ -75,6 +76,7 @@ __all__ = [
     "AuthenticationRequiredError",
     "ClientSession",
     "ProtocolVersionError",
+    "TurnMessage",
     "TurnOutput",
     "TurnResult",
     "UpdateCallback",
@@ -188,28 +190,18 @@ def describe_request_error(
 # -- turns ----------------------------------------------------------------------------------------------
 
 
-class _UsageProbe(msgspec.Struct):
-    """``usage`` on a prompt response: unstable in the spec, already sent by some agents."""
-
-    usage: dict[str, Any] | None = None
-
-
-_USAGE_DECODER = msgspec.json.Decoder(_UsageProbe)
-
-
 def final_message(updates: Iterable[schema.SessionUpdate]) -> str:
-    """The text of the agent message chunks after the turn's last tool call.
+    """The turn's final message: the text of its last agent message.
 
-    Text before a tool call is narration ("let me read the file"); what follows the last one is
-    the answer. (For a turn as it streams, :class:`TurnOutput` builds the same text incrementally.)
+    A message ends at a tool call (text before one is narration: "let me read the file") and
+    where the agent starts another (a chunk with a different ``messageId``: Codex sends a warning,
+    then the answer). Chunks without a ``messageId`` belong to the message being built. (For a
+    turn as it streams, :class:`TurnOutput` builds the same text incrementally.)
     """
-    parts: list[str] = []
+    output = TurnOutput(None, max_messages=0)
     for update in updates:
-        if isinstance(update, schema.ToolCall | schema.ToolCallProgress):
-            parts.clear()
-        elif isinstance(update, schema.AgentMessageChunk) and isinstance(update.content, schema.TextContent):
-            parts.append(update.content.text)
-    return "".join(parts)
+        output.add(update)
+    return output.text
 
 
 _PARTS_PER_BLOCK: Final = 4096
@@ -217,54 +209,103 @@ _MESSAGE_CHUNK: Final = schema.AgentMessageChunk
 _TEXT: Final = schema.TextContent
 _TOOL_CALL: Final = schema.ToolCall
 _TOOL_CALL_UPDATE: Final = schema.ToolCallProgress
+_USAGE_UPDATE: Final = schema.UsageUpdate
+_UNKNOWN_UPDATE: Final = schema.UnknownSessionUpdate
+
+
+@dataclass(frozen=True, slots=True)
+class TurnMessage:
+    """One agent message of a turn: its ``messageId`` as the agent sent it (None when it sent
+    none) and its text, cut at the output limit if it went past it (then ``truncated``)."""
+
+    message_id: str | None
+    text: str
+    truncated: bool = False
 
 
 class TurnOutput:
-    """A turn's final message as it streams (what :func:`final_message` gives for the whole turn),
-    built in linear time: the text of its agent message chunks since its last tool call.
+    """A turn's messages as they stream, the last of them being its final message (what
+    :func:`final_message` gives for the whole turn), built in linear time.
 
-    It is exact up to ``limit`` characters (None: no limit). Text past the limit is not kept: the
-    text is cut at exactly ``limit`` characters and :attr:`truncated` becomes true (and stays true
-    for the turn, even when a later tool call starts the message afresh), so a caller can tell
+    A message ends at a tool call, or when a chunk carries a ``messageId`` other than the one of
+    the message being built; chunks without one extend the current message. The current message
+    is :attr:`text`; the ones before it stay readable in :attr:`messages`, the most recent of
+    them: at most ``max_messages`` (None: no limit) holding at most ``limit`` characters together
+    (older ones are dropped and counted in :attr:`messages_dropped`).
+
+    Each message is exact up to ``limit`` characters (None: no limit). Text past the limit is not
+    kept: the message is cut at exactly ``limit`` characters and :attr:`truncated` becomes true
+    (and stays true for the turn, even when a later message starts afresh), so a caller can tell
     an answer that was cut from a whole one, and stop an agent that streams without end.
     """
 
-    __slots__ = ("_blocks", "_parts", "_room", "length", "limit", "truncated")
+    __slots__ = (
+        "_blocks",
+        "_cut",
+        "_earlier",
+        "_earlier_chars",
+        "_parts",
+        "_room",
+        "length",
+        "limit",
+        "max_messages",
+        "message_id",
+        "messages_dropped",
+        "truncated",
+    )
 
-    def __init__(self, limit: int | None = DEFAULT_MAX_OUTPUT_CHARS) -> None:
+    def __init__(
+        self,
+        limit: int | None = DEFAULT_MAX_OUTPUT_CHARS,
+        *,
+        max_messages: int | None = DEFAULT_MAX_KEPT_UPDATES,
+    ) -> None:
         _check_bound("the output limit", limit)
+        _check_bound("max_messages", max_messages)
         self.limit = limit
+        self.max_messages = max_messages
         self.length = 0
-        """Characters of the message kept now."""
+        """Characters of the current message kept now."""
         self.truncated = False
+        self.message_id: str | None = None
+        """The ``messageId`` of the current message (None until a chunk of it carries one)."""
+        self.messages_dropped = 0
+        """Earlier messages of the turn let go, oldest first, to stay within the bounds."""
         self._room = sys.maxsize if limit is None else limit
+        self._cut = False  # the current message went past the limit
         # Chunks are appended as they come (the cheapest step per update) and joined a block at a
         # time, so the text costs linear time, and memory close to its size rather than an object
         # per chunk.
         self._parts: list[str] = []
         self._blocks: list[str] = []
+        self._earlier: deque[TurnMessage] = deque()
+        self._earlier_chars = 0
 
     def __repr__(self) -> str:
         cut = ", truncated" if self.truncated else ""
-        return f"<TurnOutput {self.length} chars{cut}>"
+        earlier = f", {len(self._earlier)} earlier messages" if self._earlier else ""
+        return f"<TurnOutput {self.length} chars{earlier}{cut}>"
 
     def add(self, update: schema.SessionUpdate) -> None:
         """Take the turn's next update."""
         kind = type(update)
         if kind is _MESSAGE_CHUNK:
+            message_id = update.message_id  # type: ignore[union-attr]
+            if message_id is not None and message_id != self.message_id:
+                self.start_message(message_id)
             content = update.content  # type: ignore[union-attr]
             if type(content) is _TEXT:
                 self.add_text(content.text)
         elif kind is _TOOL_CALL or kind is _TOOL_CALL_UPDATE:
-            self.clear()
+            self.end_message()
 
     def add_text(self, text: str) -> None:
-        """Append message text (cut at the limit)."""
+        """Append text to the current message (cut at the limit)."""
         length = self.length + len(text)
         if length > self._room:
             text = text[: self._room - self.length]
             length = self._room
-            self.truncated = True
+            self.truncated = self._cut = True
         self.length = length
         parts = self._parts
         parts.append(text)
@@ -272,16 +313,39 @@ class TurnOutput:
             self._blocks.append("".join(parts))
             parts.clear()
 
-    def clear(self) -> None:
-        """A tool call: what came before it was narration, not the answer."""
-        if self.length:
+    def start_message(self, message_id: str) -> None:
+        """A chunk of message ``message_id`` arrived: a message with another id ends here (one
+        with none so far takes this id)."""
+        if self.message_id is not None and self.message_id != message_id:
+            self.end_message()
+        self.message_id = message_id
+
+    def end_message(self) -> None:
+        """The current message is over (a tool call, or another message began): it becomes one
+        of the earlier messages, and the next text starts a new one."""
+        if self.length or self._cut:
+            self._keep(TurnMessage(self.message_id, self.text, self._cut))
             self._parts.clear()
             self._blocks.clear()
             self.length = 0
+        self.message_id = None
+        self._cut = False
+
+    clear = end_message
+    """The former name of :meth:`end_message` (a tool call ends the message)."""
+
+    def _keep(self, message: TurnMessage) -> None:
+        earlier = self._earlier
+        earlier.append(message)
+        self._earlier_chars += len(message.text)
+        count_limit = sys.maxsize if self.max_messages is None else self.max_messages
+        while earlier and (len(earlier) > count_limit or self._earlier_chars > self._room):
+            self._earlier_chars -= len(earlier.popleft().text)
+            self.messages_dropped += 1
 
     @property
     def text(self) -> str:
-        """The message so far."""
+        """The current message so far: the final message, once the turn is over."""
         if self._blocks:
             self._blocks.append("".join(self._parts))
             self._parts.clear()
@@ -289,6 +353,15 @@ class TurnOutput:
             self._blocks = [joined]  # asked again, it costs no second join
             return joined
         return "".join(self._parts)
+
+    @property
+    def messages(self) -> list[TurnMessage]:
+        """The turn's messages in order, the current one last (when it has text): the most recent
+        of the earlier ones, within the bounds (see :attr:`messages_dropped`)."""
+        messages = list(self._earlier)
+        if self.length or self._cut:
+            messages.append(TurnMessage(self.message_id, self.text, self._cut))
+        return messages
 
 
 @dataclass(slots=True)
@@ -299,7 +372,14 @@ class TurnResult:
     (see :class:`AcpClient`); ``update_count`` counts all of them, so ``update_count -
     len(updates)`` were dropped, oldest first. ``output`` is the final message (see
     :func:`final_message`), exact however many updates the turn had, up to the output limit;
-    ``output_truncated`` says the message went past that limit and was cut at it.
+    ``output_truncated`` says the message went past that limit and was cut at it. ``messages``
+    are the turn's agent messages in order, the final one last (see :class:`TurnOutput` for what
+    starts a message and how many are kept; ``messages_dropped`` counts those let go).
+
+    ``usage`` is the turn's token usage in ACP's names (``inputTokens``, ``outputTokens``...),
+    read from wherever the agent put it (the prompt response's ``usage`` or ``_meta``, its message
+    chunks' ``_meta``), plus ``contextUsed``, ``contextSize`` and ``cost`` from its last
+    ``usage_update``; None when it reported none.
     """
 
     stop_reason: schema.StopReason
@@ -308,6 +388,8 @@ class TurnResult:
     output: str = ""
     update_count: int = 0
     output_truncated: bool = False
+    messages: list[TurnMessage] = field(default_factory=list)
+    messages_dropped: int = 0
 
 
 @dataclass(eq=False, slots=True)
@@ -315,6 +397,7 @@ class _Turn:
     on_update: UpdateCallback | None
     updates: deque[schema.SessionUpdate]
     output: TurnOutput
+    usage: TurnUsage = field(default_factory=TurnUsage)
     count: int = 0
     cancel_requested: bool = False
 
@@ -395,7 +478,9 @@ class ClientSession:
         turn = _Turn(
             on_update,
             deque(maxlen=self._client.max_kept_updates),
-            output if output is not None else TurnOutput(self._client.max_output_chars),
+            output
+            if output is not None
+            else TurnOutput(self._client.max_output_chars, max_messages=self._client.max_kept_updates),
         )
         self._turn = turn
         try:
@@ -411,14 +496,15 @@ class ClientSession:
         finally:
             self._turn = None
         response = schema.decode(raw, type=schema.PromptResponse)
-        usage = _USAGE_DECODER.decode(raw).usage
         return TurnResult(
             stop_reason=response.stop_reason,
             updates=list(turn.updates),
-            usage=usage,
+            usage=turn.usage.result(raw),
             output=turn.output.text,
             update_count=turn.count,
             output_truncated=turn.output.truncated,
+            messages=turn.output.messages,
+            messages_dropped=turn.output.messages_dropped,
         )
 
     async def cancel(self) -> None:
@@ -472,11 +558,24 @@ class ClientSession:
             # TurnOutput.add, inlined: this runs for every update of every turn.
             kind = type(update)
             if kind is _MESSAGE_CHUNK:
+                output = turn.output
+                message_id = update.message_id  # type: ignore[union-attr]
+                if message_id is not None and message_id != output.message_id:
+                    output.start_message(message_id)
                 content = update.content  # type: ignore[union-attr]
                 if type(content) is _TEXT:
-                    turn.output.add_text(content.text)
+                    output.add_text(content.text)
+                meta = update.meta  # type: ignore[union-attr]
+                if meta is not None:
+                    turn.usage.add_chunk_meta(meta)
             elif kind is _TOOL_CALL or kind is _TOOL_CALL_UPDATE:
-                turn.output.clear()
+                turn.output.end_message()
+            elif kind is _USAGE_UPDATE:
+                turn.usage.add_usage_update(update.used, update.size, update.cost)  # type: ignore[union-attr]
+            elif kind is _UNKNOWN_UPDATE:
+                raw = update.raw  # type: ignore[union-attr]
+                if raw.get("sessionUpdate") == "usage_update":  # e.g. `"used": null`: read what fits
+                    turn.usage.add_usage_update(raw.get("used"), raw.get("size"), raw.get("cost"))
         if not self._listeners and (turn is None or turn.on_update is None):
             return None
         callbacks: list[UpdateCallback] = list(self._listeners)

@@ -20,8 +20,10 @@ JSON-RPC error answer      ``error``, with the agent's error code and message
 silence past ``timeout``   ``timeout`` (the clock pauses while a permission question waits)
 =========================  ==============================================================
 
-``output`` is the agent's final message (its text after the turn's last tool call), built as the
-turn streams and exact however many updates it has, up to ``max_output_chars`` characters
+``output`` is the agent's final message: its last message of the turn (a message ends at a tool
+call, or where the agent starts one with another ``messageId``; the earlier ones, such as a
+warning or narration before a tool call, stay readable as ``run.messages``), built as the turn
+streams and exact however many updates it has, up to ``max_output_chars`` characters
 (default 16 Mi): an agent whose message goes past that has its turn cancelled like ``cancel()``
 does, and the result is ``error``, saying so, with the message cut at the limit as ``output``.
 Every update of every turn stays readable as ``run.updates``, up to ``max_kept_updates`` (default
@@ -70,6 +72,7 @@ from subagent.acp.client import (
     AgentExitedError,
     AuthenticationRequiredError,
     ClientSession,
+    TurnMessage,
     TurnOutput,
     TurnResult,
     describe_request_error,
@@ -449,6 +452,14 @@ class AcpRun:
         ``output`` is or will be (exact however many updates it had, up to ``max_output_chars``)."""
         return "" if self._output is None else self._output.text
 
+    @property
+    def messages(self) -> list[TurnMessage]:
+        """The agent messages of the turn running now, or of the last turn, in order: the final
+        message (the result's ``output``) last, the ones before it (a warning, narration before a
+        tool call) readable here. At most ``max_kept_updates`` of the earlier ones are kept, the
+        most recent, holding at most ``max_output_chars`` characters together."""
+        return [] if self._output is None else self._output.messages
+
     # -- the SubagentRun protocol ------------------------------------------------------------------
 
     async def started(self) -> None:
@@ -779,7 +790,9 @@ class AcpRun:
         too_large = prompt_size_error(text, self.provider.max_line_bytes)
         if too_large is not None:
             return SubagentResult(output="", stop_reason="error", error=f"not sent: {too_large}")
-        self._output = output = TurnOutput(self.provider.max_output_chars)
+        self._output = output = TurnOutput(
+            self.provider.max_output_chars, max_messages=self.provider.max_kept_updates
+        )
         overflowed = anyio.Event()
         updates = self.updates
 
@@ -977,9 +990,9 @@ def _usage(raw: Mapping[str, Any] | None) -> Usage | None:
 
     def count(key: str) -> int | None:
         value = raw.get(key)
-        return value if isinstance(value, int) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
-    return Usage(
+    usage = Usage(
         input_tokens=count("inputTokens"),
         output_tokens=count("outputTokens"),
         total_tokens=count("totalTokens"),
@@ -987,3 +1000,5 @@ def _usage(raw: Mapping[str, Any] | None) -> Usage | None:
         cached_read_tokens=count("cachedReadTokens"),
         cached_write_tokens=count("cachedWriteTokens"),
     )
+    # A turn that reported only its context window (codex-acp's usage_update) has no token counts.
+    return None if usage == Usage() else usage
