@@ -16,6 +16,7 @@ from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, 
 from subagent.acp import schema
 from subagent.acp.client import MAX_ERROR_QUOTE_CHARS, TurnMessage, describe_request_error, spawn_agent
 from subagent.acp.errors import RequestError
+from subagent.acp.handlers import PermissionOption, PermissionQuestion
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks
@@ -350,3 +351,71 @@ async def test_usage_that_is_not_a_count_is_ignored(
     )
     result, _ = await run_once(AcpProvider(command, cwd=tmp_path, process_options=FAST))
     assert result.usage is None
+
+
+# -- a deny policy and an agent that aborts on a reject -------------------------------------------------
+
+# codex-acp's question before applying a patch: its only reject aborts the turn.
+CODEX_OPTIONS = [
+    {"optionId": "approved", "name": "Yes", "kind": "allow_once"},
+    {"optionId": "abort", "name": "No, provide feedback", "kind": "reject_once"},
+]
+CODEX_PATCH_TURN = [
+    {"step": "tool_call", "toolCallId": "call-1", "title": "Edit src/app.py", "kind": "edit"},
+    {
+        "step": "permission",
+        "toolCall": {"toolCallId": "call-1", "title": "Edit src/app.py", "kind": "edit"},
+        "options": CODEX_OPTIONS,
+        "branches": {
+            "abort": [{"step": "stop", "reason": "cancelled"}],
+            "cancelled": [{"step": "stop", "reason": "cancelled"}],
+            "approved": [{"step": "message", "text": "Patched."}],
+        },
+    },
+]
+
+
+async def test_a_turn_the_agent_ends_cancelled_after_a_denied_tool_call_says_the_policy_denied_it(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    command = stub_agent_command({"turns": [CODEX_PATCH_TURN]})
+    result, run = await run_once(AcpProvider(command, cwd=tmp_path, permission="deny", process_options=FAST))
+    assert result == SubagentResult(
+        output="",
+        stop_reason="cancelled",
+        error="the permission policy denied 1 tool call (the last: 'Edit src/app.py') "
+        "and the agent ended its turn as cancelled",
+    )
+    assert run.permissions_denied == 1
+
+
+async def test_an_allowed_tool_call_denies_nothing(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    command = stub_agent_command({"turns": [CODEX_PATCH_TURN]})
+    result, run = await run_once(AcpProvider(command, cwd=tmp_path, permission="allow", process_options=FAST))
+    assert result == SubagentResult(output="Patched.", stop_reason="completed")
+    assert run.permissions_denied == 0
+
+
+async def test_a_turn_we_cancel_during_a_permission_question_is_not_blamed_on_the_policy(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    asked = anyio.Event()
+
+    async def never_answers(question: PermissionQuestion) -> PermissionOption | None:
+        asked.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    command = stub_agent_command({"turns": [CODEX_PATCH_TURN]})
+    provider = AcpProvider(command, cwd=tmp_path, permission=never_answers, process_options=FAST)
+    async with assert_no_leaks(), SubagentService() as service:
+        service.register_provider(provider)
+        async with service.start(provider.name, SubagentRequest(prompt="go")) as run:
+            with anyio.fail_after(WAIT):
+                await asked.wait()
+                await run.cancel()
+                result = await run.result()
+    # The question was withdrawn because we cancelled the turn: no refusal of the policy's.
+    assert result == SubagentResult(output="", stop_reason="cancelled")

@@ -380,6 +380,12 @@ class TurnResult:
     read from wherever the agent put it (the prompt response's ``usage`` or ``_meta``, its message
     chunks' ``_meta``), plus ``contextUsed``, ``contextSize`` and ``cost`` from its last
     ``usage_update``; None when it reported none.
+
+    ``permissions_denied`` counts the permission questions of the turn the policy answered with a
+    reject option or withdrew (not counting those answered ``cancelled`` because the turn was
+    being cancelled); ``last_denied`` is the title of the last of them (its tool call id when it
+    has none). An agent that offers only an aborting reject (Codex) ends its turn ``cancelled``
+    after one: this says why.
     """
 
     stop_reason: schema.StopReason
@@ -390,6 +396,8 @@ class TurnResult:
     output_truncated: bool = False
     messages: list[TurnMessage] = field(default_factory=list)
     messages_dropped: int = 0
+    permissions_denied: int = 0
+    last_denied: str | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -400,6 +408,8 @@ class _Turn:
     usage: TurnUsage = field(default_factory=TurnUsage)
     count: int = 0
     cancel_requested: bool = False
+    permissions_denied: int = 0
+    last_denied: str | None = None
 
 
 # -- sessions -------------------------------------------------------------------------------------------
@@ -505,6 +515,8 @@ class ClientSession:
             output_truncated=turn.output.truncated,
             messages=turn.output.messages,
             messages_dropped=turn.output.messages_dropped,
+            permissions_denied=turn.permissions_denied,
+            last_denied=turn.last_denied,
         )
 
     async def cancel(self) -> None:
@@ -630,11 +642,18 @@ class ClientSession:
             # The clock restarts when the answer goes out: waiting on the policy is not silence.
             self.last_activity = time.monotonic()
         if scope.cancelled_caught or decision is PermissionOutcome.CANCELLED:
-            return None
-        if decision not in question.options:
+            chosen = None
+        elif decision not in question.options:
             logger.error("permission policy %r answered an option that was not offered; cancelling", policy)
-            return None
-        return decision
+            chosen = None
+        else:
+            chosen = decision
+        refused = chosen is None or chosen.kind.startswith("reject")
+        if refused and turn is not None and not turn.cancel_requested:
+            # The policy said no (a turn being cancelled says no to everything: that is not it).
+            turn.permissions_denied += 1
+            turn.last_denied = question.title or question.tool_call_id
+        return chosen
 
 
 # -- the client -----------------------------------------------------------------------------------------
