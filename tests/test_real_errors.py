@@ -16,7 +16,7 @@ from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, 
 from subagent.acp import schema
 from subagent.acp.client import MAX_ERROR_QUOTE_CHARS, TurnMessage, describe_request_error, spawn_agent
 from subagent.acp.errors import RequestError
-from subagent.acp.handlers import PermissionOption, PermissionQuestion
+from subagent.acp.handlers import PermissionQuestion
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks
@@ -403,7 +403,7 @@ async def test_a_turn_we_cancel_during_a_permission_question_is_not_blamed_on_th
 ) -> None:
     asked = anyio.Event()
 
-    async def never_answers(question: PermissionQuestion) -> PermissionOption | None:
+    async def never_answers(question: PermissionQuestion) -> str | None:
         asked.set()
         await anyio.sleep_forever()
         raise AssertionError("unreachable")
