@@ -44,12 +44,18 @@ pytestmark = [
 
 PROCS = Path(__file__).resolve().parent.parent / "fixtures" / "procs"
 SUPERVISOR_SCRIPT = Path(__file__).resolve().parent.parent / "subagent" / "acp" / "_supervisor.py"
-SHORT_GRACE = 0.3
+SHORT_GRACE = 0.3  # for a teardown step the process ignores: it always runs out, and decides nothing
+# For a teardown step the processes honour: it ends when they are gone, so it costs nothing, and a loaded
+# machine slow to run their exit cannot make teardown take the next step.
+GENEROUS_GRACE = 30.0
+# For a signal handler to run before the next step, where the process ignores the step and so waits it out.
+HANDLER_GRACE = 2.0
+WAIT = 30  # seconds: a hang guard on one step of a test, never a statement about speed
 ALL_THREE_STEPS = (TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM, TeardownStep.SIGKILL)
 STDIN_THEN_SIGTERM = (TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM)
 # Hang guard for everything to be gone once our process was SIGKILLed: the supervisor notices within 0.25 s,
 # gives SIGTERM 1 s, then SIGKILLs; the rest is slack for a loaded machine.
-GONE_AFTER_PARENT_DEATH_TIMEOUT = 15
+GONE_AFTER_PARENT_DEATH_TIMEOUT = 30
 SESSION = "sess-1"
 
 
@@ -59,7 +65,7 @@ def fixture_argv(name: str, *args: str) -> list[str]:
 
 
 async def read_line(stdout: anyio.abc.ByteReceiveStream) -> bytes:
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         return await BufferedByteReceiveStream(stdout).receive_until(b"\n", 4096)
 
 
@@ -120,11 +126,12 @@ async def helpers_killed_afterwards(pids: list[int]) -> AsyncIterator[list[int]]
 async def test_helpers_that_left_the_group_by_setsid_setpgid_or_double_fork_are_gone_after_teardown(
     agent_mode: str, helper_mode: str, steps: tuple[TeardownStep, ...], returncode: int
 ) -> None:
+    agent_exits_on_eof = agent_mode == "exit-on-stdin-eof"
     async with assert_no_leaks():
         async with open_agent_process(
             fixture_argv("escaping_descendants.py", agent_mode, helper_mode),
             stdin_close_timeout=SHORT_GRACE,
-            sigterm_timeout=SHORT_GRACE,
+            sigterm_timeout=GENEROUS_GRACE if helper_mode == "obey-sigterm" else SHORT_GRACE,
         ) as proc:
             agent_pid, *helper_pids = map(int, (await read_line(proc.stdout)).split())
             assert agent_pid == proc.pid == proc.pgid
@@ -133,8 +140,14 @@ async def test_helpers_that_left_the_group_by_setsid_setpgid_or_double_fork_are_
                 info = process_info(pid)
                 assert info is not None
                 assert info.pgrp != proc.pgid  # they really left the agent's group
+            if agent_exits_on_eof:
+                # Its cue to exit, given before teardown: however long a loaded machine takes to run the
+                # exit, no teardown signal can overtake it.
+                await proc.stdin.aclose()
+                with anyio.fail_after(WAIT):
+                    await proc.wait_exit()
         assert proc.teardown_report == TeardownReport(
-            steps=steps, exited_before_teardown=False, group_gone=True
+            steps=steps, exited_before_teardown=agent_exits_on_eof, group_gone=True
         )
         assert proc.returncode == returncode
         assert proc.supervisor_pid is not None
@@ -160,10 +173,11 @@ async def test_wait_exit_returns_when_the_agent_exits_while_its_escaped_helpers_
         async with open_agent_process(
             fixture_argv("escaping_descendants.py", "exit-on-stdin-eof", "obey-sigterm"),
             stdin_close_timeout=SHORT_GRACE,
+            sigterm_timeout=GENEROUS_GRACE,
         ) as proc:
             _, *helper_pids = map(int, (await read_line(proc.stdout)).split())
             await proc.stdin.aclose()
-            with anyio.fail_after(10):
+            with anyio.fail_after(WAIT):
                 info = await proc.wait_exit()
             assert (info.returncode, info.status_known) == (0, True)
             # The supervisor stays while descendants remain: it is what keeps them within reach.
@@ -181,7 +195,7 @@ async def test_a_terminal_command_s_double_forked_helpers_are_gone_after_release
     # TerminalHost spawns through open_agent_process, so its commands run under the supervisor too.
     args = [str(PROCS / "escaping_descendants.py"), "exit-on-stdin-eof", "ignore-sigterm"]
     async with assert_no_leaks(), TerminalHost(cwd=tmp_path, kill_grace=SHORT_GRACE) as host:
-        with anyio.fail_after(10):
+        with anyio.fail_after(WAIT):
             created = await host.create(
                 schema.CreateTerminalRequest(session_id=SESSION, command=sys.executable, args=args)
             )
@@ -190,14 +204,14 @@ async def test_a_terminal_command_s_double_forked_helpers_are_gone_after_release
                 lambda text: "\n" in text,
             )
         command_pid, *helper_pids = map(int, output.output.split())
-        with anyio.fail_after(10):
+        with anyio.fail_after(WAIT):
             exit_status = await host.wait_for_exit(
                 schema.WaitForTerminalExitRequest(session_id=SESSION, terminal_id=created.terminal_id)
             )
         # The command exits at once (its stdin is closed); its helpers live on until the release.
         assert exit_status == schema.WaitForTerminalExitResponse(exit_code=0)
         assert all(running(pid) for pid in helper_pids)
-        with anyio.fail_after(10):
+        with anyio.fail_after(WAIT):
             await host.release(
                 schema.ReleaseTerminalRequest(session_id=SESSION, terminal_id=created.terminal_id)
             )
@@ -209,7 +223,7 @@ async def test_a_terminal_command_s_escaped_helpers_are_gone_once_the_host_close
     args = [str(PROCS / "escaping_descendants.py"), "ignore-sigterm", "ignore-sigterm"]
     async with assert_no_leaks():
         async with TerminalHost(cwd=tmp_path, kill_grace=SHORT_GRACE) as host:
-            with anyio.fail_after(10):
+            with anyio.fail_after(WAIT):
                 created = await host.create(
                     schema.CreateTerminalRequest(session_id=SESSION, command=sys.executable, args=args)
                 )
@@ -240,7 +254,7 @@ async def test_when_the_parent_is_sigkilled_its_agent_and_every_escaped_helper_a
             tree = [supervisor_pid, agent_pid, *helper_pids]
             assert all(running(pid) for pid in tree)
             parent.kill()
-            with anyio.fail_after(10):
+            with anyio.fail_after(WAIT):
                 assert await parent.wait() == -signal.SIGKILL
         survivors = await survivors_after_polling(tree, GONE_AFTER_PARENT_DEATH_TIMEOUT)
         assert survivors == []
@@ -283,7 +297,7 @@ async def test_when_the_cli_is_sigkilled_mid_turn_its_agent_and_the_agent_s_daem
             assert daemon_pid in tree
             assert len(tree) == 3
             process.kill()
-            with anyio.fail_after(10):
+            with anyio.fail_after(WAIT):
                 assert await process.wait() == -signal.SIGKILL
         survivors = await survivors_after_polling(tree, GONE_AFTER_PARENT_DEATH_TIMEOUT)
         assert survivors == []
@@ -310,7 +324,7 @@ async def test_the_agent_s_exit_status_is_mirrored_exactly(argv: list[str], retu
         for supervise in (True, False):
             async with open_agent_process(argv, supervise=supervise) as proc:
                 assert proc.supervised is supervise
-                with anyio.fail_after(10):
+                with anyio.fail_after(WAIT):
                     infos.append(await proc.wait_exit())
     supervised, direct = infos
     assert (supervised.returncode, supervised.status_known) == (returncode, True)
@@ -322,7 +336,7 @@ async def test_an_agent_killed_outright_as_by_the_oom_killer_is_reported_killed_
     async with assert_no_leaks(), open_agent_process(fixture_argv("ignores_stdin_eof.py")) as proc:
         assert await read_line(proc.stdout) == b"ready"
         os.kill(proc.pid, signal.SIGKILL)
-        with anyio.fail_after(10):
+        with anyio.fail_after(WAIT):
             info = await proc.wait_exit()
     assert (info.returncode, info.killed_by, info.teardown_signal) == (-signal.SIGKILL, signal.SIGKILL, None)
 
@@ -365,7 +379,7 @@ async def test_the_agent_starts_with_default_sigpipe_and_the_signal_state_of_a_d
         for supervise in (True, False):
             # cat reports its own signal state as exec left it (a Python agent would reset SIGPIPE itself).
             async with open_agent_process(["cat", "/proc/self/status"], supervise=supervise) as proc:
-                with anyio.fail_after(10):
+                with anyio.fail_after(WAIT):
                     output = b""
                     while b"SigIgn" not in output or not output.endswith(b"\n"):
                         output += await proc.stdout.receive()
@@ -449,7 +463,7 @@ def exec_refuses(text: str) -> bool:
 
 
 async def read_to_end(stream: anyio.abc.ByteReceiveStream) -> bytes:
-    with anyio.fail_after(10):
+    with anyio.fail_after(WAIT):
         return b"".join([chunk async for chunk in stream])
 
 
@@ -496,7 +510,9 @@ async def test_any_arguments_reach_the_agent_byte_for_byte_or_are_refused_with_a
 async def test_a_sigkilled_supervisor_hangs_nothing_and_the_agent_s_status_is_reported_unknown() -> None:
     async with assert_no_leaks():
         async with open_agent_process(
-            fixture_argv("ignores_stdin_eof.py"), stdin_close_timeout=SHORT_GRACE
+            fixture_argv("ignores_stdin_eof.py"),
+            stdin_close_timeout=SHORT_GRACE,
+            sigterm_timeout=GENEROUS_GRACE,
         ) as proc:
             assert await read_line(proc.stdout) == b"ready"
             assert proc.supervisor_pid is not None
@@ -518,7 +534,8 @@ async def test_a_stopped_supervisor_is_killed_as_a_last_resort_and_teardown_stil
             fixture_argv("ignores_sigterm.py"),
             stdin_close_timeout=SHORT_GRACE,
             sigterm_timeout=SHORT_GRACE,
-            sigkill_timeout=SHORT_GRACE,
+            # Sat out once (the stopped supervisor reaps nothing), then the wait for the last resort to work.
+            sigkill_timeout=HANDLER_GRACE,
         ) as proc:
             assert await read_line(proc.stdout) == b"ready"
             assert proc.supervisor_pid is not None
@@ -554,7 +571,7 @@ async def run_supervisor_script(parent_pid: int, *argv: str) -> tuple[int, list[
     read_end, write_end = os.pipe()
     command = [sys.executable, "-I", "-S", str(SUPERVISOR_SCRIPT), "--status-fd", str(write_end)]
     try:
-        with anyio.fail_after(10):
+        with anyio.fail_after(WAIT):
             result = await anyio.run_process(
                 [*command, "--parent-pid", str(parent_pid), "--", *argv], pass_fds=(write_end,), check=False
             )
@@ -603,7 +620,7 @@ async def test_teardown_s_sigterm_reaches_the_agent_exactly_once() -> None:
     # programs skip their clean-up.
     async with assert_no_leaks():
         async with open_agent_process(
-            fixture_argv("reports_sigterm.py"), stdin_close_timeout=SHORT_GRACE, sigterm_timeout=SHORT_GRACE
+            fixture_argv("reports_sigterm.py"), stdin_close_timeout=SHORT_GRACE, sigterm_timeout=HANDLER_GRACE
         ) as proc:
             assert await read_line(proc.stdout) == b"ready"
         assert proc.teardown_report == TeardownReport(
@@ -615,12 +632,13 @@ async def test_teardown_s_sigterm_reaches_the_agent_exactly_once() -> None:
 async def test_a_sigterm_sent_to_the_supervisor_by_anyone_stops_the_whole_tree() -> None:
     async with assert_no_leaks():
         async with open_agent_process(
-            fixture_argv("escaping_descendants.py", "exit-on-stdin-eof", "obey-sigterm")
+            fixture_argv("escaping_descendants.py", "exit-on-stdin-eof", "obey-sigterm"),
+            stdin_close_timeout=GENEROUS_GRACE,
         ) as proc:
             _, *helper_pids = map(int, (await read_line(proc.stdout)).split())
             assert proc.supervisor_pid is not None
             os.kill(proc.supervisor_pid, signal.SIGTERM)
-            with anyio.fail_after(10):
+            with anyio.fail_after(WAIT):
                 info = await proc.wait_exit()
             assert (info.returncode, info.teardown_signal) == (-signal.SIGTERM, None)
         # Everything was gone before teardown began: closing stdin was all it had to do.
