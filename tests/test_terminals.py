@@ -43,8 +43,8 @@ RESOURCE_NOT_FOUND = -32002
 
 SESSION = "sess-1"
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "terminals"
-# Bounds every wait for an event; generous, because a loaded CI machine starts interpreters slowly.
-EVENT_TIMEOUT = 10
+# Bounds every wait for an event: a hang guard, generous because a loaded machine starts interpreters slowly.
+EVENT_TIMEOUT = 30
 # For tests whose command outlasts SIGTERM: short enough to keep the module fast.
 SHORT_GRACE = 0.3
 # A command that prints "started" and then runs until a signal ends it.
