@@ -42,7 +42,13 @@ $(QWEN_CODE):
 		npm install --silent --no-audit --no-fund --prefix .interop/qwen-code @qwen-code/qwen-code@0.15.10; \
 	else echo "npm not found: the real-agent tests will be skipped"; fi
 
-interop: $(INTEROP_AGENT) $(CLAUDE_ACP) $(QWEN_CODE) ## install the third-party ACP agents the interop and real-agent tests drive
+CODEX_ACP := .interop/codex-acp/node_modules/@zed-industries/codex-acp/bin/codex-acp.js
+$(CODEX_ACP):
+	@if command -v npm >/dev/null 2>&1; then \
+		npm install --silent --no-audit --no-fund --prefix .interop/codex-acp @zed-industries/codex-acp@0.16.0; \
+	else echo "npm not found: the real-agent tests will be skipped"; fi
+
+interop: $(INTEROP_AGENT) $(CLAUDE_ACP) $(QWEN_CODE) $(CODEX_ACP) ## install the third-party ACP agents the interop and real-agent tests drive
 
 test: $(STAMP) interop ## run the test suite on asyncio and trio
 	$(BIN)/python -m pytest

@@ -3,9 +3,11 @@
 * Claude Code, through ``claude-agent-acp`` (npm ``@agentclientprotocol/claude-agent-acp``), against the
   scripted Anthropic Messages server (`subagent.testing.anthropic_server`);
 * Qwen Code (npm ``@qwen-code/qwen-code``, ``qwen --acp --auth-type openai``), against the scripted
-  chat-completions server (`subagent.testing.chat_server`).
+  chat-completions server (`subagent.testing.chat_server`);
+* Codex, through ``codex-acp`` (npm ``@zed-industries/codex-acp``), against the scripted Responses API
+  server (`subagent.testing.responses_server`), with a ``[model_providers.stub]`` in its ``CODEX_HOME``.
 
-`make interop` installs both, pinned, under ``.interop/``; without them (or without node) these tests are
+`make interop` installs them, pinned, under ``.interop/``; without them (or without node) these tests are
 skipped, or fail when ``SUBAGENT_REQUIRE_INTEROP`` is set (CI sets it). Each test runs the real CLI as a
 subprocess, ``subagent run --json --events``, and asserts its exact outcome: the answer, a permission
 question allowed and denied, and a turn cancelled by SIGINT while the model's answer is mid-stream.
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -52,6 +56,12 @@ from subagent.testing.chat_server import (
     ToolCallReply,
     serve_chat_completions,
 )
+from subagent.testing.responses_server import (
+    FunctionCall,
+    ResponsesReply,
+    ResponsesRequest,
+    serve_responses,
+)
 from tests.leaks import LEAK_TAG_VARIABLE, assert_no_leaks, leaked_processes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess, pytest.mark.real_agent]
@@ -60,6 +70,7 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 INTEROP: Final = ROOT / ".interop"
 CLAUDE_ACP: Final = INTEROP / "claude-agent-acp/node_modules" / "@agentclientprotocol" / "claude-agent-acp"
 CLAUDE_ACP_SCRIPT: Final = CLAUDE_ACP / "dist" / "index.js"
+CODEX_ACP: Final = INTEROP / "codex-acp/node_modules/@zed-industries/codex-acp/bin/codex-acp.js"
 QWEN_CODE: Final = INTEROP / "qwen-code" / "node_modules" / "@qwen-code" / "qwen-code" / "cli.js"
 NODE: Final = shutil.which("node")
 RUN_BOUND: Final = 90.0  # seconds for one CLI run, start to exit: a hang guard on a loaded machine
@@ -238,6 +249,58 @@ async def serve_qwen(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict
         yield server, env, log
 
 
+# -- Codex -----------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def serve_codex(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict[str, str], ModelLog]]:
+    log = ModelLog()
+
+    def respond(request: ResponsesRequest) -> ResponsesReply:
+        if not request.tool_names:
+            return ResponsesReply(text=SIDE_CALL)
+        if outputs := request.function_call_outputs:
+            log.tool_results += [_text_of(output.get("output")) for output in outputs]
+            return ResponsesReply(text=WRITTEN if turn.write and turn.write.exists() else NOT_WRITTEN)
+        log.started += 1
+        if turn.stall:
+            log.stalled.append(request.disconnected)
+            # response.created, the message item, its first text delta: then nothing more.
+            return ResponsesReply(text=(STALLED, " some more"), stall_after=3)
+        if turn.write is not None:
+            command = f"printf {shlex.quote(CONTENT)} > {shlex.quote(str(turn.write))}"
+            call = FunctionCall("call_stub_1", "exec_command", json.dumps({"cmd": command}))
+            return ResponsesReply(text=PREAMBLE, function_calls=[call])
+        return ResponsesReply(text=ANSWER)
+
+    async with serve_responses(respond) as server:
+        codex_home = home / ".codex"
+        codex_home.mkdir(parents=True)
+        # A model Codex knows (else its first message warns about missing metadata); every command is asked
+        # about ("untrusted"); no sandbox, which a container may not support; no analytics, no update check.
+        (codex_home / "config.toml").write_text(
+            f"""
+model = "gpt-5.4-mini"
+model_provider = "stub"
+approval_policy = "untrusted"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+
+[model_providers.stub]
+name = "Stub"
+base_url = "{server.base_url}"
+env_key = "STUB_API_KEY"
+wire_api = "responses"
+
+[analytics]
+enabled = false
+"""
+        )
+        env = base_env(home, server.base_url.removesuffix("/v1"))
+        env |= {"CODEX_HOME": str(codex_home), "STUB_API_KEY": "sk-stub-not-a-key"}
+        yield server, env, log
+
+
 def _text_of(content: Any) -> str:
     """A tool result's text: a string, or the texts of a list of content parts, joined."""
     if isinstance(content, str):
@@ -247,10 +310,12 @@ def _text_of(content: Any) -> str:
     return repr(content)
 
 
-@pytest.fixture(params=["claude", "qwen"])
+@pytest.fixture(params=["claude", "qwen", "codex"])
 def agent(request: pytest.FixtureRequest) -> Agent:
     if request.param == "claude":
         return Agent("claude", require(CLAUDE_ACP_SCRIPT), serve_claude)
+    if request.param == "codex":
+        return Agent("codex", require(CODEX_ACP), serve_codex)
     return Agent("qwen", [*require(QWEN_CODE), "--acp", "--auth-type", "openai"], serve_qwen)
 
 
@@ -389,11 +454,20 @@ async def test_a_real_agent_answers_with_exactly_the_models_text_and_completes(
     assert finished.of("permission") == []
 
 
-TOOL_RESULT_WRITTEN: Final = {
-    "claude": "File created successfully at: {path}"
-    " (file state is current in your context — no need to Read it back)",
-    "qwen": "Successfully created and wrote to new file: {path}.",
-}
+def tool_result_written(agent: str, path: Path) -> str:
+    """A pattern of what ``agent`` tells the model once it has written ``path``."""
+    if agent == "claude":
+        return re.escape(
+            f"File created successfully at: {path}"
+            " (file state is current in your context — no need to Read it back)"
+        )
+    if agent == "qwen":
+        return re.escape(f"Successfully created and wrote to new file: {path}.")
+    # Codex reports the command's run: an id and a wall time that change every run, then its exit status.
+    return (
+        r"Chunk ID: \w+\nWall time: [\d.]+ seconds\nProcess exited with code 0\n"
+        r"Original token count: 0\nOutput:\n"
+    )
 
 
 async def test_a_real_agent_writes_the_file_when_its_permission_question_is_allowed(
@@ -405,15 +479,19 @@ async def test_a_real_agent_writes_the_file_when_its_permission_question_is_allo
     assert finished.result["output"] == WRITTEN  # the text after the tool call: the final answer
     assert await anyio.Path(target).read_text() == CONTENT
     assert permission_choices(finished) == [("allow_once", "--permission allow")]
-    assert log.tool_results == [TOOL_RESULT_WRITTEN[agent.name].format(path=target)]
+    (told_model,) = log.tool_results
+    assert re.fullmatch(tool_result_written(agent.name, target), told_model), told_model
 
 
-# What each agent tells the model, and what the CLI reports as the answer, when the write is refused.
+# What each agent tells the model when the write is refused, and how the turn ends: (what the model is
+# told, exit status, output, stop reason).
 DENIED: Final = {
     # Claude Code reports the tool call failed; the answer is the text after it.
-    "claude": ("User refused permission to run tool", NOT_WRITTEN),
+    "claude": (["User refused permission to run tool"], 0, NOT_WRITTEN, "completed"),
     # Qwen Code sends no tool-call update for a refused call, so the answer runs on from the preamble.
-    "qwen": ('Tool "write_file" was canceled by the user.', PREAMBLE + NOT_WRITTEN),
+    "qwen": (['Tool "write_file" was canceled by the user.'], 0, PREAMBLE + NOT_WRITTEN, "completed"),
+    # Codex ends its turn as cancelled at once (its refusal option is "abort"), the model told nothing.
+    "codex": ([], 1, PREAMBLE, "cancelled"),
 }
 
 
@@ -421,17 +499,16 @@ async def test_a_real_agent_leaves_the_file_unwritten_when_its_permission_questi
     agent: Agent, tmp_path: Path, target: Path
 ) -> None:
     finished, _, log = await run_cli(agent, Turn(write=target), tmp_path, permission="deny")
-    told_model, answer = DENIED[agent.name]
+    told_model, status, output, stop_reason = DENIED[agent.name]
     assert not await anyio.Path(target).exists()
     assert permission_choices(finished) == [("reject_once", "--permission deny")]
-    assert log.tool_results == [told_model]
-    assert finished.status == 0
-    assert finished.result == {
-        **finished.result,
-        "output": answer,
-        "stopReason": "completed",
-        "error": None,
-    }
+    assert log.tool_results == told_model
+    assert finished.status == status
+    assert (finished.result["output"], finished.result["stopReason"]) == (output, stop_reason)
+    if stop_reason == "completed":
+        assert finished.result["error"] is None
+    else:  # the CLI explains that the refusal ended the turn
+        assert "--permission deny" in finished.result["error"]
 
 
 async def test_sigint_cancels_a_real_agents_turn_while_the_model_stalls_mid_answer(

@@ -227,27 +227,7 @@ class AnthropicMessagesServer:
         self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, *, tunnelled: bool = False
     ) -> None:
         try:
-            request_line = await _read_line(reader)
-            method, target, version = request_line.split(" ")
-            if not version.startswith("HTTP/1."):
-                raise ValueError(f"unsupported protocol {version!r}")
-            headers: dict[str, str] = {}
-            for _ in range(_MAX_HEADERS):
-                line = await _read_line(reader)
-                if not line:
-                    break
-                name, sep, value = line.partition(":")
-                if not sep or not name or name != name.strip():
-                    raise ValueError(f"malformed header line {line[:80]!r}")
-                key = name.lower()
-                headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-            else:
-                raise ValueError(f"more than {_MAX_HEADERS} headers")
-            if "chunked" in headers.get("transfer-encoding", "").lower():
-                raise ValueError("send the body with Content-Length")
-            length = int(headers.get("content-length", "0"))
-            if not 0 <= length <= _MAX_BODY:
-                raise ValueError(f"bad Content-Length {length}")
+            method, target, headers, length = await read_request_head(reader)
         except (anyio.DelimiterNotFound, ValueError) as exc:
             await _send_json(stream, 400, _error_body("invalid_request_error", f"bad request: {exc}"))
             return
@@ -318,6 +298,32 @@ async def serve_anthropic_messages(
             yield server
         finally:
             tg.cancel_scope.cancel()
+
+
+async def read_request_head(reader: BufferedByteReceiveStream) -> tuple[str, str, dict[str, str], int]:
+    """An HTTP/1.1 request head: (method, target, lower-cased headers, Content-Length). ValueError (or
+    anyio.DelimiterNotFound, for an overlong line) when it is malformed or the body is chunked."""
+    method, target, version = (await _read_line(reader)).split(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"unsupported protocol {version!r}")
+    headers: dict[str, str] = {}
+    for _ in range(_MAX_HEADERS):
+        line = await _read_line(reader)
+        if not line:
+            break
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise ValueError(f"malformed header line {line[:80]!r}")
+        key = name.lower()
+        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+    else:
+        raise ValueError(f"more than {_MAX_HEADERS} headers")
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raise ValueError("send the body with Content-Length")
+    length = int(headers.get("content-length", "0"))
+    if not 0 <= length <= _MAX_BODY:
+        raise ValueError(f"bad Content-Length {length}")
+    return method, target, headers, length
 
 
 async def _read_line(reader: BufferedByteReceiveStream) -> str:

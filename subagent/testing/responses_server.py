@@ -1,0 +1,275 @@
+"""A scripted stub of the OpenAI Responses API, on loopback, to run real agents (Codex) offline.
+
+It works as `subagent.testing.anthropic_server` does: inside the caller's event loop, a *responder*
+decides each answer from the request (an agent's side calls make positions unpredictable)::
+
+    def respond(request: ResponsesRequest) -> ResponsesReply:
+        if request.function_call_outputs:            # the command ran: finish the turn
+            return ResponsesReply(text="Done.")
+        return ResponsesReply(function_calls=[FunctionCall("call_1", "exec_command", '{"cmd": "ls"}')])
+
+    async with serve_responses(respond) as server:
+        ...  # a Codex provider with base_url = server.base_url and wire_api = "responses"
+
+``POST /v1/responses`` gets the reply as a server-sent-event stream (``response.created``; per text
+message ``response.output_item.added``, one ``response.output_text.delta`` per piece,
+``response.output_item.done``; per function call ``response.output_item.done``; then
+``response.completed`` with usage), optionally stalled after a number of events. Anything else is
+answered 404. Every request is recorded in ``server.requests``; ``CONNECT`` is handled as the
+Anthropic stub does (a tunnel to the server itself, 403 elsewhere, listed in ``server.tunnels``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from subagent.testing.anthropic_server import read_request_head
+from subagent.testing.chat_server import (
+    _ClientGone,
+    _open_tunnel,
+    _send,
+    _send_json,
+    _send_stream_head,
+    _wait_for_disconnect,
+)
+
+__all__ = [
+    "FunctionCall",
+    "ResponsesReply",
+    "ResponsesRequest",
+    "ResponsesResponder",
+    "ResponsesServer",
+    "serve_responses",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionCall:
+    """One ``function_call`` output item: the model calls tool ``name`` with ``arguments`` (JSON text)."""
+
+    call_id: str
+    name: str
+    arguments: str = "{}"
+
+
+@dataclass(frozen=True, slots=True)
+class ResponsesReply:
+    """One response: a text message (``text`` as pieces, one delta each, or a string sent whole), then
+    the function calls. ``stall_after=N`` sends the first N events, then hangs until the client hangs up."""
+
+    text: str | Sequence[str] = ""
+    function_calls: Sequence[FunctionCall] = ()
+    input_tokens: int = 10
+    output_tokens: int = 5
+    stall_after: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.text, str):
+            object.__setattr__(self, "text", tuple(self.text))
+        object.__setattr__(self, "function_calls", tuple(self.function_calls))
+        if self.stall_after is not None and self.stall_after < 0:
+            raise ValueError(f"stall_after must be >= 0, got {self.stall_after}")
+
+    @property
+    def text_pieces(self) -> tuple[str, ...]:
+        """The text as streamed, one piece per ``response.output_text.delta``."""
+        if isinstance(self.text, str):
+            return (self.text,) if self.text else ()
+        return tuple(self.text)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class ResponsesRequest:
+    """A request as received: lower-cased ``headers``, ``json`` body (None when not JSON), and
+    ``disconnected``, set when the client hung up on the reply."""
+
+    index: int
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    json: Any
+    disconnected: anyio.Event = field(repr=False)
+
+    @property
+    def input_items(self) -> list[Any]:
+        """The request's ``input`` items (empty when there are none)."""
+        items = self.json.get("input") if isinstance(self.json, dict) else None
+        return list(items) if isinstance(items, list) else []
+
+    @property
+    def function_call_outputs(self) -> list[Mapping[str, Any]]:
+        """The ``function_call_output`` items after the last user message: what the tools just returned."""
+        outputs: list[Mapping[str, Any]] = []
+        for item in self.input_items:
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "message" and item.get("role") == "user":
+                outputs = []
+            elif item.get("type") == "function_call_output":
+                outputs.append(item)
+        return outputs
+
+    @property
+    def tool_names(self) -> list[str]:
+        """The names of the tools the request offers (tools without a name are left out)."""
+        tools = self.json.get("tools") if isinstance(self.json, dict) else None
+        if not isinstance(tools, list):
+            return []
+        return [str(tool["name"]) for tool in tools if isinstance(tool, dict) and "name" in tool]
+
+
+ResponsesResponder = Callable[[ResponsesRequest], ResponsesReply]
+"""What the server calls for each ``POST /v1/responses`` to decide the answer."""
+
+
+class ResponsesServer:
+    """The running stub server: where it listens, what it received. See :func:`serve_responses`."""
+
+    def __init__(self, responder: ResponsesResponder, *, port: int) -> None:
+        self.responder = responder
+        self.port = port
+        self.requests: list[ResponsesRequest] = []
+        """Every request received, in arrival order, whatever its route."""
+        self.tunnels: list[str] = []
+        """The target (``host:port``) of every ``CONNECT``."""
+
+    @property
+    def base_url(self) -> str:
+        """The provider base URL: ``http://127.0.0.1:PORT/v1``."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def __repr__(self) -> str:
+        return f"ResponsesServer({self.base_url!r}, requests={len(self.requests)})"
+
+    async def _handle(self, stream: anyio.abc.ByteStream) -> None:
+        async with stream:
+            reader = BufferedByteReceiveStream(stream)
+            with contextlib.suppress(
+                _ClientGone,
+                anyio.EndOfStream,
+                anyio.IncompleteRead,
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+            ):
+                await self._serve_one(stream, reader)
+
+    async def _serve_one(
+        self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, *, tunnelled: bool = False
+    ) -> None:
+        try:
+            method, target, headers, length = await read_request_head(reader)
+        except (anyio.DelimiterNotFound, ValueError) as exc:
+            await _send_json(stream, 400, _error_body(f"bad request: {exc}"))
+            return
+        body = await reader.receive_exactly(length) if length else b""
+        try:
+            payload: Any = json.loads(body) if body else None
+        except ValueError:
+            payload = None
+        request = ResponsesRequest(
+            index=len(self.requests),
+            method=method,
+            path=target.split("?", 1)[0],
+            headers=headers,
+            json=payload,
+            disconnected=anyio.Event(),
+        )
+        self.requests.append(request)
+        if method == "CONNECT":
+            self.tunnels.append(target)
+            if tunnelled:
+                await _send_json(stream, 400, _error_body("no CONNECT inside a tunnel"))
+            elif await _open_tunnel(stream, target, self.port):
+                await self._serve_one(stream, reader, tunnelled=True)
+            return
+        if (method, request.path) != ("POST", "/v1/responses"):
+            await _send_json(stream, 404, _error_body(f"no route {method} {request.path}"))
+            return
+        if not isinstance(payload, dict):
+            await _send_json(stream, 400, _error_body("the body is not a JSON object"))
+            return
+        try:
+            await _stream(stream, reader, self.responder(request), request.index)
+        except _ClientGone:
+            request.disconnected.set()
+
+
+@asynccontextmanager
+async def serve_responses(responder: ResponsesResponder) -> AsyncIterator[ResponsesServer]:
+    """Serve the Responses API on a free loopback port for the duration of the block, answering each
+    ``POST /v1/responses`` with ``responder(request)``. Leaving the block closes every connection."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
+    server = ResponsesServer(responder, port=listener.extra(anyio.abc.SocketAttribute.local_port))
+    async with listener, anyio.create_task_group() as tg:
+        tg.start_soon(listener.serve, server._handle, tg, name="stub Responses server")
+        try:
+            yield server
+        finally:
+            tg.cancel_scope.cancel()
+
+
+def _error_body(message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "invalid_request_error", "code": None}}
+
+
+def _events(reply: ResponsesReply, index: int) -> list[dict[str, Any]]:
+    response_id = f"resp_stub_{index + 1:04d}"
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": {"id": response_id}}]
+    position = 0
+    if reply.text_pieces:
+        item_id = f"msg_stub_{index + 1:04d}"
+        item = {"type": "message", "id": item_id, "role": "assistant", "content": []}
+        events.append({"type": "response.output_item.added", "output_index": position, "item": item})
+        events += [
+            {
+                "type": "response.output_text.delta",
+                "item_id": item_id,
+                "output_index": position,
+                "content_index": 0,
+                "delta": piece,
+            }
+            for piece in reply.text_pieces
+        ]
+        content = [{"type": "output_text", "text": "".join(reply.text_pieces), "annotations": []}]
+        done = {**item, "content": content, "status": "completed"}
+        events.append({"type": "response.output_item.done", "output_index": position, "item": done})
+        position += 1
+    for call in reply.function_calls:
+        item = {
+            "type": "function_call",
+            "id": f"fc_{call.call_id}",
+            "call_id": call.call_id,
+            "name": call.name,
+            "arguments": call.arguments,
+            "status": "completed",
+        }
+        events.append({"type": "response.output_item.done", "output_index": position, "item": item})
+        position += 1
+    usage = {
+        "input_tokens": reply.input_tokens,
+        "output_tokens": reply.output_tokens,
+        "total_tokens": reply.input_tokens + reply.output_tokens,
+    }
+    events.append({"type": "response.completed", "response": {"id": response_id, "usage": usage}})
+    return events
+
+
+async def _stream(
+    stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, reply: ResponsesReply, index: int
+) -> None:
+    await _send_stream_head(stream)
+    for event in _events(reply, index)[: reply.stall_after]:
+        payload = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
+        await _send(stream, f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
+    if reply.stall_after is not None:
+        await _wait_for_disconnect(reader)
+    await _send(stream, b"0\r\n\r\n")
