@@ -1,5 +1,6 @@
-"""The fake model servers that real agents run against: the Anthropic Messages stub, and what the
-chat-completions stub gained for real agents (a responder, a proxy that tunnels only to itself).
+"""The fake model servers that real agents run against: the Anthropic Messages and Responses API stubs,
+and what the chat-completions stub gained for real agents (a responder, a proxy that tunnels only to
+itself).
 Through plain httpx and raw sockets, on asyncio and trio."""
 
 from __future__ import annotations
@@ -23,6 +24,12 @@ from subagent.testing.anthropic_server import (
     serve_anthropic_messages,
 )
 from subagent.testing.chat_server import ReceivedRequest
+from subagent.testing.responses_server import (
+    FunctionCall,
+    ResponsesReply,
+    ResponsesRequest,
+    serve_responses,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -275,7 +282,93 @@ async def test_the_chat_stub_answers_the_script_first_then_asks_the_responder() 
     assert server.unrouted == [("POST", "/v1/responses")]
 
 
-# -- both stubs: a proxy that tunnels only to itself ---------------------------------------------------------
+# -- the Responses API stub -------------------------------------------------------------------------------
+
+
+async def test_a_response_streams_its_message_then_its_function_calls_then_completes() -> None:
+    reply = ResponsesReply(
+        text=("Hel", "lo"), function_calls=[FunctionCall("call_1", "exec_command", '{"cmd": "ls"}')]
+    )
+    with anyio.fail_after(WAIT):
+        async with serve_responses(lambda _: reply) as server, httpx.AsyncClient() as client:
+            response = await client.post(
+                f"{server.base_url}/responses", json={"model": "m", "input": [], "stream": True}
+            )
+    events = anthropic_events(response.text)  # the same `event:` / `data:` framing
+    assert all(name == data["type"] for name, data in events)
+    message = {"type": "message", "id": "msg_stub_0001", "role": "assistant", "content": []}
+    text = {"type": "output_text", "text": "Hello", "annotations": []}
+    call = {
+        "type": "function_call",
+        "id": "fc_call_1",
+        "call_id": "call_1",
+        "name": "exec_command",
+        "arguments": '{"cmd": "ls"}',
+        "status": "completed",
+    }
+    delta = {
+        "type": "response.output_text.delta",
+        "item_id": "msg_stub_0001",
+        "output_index": 0,
+        "content_index": 0,
+    }
+    assert [data for _, data in events] == [
+        {"type": "response.created", "response": {"id": "resp_stub_0001"}},
+        {"type": "response.output_item.added", "output_index": 0, "item": message},
+        {**delta, "delta": "Hel"},
+        {**delta, "delta": "lo"},
+        {"type": "response.output_item.done", "output_index": 0,
+         "item": {**message, "content": [text], "status": "completed"}},
+        {"type": "response.output_item.done", "output_index": 1, "item": call},
+        {"type": "response.completed", "response": {"id": "resp_stub_0001",
+         "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}}},
+    ]  # fmt: skip
+
+
+async def test_the_responses_responder_sees_only_the_outputs_since_the_last_user_message() -> None:
+    seen: list[tuple[list[str], list[Any]]] = []
+
+    def respond(request: ResponsesRequest) -> ResponsesReply:
+        seen.append((request.tool_names, [dict(output) for output in request.function_call_outputs]))
+        return ResponsesReply(text="ok")
+
+    old = {"type": "function_call_output", "call_id": "call_0", "output": "old"}
+    new = {"type": "function_call_output", "call_id": "call_1", "output": "new"}
+    user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+    bodies = [
+        {"input": [user], "tools": [{"type": "function", "name": "exec_command"}, {"type": "web_search"}]},
+        {"input": [user, old, user, new]},
+        {"input": [user, old, user]},
+    ]
+    with anyio.fail_after(WAIT):
+        async with serve_responses(respond) as server, httpx.AsyncClient() as client:
+            for body in bodies:
+                assert (await client.post(f"{server.base_url}/responses", json=body)).status_code == 200
+            unknown = await client.get(f"{server.base_url}/models")
+    assert seen == [(["exec_command"], []), ([], [new]), ([], [])]
+    assert unknown.status_code == 404
+    assert [(r.method, r.path) for r in server.requests][-1] == ("GET", "/v1/models")
+
+
+async def test_a_stalled_response_stops_after_its_first_events_until_the_client_hangs_up() -> None:
+    reply = ResponsesReply(text=("first", "never"), stall_after=3)
+    body = json.dumps({"input": [], "stream": True}).encode()
+    head = f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    with anyio.fail_after(WAIT):
+        async with serve_responses(lambda _: reply) as server:
+            stream = await anyio.connect_tcp("127.0.0.1", server.port)
+            async with stream:
+                await stream.send(head + body)
+                received = b""
+                while received.count(b"\n\n") < 3:
+                    received += await stream.receive()
+            (request,) = server.requests
+            await request.disconnected.wait()
+    assert b'"delta": "first"' in received
+    assert b"never" not in received
+
+
+# -- all three stubs: a proxy that tunnels only to itself ---------------------------------------------
 
 
 class _Served(Protocol):
@@ -297,8 +390,13 @@ def _chat() -> AbstractAsyncContextManager[_Served]:
     return serve_chat_completions(responder=lambda _: StreamedReply(text="through the tunnel"))
 
 
+def _responses() -> AbstractAsyncContextManager[_Served]:
+    return serve_responses(lambda _: ResponsesReply(text="through the tunnel"))
+
+
 STUBS = pytest.mark.parametrize(
-    ("serve", "path"), [(_anthropic, "/v1/messages"), (_chat, "/v1/chat/completions")]
+    ("serve", "path"),
+    [(_anthropic, "/v1/messages"), (_chat, "/v1/chat/completions"), (_responses, "/v1/responses")],
 )
 
 
