@@ -2,6 +2,7 @@
 
 The ``stub_agent_command`` fixture turns a scenario into the command line of a stub agent that plays it::
 
+    @pytest.mark.anyio  # or your async plugin's marker: the fixture itself is synchronous
     async def test_my_client_survives_a_crash(stub_agent_command):
         argv = stub_agent_command({"initialize": {"steps": [{"step": "exit", "code": 3}]}})
         ...  # spawn `argv` with your ACP client; initialize fails with exit status 3
