@@ -68,9 +68,10 @@ format: $(STAMP) ## apply ruff's formatting and safe fixes
 demo: $(STAMP) ## a full turn against the bundled stub agent: no network, no keys
 	$(BIN)/subagent demo
 
-bench: $(STAMP) ## run the benchmarks under bench/ (installs the bench-only extra first)
+bench: $(STAMP) ## run every benchmark under bench/ (installs the bench-only extra first); about 5 minutes
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
-	@for script in bench/[!_]*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+	@start=$$(date +%s); for script in bench/[!_]*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done; \
+		echo "== make bench: every script ran in $$(( $$(date +%s) - start )) s"
 
 schema: $(STAMP) ## regenerate subagent/acp/schema.py from schema/acp/v1/schema.json
 	$(BIN)/python scripts/gen_schema.py

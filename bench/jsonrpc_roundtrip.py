@@ -146,3 +146,4 @@ if __name__ == "__main__":
     for backend in ("asyncio", "trio"):
         print(f"{backend}:")
         anyio.run(_main, backend=backend)
+    print("no targets: figures only")
