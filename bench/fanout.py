@@ -88,9 +88,10 @@ class _Clock:
 def _check_complete(run: ServiceRun, stop_reason: str, chunks: int) -> None:
     provider_run = run.provider_run
     assert isinstance(provider_run, AcpRun)
-    if stop_reason != "completed" or len(provider_run.updates) != chunks:
+    # update_count counts every update received; run.updates keeps only the last max_kept_updates.
+    if stop_reason != "completed" or provider_run.update_count != chunks:
         raise BenchBroken(
-            f"run {run.id} ended {stop_reason!r} with {len(provider_run.updates)} of {chunks} updates"
+            f"run {run.id} ended {stop_reason!r} with {provider_run.update_count} of {chunks} updates"
         )
 
 
