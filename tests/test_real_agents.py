@@ -25,6 +25,7 @@ file was really written; any other request starts the turn.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -365,17 +366,20 @@ async def run_cli(
             cwd=workdir,
             start_new_session=True,  # no controlling terminal, like CI
         )
-        try:
-            with anyio.fail_after(RUN_BOUND):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(_read_all, process, stdout)
-                    await _read_events(process, events, interrupt_when)
-                status = await process.wait()
-                # Every agent process is gone by now, so a model call left hanging has been hung up on.
-                for hung_up in log.stalled:
-                    await hung_up.wait()
-        finally:
-            await _kill_leftovers(process, tag)
+        async with process:
+            try:
+                with anyio.fail_after(RUN_BOUND):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(_read_all, process, stdout)
+                        await _read_events(process, events, interrupt_when)
+                    status = await process.wait()
+                    # Every agent process is gone by now, so a model call left hanging has been hung up on.
+                    for hung_up in log.stalled:
+                        await hung_up.wait()
+            except BaseException:
+                await _kill_leftovers(process, tag)
+                raise
+    assert not [event for event in events if event["event"] == "not-json"], events
     finished = Finished(status, json.loads(stdout), events)
     # The agent went nowhere but to the fake model (at most a tunnel to it, for an agent that proxies it).
     assert set(server.tunnels) <= {f"127.0.0.1:{server.port}"}, server.tunnels
@@ -401,7 +405,10 @@ async def _read_events(
             line = await lines.receive_until(b"\n", MAX_STDERR_LINE)
         except (anyio.EndOfStream, anyio.IncompleteRead):
             return
-        event = json.loads(line)
+        try:
+            event = json.loads(line)
+        except ValueError:  # a traceback, say: kept for the failure message
+            event = {"event": "not-json", "line": line.decode(errors="replace")}
         events.append(event)
         if interrupt_when is not None and not interrupted and interrupt_when(event):
             process.send_signal(signal.SIGINT)
@@ -409,15 +416,17 @@ async def _read_events(
 
 
 async def _kill_leftovers(process: anyio.abc.Process, tag: str) -> None:
-    """After a failure, kill what is still running (the CLI's group, then anything tagged), so the leak
-    check reports it and the run does not linger."""
-    if process.returncode is None:
-        os.killpg(process.pid, signal.SIGKILL)
-        with anyio.move_on_after(RUN_BOUND, shield=True):
-            await process.wait()
-    for info in leaked_processes(tag):
-        os.kill(info.pid, signal.SIGKILL)
-    await process.aclose()
+    """After a failure (only: a clean run's leftovers are the leak check's to report), kill what still
+    runs, the CLI's group and then anything tagged, so that a failed run does not linger."""
+    with anyio.CancelScope(shield=True):
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with anyio.move_on_after(RUN_BOUND):
+                await process.wait()
+        for info in leaked_processes(tag):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(info.pid, signal.SIGKILL)
 
 
 def text_chunks(finished: Finished) -> list[str]:
