@@ -5,7 +5,9 @@ quick teardown of an idle agent that ignores stdin EOF, and a switch to stop off
 from __future__ import annotations
 
 import json
+import logging
 import shlex
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,13 @@ import pytest
 
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, SubagentService, Usage
 from subagent.acp import schema
-from subagent.acp.client import MAX_ERROR_QUOTE_CHARS, TurnMessage, describe_request_error, spawn_agent
+from subagent.acp.client import (
+    DEFAULT_IDLE_CLOSE_GRACE,
+    MAX_ERROR_QUOTE_CHARS,
+    TurnMessage,
+    describe_request_error,
+    spawn_agent,
+)
 from subagent.acp.errors import RequestError
 from subagent.acp.handlers import PermissionQuestion
 from subagent.providers.acp import AcpProvider, AcpRun
@@ -419,3 +427,79 @@ async def test_a_turn_we_cancel_during_a_permission_question_is_not_blamed_on_th
                 result = await run.result()
     # The question was withdrawn because we cancelled the turn: no refusal of the policy's.
     assert result == SubagentResult(output="", stop_reason="cancelled")
+
+
+# -- a quick teardown once the turn is over -------------------------------------------------------------
+
+LONG = {"stdin_close_timeout": 60.0, "sigterm_timeout": 5.0, "sigkill_timeout": 5.0}
+"""A full grace no test could wait out: a run that ends within its bounds used the idle one."""
+
+
+def graces_waited(caplog: pytest.LogCaptureFixture) -> list[float]:
+    """The stdin-close graces teardown waited out before sending SIGTERM, from its log records."""
+    return [
+        record.args[1]
+        for record in caplog.records
+        if record.name == "subagent.acp.process"
+        and record.msg.startswith("agent pid %d still running")
+        and isinstance(record.args, tuple)
+        and isinstance(record.args[1], float)
+    ]
+
+
+async def test_an_idle_agent_ignoring_stdin_eof_gets_sigterm_after_the_short_idle_grace(
+    stub_agent_command: StubAgentCommand, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="subagent.acp.process")
+    command = stub_agent_command({"turns": [[{"step": "message", "text": "done"}]], "onStdinEof": "ignore"})
+    provider = AcpProvider(command, cwd=tmp_path, process_options=LONG)
+    result, run = await run_once(provider)
+    assert result == SubagentResult(output="done", stop_reason="completed")
+    assert graces_waited(caplog) == [DEFAULT_IDLE_CLOSE_GRACE]
+    assert run.exit_info is not None
+    assert run.exit_info.killed_by is signal.SIGTERM
+    assert run.exit_info.teardown_signal is signal.SIGTERM
+
+
+async def test_an_idle_agent_that_exits_on_stdin_eof_is_not_signalled(
+    stub_agent_command: StubAgentCommand, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="subagent.acp.process")
+    command = stub_agent_command({"turns": [[{"step": "message", "text": "done"}]]})
+    # A grace no loaded machine runs out of: what is checked is that nothing more than EOF is sent.
+    provider = AcpProvider(command, cwd=tmp_path, idle_close_grace=10.0, process_options=LONG)
+    _, run = await run_once(provider)
+    assert graces_waited(caplog) == []
+    assert run.exit_info is not None
+    assert (run.exit_info.returncode, run.exit_info.teardown_signal) == (0, None)
+
+
+async def test_an_agent_disposed_mid_turn_gets_the_full_stdin_close_grace(
+    stub_agent_command: StubAgentCommand, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="subagent.acp.process")
+    command = stub_agent_command(
+        {"turns": [[{"step": "message", "text": "working"}, {"step": "hang"}]], "onStdinEof": "ignore"}
+    )
+    provider = AcpProvider(command, cwd=tmp_path, process_options=FAST)
+    async with assert_no_leaks(), SubagentService() as service:
+        service.register_provider(provider)
+        async with service.start(provider.name, SubagentRequest(prompt="go")) as run:
+            acp_run = run.provider_run
+            assert isinstance(acp_run, AcpRun)
+            with anyio.fail_after(WAIT):
+                await first_update(acp_run)  # the turn is under way
+                await run.dispose()
+    assert graces_waited(caplog) == [FAST["stdin_close_timeout"]]
+    assert acp_run.exit_info is not None
+    assert acp_run.exit_info.killed_by is signal.SIGTERM
+
+
+async def first_update(run: AcpRun) -> None:
+    arrived = anyio.Event()
+    dispose = run.on_update(lambda update: arrived.set())
+    try:
+        if not run.updates:
+            await arrived.wait()
+    finally:
+        dispose()

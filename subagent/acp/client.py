@@ -59,13 +59,14 @@ from subagent.acp.handlers import (
     freeze_json,
     permission_policy,
 )
-from subagent.acp.process import AgentProcess, ExitInfo, open_agent_process
+from subagent.acp.process import STDIN_CLOSE_TIMEOUT, AgentProcess, ExitInfo, open_agent_process
 
 if TYPE_CHECKING:
     from subagent.acp.terminals import TerminalHost
 
 __all__ = [
     "CLIENT_NAME",
+    "DEFAULT_IDLE_CLOSE_GRACE",
     "DEFAULT_MAX_KEPT_UPDATES",
     "DEFAULT_MAX_OUTPUT_CHARS",
     "MAX_ERROR_QUOTE_CHARS",
@@ -115,6 +116,13 @@ MAX_ERROR_QUOTE_CHARS: int = 2000
 """How much of an agent's error (its message and ``data``) an error message of ours quotes: the
 reason an agent gives fits in far less, and a hostile agent's megabytes of ``data`` must not become
 our error message."""
+
+DEFAULT_IDLE_CLOSE_GRACE: float = 0.3
+"""How long an idle agent (its turn over, nothing in flight) gets to exit after its stdin closes
+before it is sent SIGTERM (still a graceful signal). Real agents that exit on EOF do so within tens
+of milliseconds; both Codex adapters ignore EOF, and would otherwise cost every run the full
+``stdin_close_timeout``. With this, a run against one is gone within about 0.35 s of its turn's end
+(see bench/teardown.py)."""
 
 UpdateCallback = Callable[[schema.SessionUpdate], object]
 """Receives each session update in order; may be sync or async (an awaitable result is awaited)."""
@@ -718,6 +726,8 @@ class AcpClient:
         )
         self._exit_diagnosis = exit_diagnosis
         self._sessions: dict[str, ClientSession] = {}
+        self._requests_in_flight = 0
+        self._abandoned_requests = False
         self.process: AgentProcess | None = None
         """The agent's child process, when :func:`spawn_agent` started it."""
 
@@ -854,11 +864,24 @@ class AcpClient:
                 f"the agent requires authentication before {method} (auth methods: {offered})", methods
             ) from exc
 
+    @property
+    def idle(self) -> bool:
+        """Whether the agent has nothing of ours to work on: no request of ours awaits its answer, and
+        none was given up on before it answered (a prompt whose caller was cancelled, a handshake
+        past its deadline: the agent may still be at it). An idle agent can be told to go quickly."""
+        return self._requests_in_flight == 0 and not self._abandoned_requests
+
     async def _call(self, method: str, params: Any, *, courtesy_cancel: bool = True) -> msgspec.Raw:
+        self._requests_in_flight += 1
         try:
             return await self.connection.request(method, params, courtesy_cancel=courtesy_cancel)
         except ConnectionClosedError as exc:
             raise await self._diagnose(exc) from exc
+        except anyio.get_cancelled_exc_class():
+            self._abandoned_requests = True
+            raise
+        finally:
+            self._requests_in_flight -= 1
 
     async def _diagnose(self, closed: ConnectionClosedError) -> AgentExitedError:
         if isinstance(closed.cause, AgentExitedError):
@@ -977,12 +1000,17 @@ async def spawn_agent(
     on_protocol_error: Callable[[ProtocolError], None] | None = None,
     on_stderr_line: Callable[[str], object] | None = None,
     process_options: Mapping[str, Any] | None = None,
+    idle_close_grace: float | None = DEFAULT_IDLE_CLOSE_GRACE,
 ) -> AsyncIterator[AcpClient]:
     """Run ``argv`` as an ACP agent we own and yield a connected (not yet initialized) client.
 
     The client's ``process`` attribute is the :class:`~subagent.acp.process.AgentProcess`.
     Leaving the block closes the connection and tears the process group down (close stdin, wait,
-    SIGTERM, wait, SIGKILL, reap), whatever the exit path.
+    SIGTERM, wait, SIGKILL, reap), whatever the exit path. The wait after stdin closes is
+    ``idle_close_grace`` when the agent is :attr:`~AcpClient.idle` (its turn is over: an agent that
+    exits on EOF does so in milliseconds, and one that ignores EOF is not waited on for long), and
+    the process's ``stdin_close_timeout`` otherwise (mid-turn, the agent may need time to stop);
+    never more than that. None: always the latter.
 
     Raises:
         AgentSpawnError: the command cannot be started (missing, not executable, bad cwd).
@@ -1004,6 +1032,7 @@ async def spawn_agent(
             name=f"acp:{process.pid}",
         )
         client.process = process
+        full_grace = float(dict(process_options or {}).get("stdin_close_timeout", STDIN_CLOSE_TIMEOUT))
         body_error: BaseException | None = None
         async with anyio.create_task_group() as task_group:
             connection_done = anyio.Event()
@@ -1025,6 +1054,10 @@ async def spawn_agent(
             finally:
                 client.connection.close()
                 task_group.cancel_scope.cancel()
+        if idle_close_grace is not None and client.idle:
+            # Torn down here, before open_agent_process does it with the full grace (it then returns
+            # this teardown's report).
+            await process.aclose(stdin_close_timeout=min(idle_close_grace, full_grace))
         if body_error is not None:
             raise body_error
 

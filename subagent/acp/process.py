@@ -493,8 +493,11 @@ class AgentProcess:
             await self._stderr_done.wait()
         return self._describe_exit(returncode)
 
-    async def aclose(self) -> TeardownReport:
+    async def aclose(self, *, stdin_close_timeout: float | None = None) -> TeardownReport:
         """Tear the process group down (see the module docstring) and close the pipes; idempotent.
+
+        ``stdin_close_timeout`` overrides the configured grace after stdin closes, for this teardown: an
+        owner that knows the agent is idle (nothing in flight) can give it a shorter one.
 
         Runs shielded from cancellation and bounded in time. Concurrent and later calls wait for the first and
         return the same report.
@@ -502,6 +505,8 @@ class AgentProcess:
         with anyio.CancelScope(shield=True):
             async with self._teardown_lock:
                 if self._teardown_report is None:
+                    if stdin_close_timeout is not None:
+                        self._stdin_close_timeout = stdin_close_timeout
                     self._teardown_report = await self._tear_down()
                 report = self._teardown_report
         return report

@@ -66,6 +66,7 @@ import msgspec
 from subagent import _structured
 from subagent.acp import schema
 from subagent.acp.client import (
+    DEFAULT_IDLE_CLOSE_GRACE,
     DEFAULT_MAX_KEPT_UPDATES,
     DEFAULT_MAX_OUTPUT_CHARS,
     AcpClient,
@@ -196,6 +197,11 @@ class AcpProvider:
             64 KiB are kept for error messages either way).
         process_options: teardown timings and other options of
             :func:`~subagent.acp.process.open_agent_process`.
+        idle_close_grace: how long a child whose turn is over gets to exit after its stdin closes,
+            before SIGTERM (default :data:`~subagent.acp.client.DEFAULT_IDLE_CLOSE_GRACE`, 0.3 s):
+            agents that exit on EOF are gone well within it, and one that ignores EOF (both Codex
+            adapters) costs no more. A child disposed mid-turn gets the full
+            ``stdin_close_timeout`` of ``process_options`` (2 s by default). None: always the full one.
         max_concurrent: how many children may exist at once (None: no limit). Runs past it wait
             for a slot, first come first served; see the module docstring.
         max_line_bytes: the longest message (one JSON line) sent to or accepted from the agent.
@@ -232,6 +238,7 @@ class AcpProvider:
         max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
         on_stderr_line: Callable[[str], object] | None = None,
         process_options: Mapping[str, Any] | None = None,
+        idle_close_grace: float | None = DEFAULT_IDLE_CLOSE_GRACE,
         max_concurrent: int | None = DEFAULT_MAX_CONCURRENT,
         max_kept_updates: int | None = DEFAULT_MAX_KEPT_UPDATES,
         max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
@@ -270,6 +277,7 @@ class AcpProvider:
         self.max_output_chars = max_output_chars
         self.on_stderr_line = on_stderr_line
         self.process_options = dict(process_options or {})
+        self.idle_close_grace = idle_close_grace
         self.capabilities = SubagentCapabilities(output_schema=structured_output)
         self._max_concurrent = max_concurrent
         self._running = 0  # runs holding a slot: their child is being spawned, or alive
@@ -656,6 +664,7 @@ class AcpRun:
                 max_output_chars=provider.max_output_chars,
                 on_stderr_line=provider.on_stderr_line,
                 process_options=provider.process_options,
+                idle_close_grace=provider.idle_close_grace,
             ) as client:
                 self._client = client
                 session = await self._handshake(client, cwd)
