@@ -573,3 +573,45 @@ async def test_set_mode_switches_the_session_mode_on_the_agent() -> None:
             session = await ready_session(client)
             await session.set_mode("ask")
     assert agent.received[-1] == ("session/set_mode", {"sessionId": "s1", "modeId": "ask"})
+
+
+# -- idleness: whether the agent may still be working on something of ours -------------------------------
+
+
+async def test_the_client_is_idle_between_turns_and_busy_after_a_prompt_it_gave_up_on() -> None:
+    started = anyio.Event()
+
+    async def answer_prompt_never(agent: FakeAgent, params: Any) -> Any:
+        started.set()
+        await anyio.sleep_forever()
+
+    agent = FakeAgent(handlers={"session/prompt": answer_prompt_never})
+    async with connected(agent) as client:
+        with anyio.fail_after(10):
+            assert client.idle  # nothing asked yet
+            session = await ready_session(client)
+            assert client.idle  # the handshake was answered
+            with anyio.CancelScope() as scope:
+
+                async def give_up() -> None:
+                    await started.wait()
+                    assert not client.idle  # the prompt awaits its answer
+                    scope.cancel()
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(give_up)
+                    await session.prompt("go")
+            assert scope.cancelled_caught
+        assert not client.idle  # given up on: the agent may still be at it
+
+
+async def test_a_turn_the_agent_answered_leaves_the_client_idle() -> None:
+    async def answer_prompt(agent: FakeAgent, params: Any) -> Any:
+        return {"stopReason": "cancelled"}
+
+    agent = FakeAgent(handlers={"session/prompt": answer_prompt})
+    async with connected(agent) as client:
+        with anyio.fail_after(10):
+            session = await ready_session(client)
+            result = await session.prompt("go")
+        assert (result.stop_reason, client.idle) == ("cancelled", True)
