@@ -383,18 +383,13 @@ CODEX_PATCH_TURN = [
 ]
 
 
-async def test_a_turn_the_agent_ends_cancelled_after_a_denied_tool_call_says_the_policy_denied_it(
+async def test_a_turn_the_agent_ends_cancelled_after_a_denied_tool_call_counts_the_denial_on_the_run(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
     command = stub_agent_command({"turns": [CODEX_PATCH_TURN]})
     result, run = await run_once(AcpProvider(command, cwd=tmp_path, permission="deny", process_options=FAST))
-    assert result == SubagentResult(
-        output="",
-        stop_reason="cancelled",
-        error="the permission policy denied 1 tool call (the last: 'Edit src/app.py') "
-        "and the agent ended its turn as cancelled",
-    )
-    assert run.permissions_denied == 1
+    assert result == SubagentResult(output="", stop_reason="cancelled")
+    assert (run.permissions_denied, run.last_denied) == (1, "Edit src/app.py")
 
 
 async def test_an_allowed_tool_call_denies_nothing(
@@ -403,7 +398,7 @@ async def test_an_allowed_tool_call_denies_nothing(
     command = stub_agent_command({"turns": [CODEX_PATCH_TURN]})
     result, run = await run_once(AcpProvider(command, cwd=tmp_path, permission="allow", process_options=FAST))
     assert result == SubagentResult(output="Patched.", stop_reason="completed")
-    assert run.permissions_denied == 0
+    assert (run.permissions_denied, run.last_denied) == (0, None)
 
 
 async def test_a_turn_we_cancel_during_a_permission_question_is_not_blamed_on_the_policy(
@@ -421,12 +416,15 @@ async def test_a_turn_we_cancel_during_a_permission_question_is_not_blamed_on_th
     async with assert_no_leaks(), SubagentService() as service:
         service.register_provider(provider)
         async with service.start(provider.name, SubagentRequest(prompt="go")) as run:
+            acp_run = run.provider_run
+            assert isinstance(acp_run, AcpRun)
             with anyio.fail_after(WAIT):
                 await asked.wait()
                 await run.cancel()
                 result = await run.result()
     # The question was withdrawn because we cancelled the turn: no refusal of the policy's.
     assert result == SubagentResult(output="", stop_reason="cancelled")
+    assert acp_run.permissions_denied == 0
 
 
 # -- a quick teardown once the turn is over -------------------------------------------------------------

@@ -363,7 +363,11 @@ class AcpRun:
         self._update_count = 0
         self.permissions_denied = 0
         """How many of the agent's permission questions the policy refused in the last turn that
-        ended (see :attr:`~subagent.acp.client.TurnResult.permissions_denied`)."""
+        ended (see :attr:`~subagent.acp.client.TurnResult.permissions_denied`). A turn that ends
+        ``cancelled`` although nobody cancelled it, with this above 0, is an agent that gave up
+        after a refusal: Codex offers only a reject option that aborts the turn."""
+        self.last_denied: str | None = None
+        """The title (or tool call id) of the last permission question refused in that turn."""
         self._output: TurnOutput | None = None  # the final message of the current (or last) turn
         self.agent: schema.InitializeResponse | None = None
         """The agent's ``initialize`` answer, once it arrived."""
@@ -892,20 +896,12 @@ class AcpRun:
             reason: StopReason = "timeout" if timed_out else "cancelled"
             return SubagentResult(output=output.text, stop_reason=reason, error=self._child_lost)
         self.permissions_denied = turn.permissions_denied
+        self.last_denied = turn.last_denied
         stop = _STOP_REASONS.get(turn.stop_reason, "error")
         error: str | None = None
         if timed_out and stop == "cancelled":
             stop = "timeout"
             error = f"inactive for more than {timeout:g} s" if timeout is not None else None
-        elif stop == "cancelled" and not self._cancelling and turn.permissions_denied:
-            # Nobody here cancelled: the agent gave up after a refusal (Codex offers only a reject
-            # that aborts the turn). Say so, or a deny policy looks like a mysterious cancel.
-            title = _shorten(turn.last_denied or "a tool call", 200)
-            error = (
-                f"the permission policy denied {turn.permissions_denied} tool call"
-                f"{'s' if turn.permissions_denied > 1 else ''} (the last: {title!r}) and the agent "
-                "ended its turn as cancelled"
-            )
         return SubagentResult(output=turn.output, stop_reason=stop, error=error, usage=_usage(turn.usage))
 
     # -- bookkeeping ---------------------------------------------------------------------------------
@@ -999,10 +995,6 @@ def _stderr_suffix(client: AcpClient) -> str:
         return f" ({status})"
     tail = process.stderr_tail().strip()
     return f"; last stderr: {tail[-2000:]}" if tail else ""
-
-
-def _shorten(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}…"
 
 
 def _usage(raw: Mapping[str, Any] | None) -> Usage | None:
