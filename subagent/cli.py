@@ -189,14 +189,7 @@ class _Interrupts:
             return  # the start is abandoned by dispose() once the run exists (see attach)
         acp_run = run.provider_run
         assert isinstance(acp_run, AcpRun)
-        # Neither AcpRun nor AgentProcess offers this publicly yet. _signal_tree(SIGKILL) is
-        # teardown's own last step: SIGUSR1 to the supervisor (which SIGKILLs every descendant,
-        # those that left the group included) and SIGKILL to the agent's group, each only while
-        # it is still ours to signal.
-        client = acp_run._client
-        process = client.process if client is not None else None
-        if process is not None:
-            process._signal_tree(signal.SIGKILL)
+        acp_run.kill()
 
 
 @dataclass(frozen=True, slots=True)

@@ -155,6 +155,29 @@ async def test_helpers_that_left_the_group_by_setsid_setpgid_or_double_fork_are_
             assert_no_such_process(pid)
 
 
+async def test_kill_sigkills_the_agent_and_every_escaped_helper_at_once_and_teardown_then_ends() -> None:
+    async with (
+        assert_no_leaks(),
+        open_agent_process(
+            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm"),
+            # Graces nobody should wait out: after kill() the tree is gone before the first one ends.
+            stdin_close_timeout=GENEROUS_GRACE,
+            sigterm_timeout=GENEROUS_GRACE,
+        ) as proc,
+    ):
+        _, *helper_pids = map(int, (await read_line(proc.stdout)).split())
+        proc.kill()
+        proc.kill()  # idempotent
+        with anyio.fail_after(WAIT):
+            info = await proc.wait_exit()
+        assert info.killed_by is signal.SIGKILL
+        assert await survivors_after_polling(helper_pids, WAIT) == []
+    # Teardown found the tree gone after closing stdin: it sent no signal of its own.
+    assert proc.teardown_report == TeardownReport(
+        steps=(TeardownStep.CLOSE_STDIN,), exited_before_teardown=True, group_gone=True
+    )
+
+
 async def test_without_a_supervisor_helpers_that_left_the_group_outlive_teardown() -> None:
     # The limit the supervisor lifts, shown with the same fixture: the group alone does not reach them.
     async with open_agent_process(

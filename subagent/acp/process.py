@@ -493,6 +493,15 @@ class AgentProcess:
             await self._stderr_done.wait()
         return self._describe_exit(returncode)
 
+    def kill(self) -> None:
+        """SIGKILL the agent's whole tree now: with a supervisor, every descendant, those that left the
+        process group included; without one, the agent's process group. Synchronous and idempotent.
+
+        For an emergency stop (a second Ctrl-C); it does not wait, reap or close anything: `aclose` still
+        does that, and a teardown already waiting out a grace sees the tree gone at its next look.
+        """
+        self._signal_tree(signal.SIGKILL)
+
     async def aclose(self, *, stdin_close_timeout: float | None = None) -> TeardownReport:
         """Tear the process group down (see the module docstring) and close the pipes; idempotent.
 

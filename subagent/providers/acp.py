@@ -441,6 +441,16 @@ class AcpRun:
         client = self._client
         return None if client is None or client.process is None else client.process.pid
 
+    def kill(self) -> None:
+        """SIGKILL the agent's whole process tree at once (see `AgentProcess.kill`), if it has one yet.
+
+        An emergency stop: `cancel()` and `dispose()` stay the way to end a run; a `dispose()` already
+        waiting out its grace returns as soon as it sees the tree gone.
+        """
+        client = self._client
+        if client is not None and client.process is not None:
+            client.process.kill()
+
     @property
     def last_activity(self) -> float | None:
         """When the agent last sent anything for this run's session (``time.monotonic()``), if it has one."""
