@@ -97,18 +97,23 @@ def use_color(stream: TextIO, environ: Mapping[str, str] | None = None) -> bool:
     return is_terminal(stream)
 
 
-def usage_json(usage: Usage | None) -> dict[str, int] | None:
-    """A :class:`~subagent.types.Usage` as ACP's camelCase object, counts that are known only."""
+def usage_json(usage: Usage | None) -> dict[str, Any] | None:
+    """A :class:`~subagent.types.Usage` as ACP's camelCase object (with ``usage_update``'s context
+    window and cost), what is known only."""
     if usage is None:
         return None
-    fields = {
+    fields: dict[str, Any] = {
         "inputTokens": usage.input_tokens,
         "outputTokens": usage.output_tokens,
         "totalTokens": usage.total_tokens,
         "thoughtTokens": usage.thought_tokens,
         "cachedReadTokens": usage.cached_read_tokens,
         "cachedWriteTokens": usage.cached_write_tokens,
+        "contextUsed": usage.context_used,
+        "contextSize": usage.context_size,
     }
+    if usage.cost is not None:
+        fields["cost"] = {"amount": usage.cost, "currency": usage.cost_currency}
     return {key: value for key, value in fields.items() if value is not None}
 
 

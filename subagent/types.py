@@ -242,7 +242,9 @@ class SubagentRequest:
 
 @dataclass(slots=True)
 class Usage:
-    """Token counts, when the child reports them."""
+    """What a child's turn used, as far as the child reports it: token counts, and for ACP agents
+    that send ``usage_update`` (Claude Code, Codex, opencode) how full the context window is and
+    what the session has cost so far."""
 
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -250,6 +252,13 @@ class Usage:
     thought_tokens: int | None = None
     cached_read_tokens: int | None = None
     cached_write_tokens: int | None = None
+    context_used: int | None = None
+    """Tokens in the context window at the turn's last report (a snapshot, not a count to add up)."""
+    context_size: int | None = None
+    """The context window's size in tokens."""
+    cost: float | None = None
+    """What the session has cost so far, in ``cost_currency`` (cumulative, as the agent reports it)."""
+    cost_currency: str | None = None
 
 
 @dataclass(slots=True)

@@ -278,10 +278,15 @@ NULL_USED_TURN = [
 @pytest.mark.parametrize(
     ("turn", "usage"),
     [
-        pytest.param(CLAUDE_TURN, Usage(1200, 80, 4780, None, 3000, 500), id="claude-agent-acp"),
+        pytest.param(
+            CLAUDE_TURN,
+            Usage(1200, 80, 4780, None, 3000, 500, 4780, 200000, 0.0123, "USD"),
+            id="claude-agent-acp",
+        ),
         pytest.param(GEMINI_TURN, Usage(input_tokens=812, output_tokens=64), id="gemini-cli"),
         pytest.param(QWEN_TURN, Usage(250, 50, 300, 5, 100), id="qwen-code"),
-        pytest.param(CODEX_TURN, None, id="codex-acp"),
+        pytest.param(CODEX_TURN, Usage(context_used=5321, context_size=272000), id="codex-acp"),
+        pytest.param(NULL_USED_TURN, Usage(context_size=128000), id="used-null"),
     ],
 )
 async def test_the_result_has_the_usage_wherever_the_agent_reported_it(

@@ -1015,6 +1015,12 @@ def _usage(raw: Mapping[str, Any] | None) -> Usage | None:
         value = raw.get(key)
         return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
+    cost_amount: float | None = None
+    cost_currency: str | None = None
+    if isinstance(cost := raw.get("cost"), Mapping):
+        amount, currency = cost.get("amount"), cost.get("currency")
+        if isinstance(amount, int | float) and not isinstance(amount, bool) and isinstance(currency, str):
+            cost_amount, cost_currency = float(amount), currency
     usage = Usage(
         input_tokens=count("inputTokens"),
         output_tokens=count("outputTokens"),
@@ -1022,6 +1028,9 @@ def _usage(raw: Mapping[str, Any] | None) -> Usage | None:
         thought_tokens=count("thoughtTokens"),
         cached_read_tokens=count("cachedReadTokens"),
         cached_write_tokens=count("cachedWriteTokens"),
+        context_used=count("contextUsed"),
+        context_size=count("contextSize"),
+        cost=cost_amount,
+        cost_currency=cost_currency,
     )
-    # A turn that reported only its context window (codex-acp's usage_update) has no token counts.
     return None if usage == Usage() else usage

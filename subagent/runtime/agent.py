@@ -764,16 +764,20 @@ def _validator_for(spec: ToolSpec) -> Any:
     return validator
 
 
+# Counts that add up over model calls; the context window and cost are snapshots, never summed.
+_TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(Usage) if f.name.endswith("_tokens"))
+
+
 class _UsageSum:
     def __init__(self) -> None:
-        self._totals: dict[str, int] = {}
+        self._totals: dict[str, Any] = {}  # token counts only: ints (Any: Usage also has a str field)
         self._seen = False
 
     def add(self, usage: Usage | None) -> None:
         if usage is None:
             return
         self._seen = True
-        for name in (f.name for f in dataclasses.fields(Usage)):
+        for name in _TOKEN_FIELDS:
             value = getattr(usage, name)
             if isinstance(value, int):
                 self._totals[name] = self._totals.get(name, 0) + value
