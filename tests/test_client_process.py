@@ -25,6 +25,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
 WAIT = 15  # seconds: bounds a whole exchange; a hang fails the test instead of the suite
 FAST = {"stdin_close_timeout": 0.5, "sigterm_timeout": 0.5, "sigkill_timeout": 2.0}
+# For a child that ignores stdin EOF but honours SIGTERM: a short first step it always waits out, and a
+# generous SIGTERM step that ends as soon as the child is gone, so a loaded machine slow to run the child's
+# exit cannot make teardown take the SIGKILL step.
+SIGTERM_HONOURED = {"stdin_close_timeout": 0.5, "sigterm_timeout": 30.0, "sigkill_timeout": 2.0}
 
 
 @asynccontextmanager
@@ -171,7 +175,7 @@ async def test_a_child_closing_stdout_but_staying_alive_fails_calls_at_once_and_
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
     argv = stub_agent_command({"turns": [[{"step": "close_stdout"}]], "onStdinEof": "ignore"})
-    async with agent(argv) as client:
+    async with agent(argv, process_options=SIGTERM_HONOURED) as client:
         with anyio.fail_after(WAIT):
             session = await session_of(client, tmp_path)
             with pytest.raises(AgentExitedError) as caught:
@@ -321,7 +325,7 @@ async def test_an_agent_ignoring_stdin_eof_is_still_torn_down(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
     argv = stub_agent_command({"onStdinEof": "ignore"})
-    async with agent(argv) as client:
+    async with agent(argv, process_options=SIGTERM_HONOURED) as client:
         with anyio.fail_after(WAIT):
             await session_of(client, tmp_path)
         assert client.process is not None

@@ -543,7 +543,10 @@ async def test_a_grandchild_is_reported_and_gone_after_teardown(tmp_path: Path) 
 async def test_an_agent_ignoring_stdin_eof_is_torn_down_by_sigterm(tmp_path: Path) -> None:
     async with (
         assert_no_leaks(),
-        stub_agent(SCENARIOS / "ignore_stdin_eof.json", tmp_path, stdin_close_timeout=SHORT_GRACE) as client,
+        # SIGTERM is honoured: a generous grace ends when the agent is gone, so load cannot force SIGKILL.
+        stub_agent(
+            SCENARIOS / "ignore_stdin_eof.json", tmp_path, stdin_close_timeout=SHORT_GRACE, sigterm_timeout=30.0
+        ) as client,
     ):
         with anyio.fail_after(TIMEOUT):
             await client.handshake()
