@@ -545,7 +545,10 @@ async def test_an_agent_ignoring_stdin_eof_is_torn_down_by_sigterm(tmp_path: Pat
         assert_no_leaks(),
         # SIGTERM is honoured: a generous grace ends when the agent is gone, so load cannot force SIGKILL.
         stub_agent(
-            SCENARIOS / "ignore_stdin_eof.json", tmp_path, stdin_close_timeout=SHORT_GRACE, sigterm_timeout=30.0
+            SCENARIOS / "ignore_stdin_eof.json",
+            tmp_path,
+            stdin_close_timeout=SHORT_GRACE,
+            sigterm_timeout=30.0,
         ) as client,
     ):
         with anyio.fail_after(TIMEOUT):
