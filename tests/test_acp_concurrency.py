@@ -350,9 +350,10 @@ async def test_a_failed_start_frees_its_slot_for_the_next_waiting_run(tmp_path: 
 async def test_the_ready_timeout_counts_from_the_spawn_never_the_time_spent_queued(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    # The first child holds the only slot for longer than the ready timeout, by working that long.
-    slow_turn = {"turns": [[{"step": "sleep", "seconds": 1.5}, {"step": "message", "text": "slow"}]]}
-    provider = provider_for(stub_agent_command(slow_turn), tmp_path, max_concurrent=1, ready_timeout=1.0)
+    # The first child holds the only slot for longer than the ready timeout, by working that long. The
+    # timeout itself is generous, so a loaded machine slow to start a child cannot run it out.
+    slow_turn = {"turns": [[{"step": "sleep", "seconds": 6}, {"step": "message", "text": "slow"}]]}
+    provider = provider_for(stub_agent_command(slow_turn), tmp_path, max_concurrent=1, ready_timeout=5.0)
     async with service_with(provider) as (service, _):
         queued_at = time.monotonic()
         holder = service.start("acp", SubagentRequest(prompt="holder"))
