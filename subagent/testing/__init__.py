@@ -6,6 +6,10 @@
 * `subagent.testing.pytest_plugin`: the ``stub_agent_command`` fixture, registered with pytest on install.
 * `subagent.testing.chat_server`: `serve_chat_completions`, a scripted OpenAI-compatible chat-completions
   server on loopback, run inside the test's own event loop.
+* `subagent.testing.anthropic_server` and `subagent.testing.responses_server`: `serve_anthropic_messages`
+  (Anthropic Messages, what Claude Code speaks) and `serve_responses` (OpenAI Responses, what Codex
+  speaks), fake model servers of the same kind that answer from the request, so that a real agent can do
+  full turns offline.
 
 This package deliberately does not import the stub agent or pytest, so importing it stays cheap.
 """
@@ -15,6 +19,14 @@ from __future__ import annotations
 import os
 import sys
 
+from subagent.testing.anthropic_server import (
+    AnthropicMessagesServer,
+    MessagesError,
+    MessagesReply,
+    MessagesRequest,
+    ToolUse,
+    serve_anthropic_messages,
+)
 from subagent.testing.chat_server import (
     ChatCompletionsServer,
     ChatReply,
@@ -29,6 +41,13 @@ from subagent.testing.chat_server import (
     ToolCallReply,
     serve_chat_completions,
 )
+from subagent.testing.responses_server import (
+    FunctionCall,
+    ResponsesReply,
+    ResponsesRequest,
+    ResponsesServer,
+    serve_responses,
+)
 from subagent.testing.scenario import (
     DEFAULT_SCENARIO_PATH,
     Scenario,
@@ -42,24 +61,35 @@ from subagent.testing.scenario import (
 __all__ = [
     "DEFAULT_SCENARIO_PATH",
     "STUB_AGENT_MODULE",
+    "AnthropicMessagesServer",
     "ChatCompletionsServer",
     "ChatReply",
     "DropConnection",
     "ErrorReply",
+    "FunctionCall",
     "JsonReply",
     "MalformedChunk",
+    "MessagesError",
+    "MessagesReply",
+    "MessagesRequest",
     "RawStream",
     "ReceivedRequest",
+    "ResponsesReply",
+    "ResponsesRequest",
+    "ResponsesServer",
     "Scenario",
     "ScenarioError",
     "StallReply",
     "Step",
     "StreamedReply",
     "ToolCallReply",
+    "ToolUse",
     "dump_scenario",
     "load_scenario",
     "parse_scenario",
+    "serve_anthropic_messages",
     "serve_chat_completions",
+    "serve_responses",
     "stub_agent_argv",
 ]
 
