@@ -757,7 +757,8 @@ class _Reporter:
 
     def _owner(self, invocation: ToolInvocation) -> str | None:
         """The id of the subagent making the call; None for the session's own agent."""
-        return None if invocation.agent is self.agent else invocation.agent.id
+        own = self.agent is not None and invocation.context is self.agent.context
+        return None if own else invocation.context.id
 
     def _key(self, invocation: ToolInvocation) -> str:
         # Call ids are unique per model answer, not across agents: a subagent's are prefixed.
@@ -824,7 +825,8 @@ class _ReportedTool:
 
     async def run(self, invocation: ToolInvocation) -> str:
         """Run the inner tool; report the call when a subagent makes it."""
-        if invocation.agent is self._reporter.agent:
+        own = self._reporter.agent
+        if own is not None and invocation.context is own.context:
             return await self._inner.run(invocation)
         self._reporter.started(invocation)
         try:
@@ -881,5 +883,7 @@ class _DepthCappedTool:
             )
             if requested is None or too_deep:
                 arguments["depth_limit"] = self._cap
-        capped = ToolInvocation(invocation.call_id, invocation.tool, freeze_json(arguments), invocation.agent)
+        capped = ToolInvocation(
+            invocation.call_id, invocation.tool, freeze_json(arguments), invocation.context
+        )
         return await self._inner.run(capped)

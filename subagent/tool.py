@@ -831,7 +831,7 @@ class AgentSubagentTool:
         arguments = thaw_json(invocation.arguments)
         # The calling agent's inactivity clock must not run out while its child is busy.
         result = await self.subagent_tool.execute(
-            arguments, parent_id=invocation.agent.id, on_activity=invocation.agent.touch
+            arguments, parent_id=invocation.context.id, on_activity=invocation.context.touch
         )
         text = result.render()
         if result.is_error:

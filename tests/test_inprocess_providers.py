@@ -1268,5 +1268,5 @@ async def test_a_child_works_in_the_requests_directory_else_in_its_parents() -> 
                 assert child is not None
                 seen.append(child.cwd)
     await parent.close()
-    # Tools read it as `invocation.agent.cwd`.
+    # Tools read it as `invocation.context.cwd`.
     assert seen == ["/home/user/project", "/home/user/project/docs"]

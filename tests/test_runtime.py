@@ -6,7 +6,10 @@ Every async test runs on asyncio and on trio. Models are scripted; every wait is
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import gc
+import importlib.util
 import json
 import logging
 import operator
@@ -44,6 +47,7 @@ from subagent.runtime import (
     ToolCallDelta,
     ToolCallFinished,
     ToolCallStarted,
+    ToolContext,
     ToolError,
     ToolInvocation,
     ToolSpec,
@@ -438,7 +442,7 @@ async def test_the_approver_decides_on_a_frozen_snapshot_and_the_tool_runs_with_
         result = await agent.run_turn("Write the notes.")
     assert result.output == "Written."
     [approved] = seen
-    assert (approved.call_id, approved.tool, approved.agent) == ("c1", "write", agent)
+    assert (approved.call_id, approved.tool, approved.context) == ("c1", "write", agent.context)
     assert approved.arguments == {"path": "notes.txt", "options": {"force": False}, "lines": ("a", "b")}
     assert mutation_outcomes == [
         ["TypeError", "TypeError", "AttributeError", "FrozenInstanceError", "FrozenInstanceError"]
@@ -498,6 +502,94 @@ async def test_an_approver_that_raises_refuses_the_call_and_is_logged(
     assert agent.messages[2].content == REFUSED
     assert agent.pending_approvals == 0
     assert agent_log_messages(caplog, logging.ERROR) == ["agent a1: the approver raised; the call is refused"]
+
+
+# -- what a tool sees -----------------------------------------------------------------------------------
+
+
+async def test_a_tool_sees_the_agents_id_and_cwd_through_a_context_that_cannot_drive_the_agent() -> None:
+    tool = RecordingTool("look")
+    calls = [call("look", {}, id="c1"), call("look", {}, id="c2")]
+    llm = ScriptedLlm([Reply(tool_calls=calls), Reply("Seen.")])
+    agent = Agent(llm=llm, id="looker", cwd="/home/user/project", tools=[tool], registry=AgentRegistry())
+    with anyio.fail_after(WAIT):
+        result = await agent.run_turn("Look around.")
+    assert result.output == "Seen."
+    first, second = (invocation.context for invocation in tool.invocations)
+    # One context per agent, so a wrapper tool can tell the agent's calls from others' by identity.
+    assert first is second is agent.context
+    assert isinstance(first, ToolContext)
+    assert (first.id, first.cwd) == ("looker", "/home/user/project")
+    assert repr(first) == "<ToolContext of agent 'looker'>"
+    unreachable = ("close", "run_turn", "send_message", "cancel", "on_event", "tools", "messages", "llm")
+    assert [member for member in unreachable if hasattr(first, member)] == []
+    public = [name for name in dir(first) if not name.startswith("_")]
+    assert public == ["cwd", "id", "touch"]
+    assert all(getattr(first, name) is not agent for name in public)
+    await agent.close()
+
+
+async def test_touching_the_context_is_a_sign_of_life_of_the_agent() -> None:
+    agent = Agent(llm=ScriptedLlm([]), registry=AgentRegistry())
+    untouched = agent.last_activity
+    before = time.monotonic()
+    agent.context.touch()
+    assert untouched is None
+    assert agent.last_activity is not None
+    assert agent.last_activity >= before
+    await agent.close()
+
+
+async def test_a_kept_context_does_not_keep_its_agent_alive() -> None:
+    agents = AgentRegistry()
+    agent = Agent(llm=ScriptedLlm([]), id="gone", cwd="/tmp/work", registry=agents)
+    context = agent.context
+    del agent
+    gc.collect()
+    assert "gone" not in agents
+    # What is left answers without the agent: its id stays, the rest is empty and touching is harmless.
+    context.touch()
+    assert (context.id, context.cwd) == ("gone", None)
+
+
+def _is_module(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:  # its parent is a module, not a package
+        return False
+
+
+def _subagent_modules_imported_by(module: str) -> set[str]:
+    """The ``subagent`` modules a module's source names in its imports (under TYPE_CHECKING too):
+    ``from package import submodule`` counts as the submodule, ``from package import name`` as the
+    package (whose ``__init__`` then runs its own imports)."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None
+    assert spec.origin is not None
+    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module is not None and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if _is_module(submodule) else node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.split(".")[0] == "subagent"}
+
+
+def test_the_tools_module_does_not_import_the_agent_module_even_indirectly() -> None:
+    # Importing any runtime module runs the package __init__, which imports both; so this follows
+    # the imports tools.py names, and those of every subagent module they name, instead.
+    seen: set[str] = set()
+    pending = ["subagent.runtime.tools"]
+    while pending:
+        module = pending.pop()
+        if module not in seen:
+            seen.add(module)
+            pending.extend(_subagent_modules_imported_by(module))
+    assert {"subagent.runtime.tools", "subagent.runtime.messages", "subagent.types"} <= seen
+    assert "subagent.runtime.agent" not in seen
 
 
 # -- how a turn ends ------------------------------------------------------------------------------------
@@ -1217,7 +1309,7 @@ async def test_events_arrive_in_order_deltas_then_tool_call_then_delivered_messa
         ToolCallDelta(0, id="c1", name="add"),
         ToolCallDelta(0, arguments='{"a": 2,'),
         ToolCallDelta(0, arguments=' "b": 3}'),
-        ToolCallStarted(ToolInvocation("c1", "add", {"a": 2, "b": 3}, agent)),
+        ToolCallStarted(ToolInvocation("c1", "add", {"a": 2, "b": 3}, agent.context)),
         ToolCallFinished(the_call, "5", False),
         MessageDelivered("Thanks."),
         TextDelta("5."),

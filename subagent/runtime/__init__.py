@@ -34,7 +34,7 @@ from subagent.runtime.messages import (
     ToolSpec,
 )
 from subagent.runtime.scripted import Reply, ScriptedLlm, When, call
-from subagent.runtime.tools import Approver, FunctionTool, Tool, ToolError, ToolInvocation
+from subagent.runtime.tools import Approver, FunctionTool, Tool, ToolContext, ToolError, ToolInvocation
 
 __all__ = [
     "DEFAULT_MAX_MODEL_CALLS",
@@ -65,6 +65,7 @@ __all__ = [
     "ToolCallDelta",
     "ToolCallFinished",
     "ToolCallStarted",
+    "ToolContext",
     "ToolError",
     "ToolInvocation",
     "ToolSpec",

@@ -40,7 +40,7 @@ from subagent.runtime.messages import (
     ToolCallDelta,
     ToolSpec,
 )
-from subagent.runtime.tools import Approver, Tool, ToolError, ToolInvocation
+from subagent.runtime.tools import Approver, Tool, ToolContext, ToolError, ToolInvocation
 from subagent.types import Disposer, StopReason, SubagentResult, Usage, freeze_json, thaw_json
 
 __all__ = [
@@ -159,6 +159,42 @@ AgentEvent = (
 """What an agent reports to its listeners while it works, in order."""
 
 
+# -- what a tool sees ---------------------------------------------------------------------------------
+
+
+class _AgentContext:
+    """An agent as its tools see it (a :class:`~subagent.runtime.tools.ToolContext`): its id and cwd,
+    and its activity clock. Nothing here leads back to the agent by a public attribute, so a tool
+    cannot close it or run a turn on it; the reference is weak, so a kept invocation does not keep
+    a dropped agent alive (nor make a cycle that only the garbage collector breaks)."""
+
+    __slots__ = ("_agent", "_id")
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = weakref.ref(agent)
+        self._id = agent.id
+
+    def __repr__(self) -> str:
+        return f"<ToolContext of agent {self._id!r}>"
+
+    @property
+    def id(self) -> str:
+        """The agent's id."""
+        return self._id
+
+    @property
+    def cwd(self) -> str | None:
+        """The agent's working directory (None when unset or the agent is gone)."""
+        agent = self._agent()
+        return agent.cwd if agent is not None else None
+
+    def touch(self) -> None:
+        """Record a sign of life on the agent's activity clock (nothing once the agent is gone)."""
+        agent = self._agent()
+        if agent is not None:
+            agent.touch()
+
+
 # -- the registry -------------------------------------------------------------------------------------
 
 
@@ -235,7 +271,7 @@ class Agent:
         parent_id: the id of the agent that started it, if any.
         depth: how far below the root of its chain it is (the root is 0).
         cwd: the directory its work is about, for tools that touch files (they read it as
-            ``invocation.agent.cwd``); the runtime itself never uses it.
+            ``invocation.context.cwd``); the runtime itself never uses it.
         persona: the system prompt; the first message of the log when given.
         tools: what it can call. Names must be unique.
         history: messages it starts with (a fork's seed); counted as completed turns.
@@ -292,6 +328,7 @@ class Agent:
         self._pending_approvals = 0
         self._update_count = 0
         self._registries: list[AgentRegistry] = []
+        self._context = _AgentContext(self)
         (registry if registry is not None else AgentRegistry.default()).register(self)
 
     def __repr__(self) -> str:
@@ -299,6 +336,12 @@ class Agent:
         return f"<Agent {self.id!r} depth={self.depth} {state}>"
 
     # -- what can be read ---------------------------------------------------------------------------
+
+    @property
+    def context(self) -> ToolContext:
+        """What its tools see of it (``invocation.context``): always the same object, so a wrapper
+        tool can tell this agent's calls from others' by identity."""
+        return self._context
 
     @property
     def messages(self) -> tuple[Message, ...]:
@@ -605,7 +648,7 @@ class Agent:
         if problem is not None:
             return f"error: {problem}; nothing was run", True
         # Frozen once: the approver decides on this snapshot and the tool runs with the same one.
-        invocation = ToolInvocation(call.id, call.name, freeze_json(decoded), self)
+        invocation = ToolInvocation(call.id, call.name, freeze_json(decoded), self._context)
         if tool.needs_approval and not await self._approve(invocation):
             return "error: this tool call was not approved, so it did not run", True
         self._emit(ToolCallStarted(invocation))

@@ -4,6 +4,9 @@ A tool call is decoded and checked against the tool's JSON Schema, then frozen i
 :class:`ToolInvocation`. When the tool needs approval, the approver decides on that frozen snapshot
 and the tool runs with exactly the same snapshot: nothing the model, the approver or another
 listener does in between changes what runs.
+
+A tool sees the calling agent only through a :class:`ToolContext`: its id, its working directory and
+a way to show signs of life. It cannot close the agent, run a turn on it or send it messages.
 """
 
 from __future__ import annotations
@@ -11,32 +14,52 @@ from __future__ import annotations
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from subagent.runtime.messages import ToolSpec
 
-if TYPE_CHECKING:
-    from subagent.runtime.agent import Agent
-
-__all__ = ["Approver", "FunctionTool", "Tool", "ToolError", "ToolInvocation"]
+__all__ = ["Approver", "FunctionTool", "Tool", "ToolContext", "ToolError", "ToolInvocation"]
 
 
 class ToolError(Exception):
     """Raised by a tool to answer the model with an error it can act on (the message is shown)."""
 
 
+@runtime_checkable
+class ToolContext(Protocol):
+    """What a tool sees of the agent calling it: read-only facts and a way to show signs of life.
+
+    Deliberately not the agent: a tool cannot close it, run a turn on it or send it messages.
+    """
+
+    @property
+    def id(self) -> str:
+        """The calling agent's id (a subagent started by the tool names it as its parent)."""
+        ...
+
+    @property
+    def cwd(self) -> str | None:
+        """The directory the agent's work is about, for tools that touch files; None when unset."""
+        ...
+
+    def touch(self) -> None:
+        """Record a sign of life now. A tool that works for long (one waiting on a busy subagent)
+        calls it while it makes progress, so the turn's ``idle_timeout`` counts real silence."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class ToolInvocation:
     """One tool call, decoded and frozen: what an approver decides on and what the tool runs with.
 
-    ``arguments`` is a deep-frozen JSON value (read-only mappings, tuples); ``agent`` is the agent
-    making the call (not part of equality).
+    ``arguments`` is a deep-frozen JSON value (read-only mappings, tuples); ``context`` is what the
+    tool sees of the agent making the call (not part of equality).
     """
 
     call_id: str
     tool: str
     arguments: Any
-    agent: Agent = field(repr=False, compare=False)
+    context: ToolContext = field(repr=False, compare=False)
 
 
 Approver = Callable[[ToolInvocation], Awaitable[bool] | bool]
