@@ -8,6 +8,8 @@ from pathlib import Path
 import anyio
 import pytest
 
+from subagent.testing.contract import CONTRACT_CHECKS
+
 pytest_plugins = ["pytester"]
 pytestmark = pytest.mark.subprocess
 
@@ -119,3 +121,14 @@ def anyio_backend():
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error", "-v")
     result.assert_outcomes(passed=len(examples))
     result.stdout.fnmatch_lines(["*test_my_client_retries_a_429 PASSED*"])
+
+
+def test_the_readmes_provider_contract_example_passes_as_written_in_a_fresh_project(
+    pytester: pytest.Pytester,
+) -> None:
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Writing a provider of your own", 1)[1].split("\n## ", 1)[0]
+    (example,) = re.findall(r"^```python\n(.*?)^```$", section, flags=re.MULTILINE | re.DOTALL)
+    pytester.makepyfile(test_readme_contract=example)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-W", "error")
+    result.assert_outcomes(passed=len(anyio.get_available_backends()) * len(CONTRACT_CHECKS))
