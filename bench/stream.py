@@ -12,8 +12,13 @@ speed, so the agent is not the bottleneck). In one run, on the same machine, thi
   handshake written with no framework (raw pipes, hand-written JSON).
 
 Figures are medians of ``--repeat`` runs and are reported as ratios measured in the same run.
+It also measures the whole provider path: one run through ``SubagentService`` + ``AcpProvider``
+(start, result, dispose), its turn timed like the client's (ready session -> result), and its
+start-to-dispose span reported beside it.
+
 Targets (issue "The ACP client"): ours at least 8x faster than the SDK and within 3x of the floor;
-spawn-to-ready within 1.1x of the bare handshake.
+spawn-to-ready within 1.1x of the bare handshake; the provider path within 1.2x of the client path
+(issue 12: the seam costs nothing you can measure).
 
     python bench/stream.py [--chunks 100000] [--repeat 5]
 """
@@ -35,7 +40,10 @@ from typing import Any, cast
 import anyio
 from _common import verdict
 
-from subagent.acp.client import spawn_agent
+from subagent.acp.client import ClientSession, spawn_agent
+from subagent.providers.acp import AcpProvider
+from subagent.service import SubagentService
+from subagent.types import SubagentRequest
 
 STUB = [sys.executable, "-m", "subagent.testing.stub_agent"]
 INIT = b'{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":1}}\n'
@@ -76,6 +84,54 @@ async def ours_ready(argv: list[str], cwd: str) -> float:
         await client.initialize()
         await client.new_session(cwd)
         elapsed = time.perf_counter() - started
+    return elapsed
+
+
+# -- the whole provider path: SubagentService + AcpProvider --------------------------------------------------
+
+
+class _PromptClock:
+    """Notes when the provider's run calls ``ClientSession.prompt``, so that its turn is timed from
+    the same point as the client path's (the run sends its prompt on its own task, as soon as the
+    session is ready, which may be before ``started()`` returns to us)."""
+
+    def __init__(self) -> None:
+        self.sent_at: float | None = None
+        self._original = ClientSession.prompt
+
+    def __enter__(self) -> _PromptClock:
+        original = self._original
+
+        async def timed_prompt(session: ClientSession, *args: Any, **kwargs: Any) -> Any:
+            self.sent_at = time.perf_counter()
+            return await original(session, *args, **kwargs)
+
+        ClientSession.prompt = timed_prompt  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        ClientSession.prompt = self._original  # type: ignore[method-assign]
+
+
+async def provider_turn(argv: list[str], cwd: str, chunks: int, spans: list[float]) -> float:
+    """One run through the service: the turn is timed from the prompt to ``result()``, as the
+    client path's is; start -> dispose goes into ``spans``."""
+    provider = AcpProvider(argv, name="stub", cwd=cwd)
+    async with SubagentService(progress_interval=None) as service:
+        service.register_provider(provider)
+        with _PromptClock() as clock:
+            began = time.perf_counter()
+            run = service.start("stub", SubagentRequest(prompt="go"))
+            await run.started()
+            result = await run.result()
+            finished = time.perf_counter()
+            await run.dispose()
+            spans.append(time.perf_counter() - began)
+    assert clock.sent_at is not None
+    elapsed = finished - clock.sent_at
+    assert result.stop_reason == "completed", result
+    # Every chunk arrived, in order, into the output.
+    assert result.output == "".join(f"chunk {index} " for index in range(chunks)), len(result.output)
     return elapsed
 
 
@@ -201,10 +257,21 @@ def main() -> int:
         ready_argv = [*STUB, "--scenario", str(Path(work) / "ready.json")]
         (Path(work) / "ready.json").write_text("{}")
 
-        results: dict[str, float] = {}
-        results["floor"] = median_of(repeat, lambda: floor_turn(argv, work, chunks))
-        results["ours (asyncio)"] = median_of(repeat, lambda: ours_turn(argv, work, chunks))
-        results["ours (trio)"] = median_of(repeat, lambda: ours_turn(argv, work, chunks), backend="trio")
+        spans: dict[str, list[float]] = {"asyncio": [], "trio": []}
+        turns: dict[str, tuple[str, Callable[[], Awaitable[float]]]] = {
+            "floor": ("asyncio", lambda: floor_turn(argv, work, chunks)),
+            "ours (asyncio)": ("asyncio", lambda: ours_turn(argv, work, chunks)),
+            "ours (trio)": ("trio", lambda: ours_turn(argv, work, chunks)),
+            "provider (asyncio)": ("asyncio", lambda: provider_turn(argv, work, chunks, spans["asyncio"])),
+            "provider (trio)": ("trio", lambda: provider_turn(argv, work, chunks, spans["trio"])),
+        }
+        # Round-robin, one of each per round: a shared machine's load then weighs on every path
+        # alike, and the ratios between them hold better than with each path's runs back to back.
+        samples: dict[str, list[float]] = {name: [] for name in turns}
+        for _ in range(repeat):
+            for name, (backend, turn) in turns.items():
+                samples[name].append(anyio.run(turn, backend=backend))
+        results: dict[str, float] = {name: statistics.median(times) for name, times in samples.items()}
         if not args.no_sdk:
             results["official SDK"] = median_of(max(1, repeat // 2), lambda: sdk_turn(argv, work, chunks))
         bare = median_of(repeat * 2, lambda: bare_ready(ready_argv, work))
@@ -217,8 +284,13 @@ def main() -> int:
     ours = results["ours (asyncio)"]
     for name, seconds in results.items():
         print(
-            f"  {name:<16} {seconds:8.3f} s  {chunks / seconds:12,.0f} chunks/s  "
+            f"  {name:<18} {seconds:8.3f} s  {chunks / seconds:12,.0f} chunks/s  "
             f"{seconds / results['floor']:6.2f}x floor"
+        )
+    for backend in ("asyncio", "trio"):
+        print(
+            f"  {f'provider ({backend})':<18} {statistics.median(spans[backend]):8.3f} s  "
+            "start to dispose: spawn, handshake, the turn, teardown"
         )
     print("spawn to a ready session (initialize + session/new)")
     print(f"  bare handshake   {bare * 1000:8.1f} ms")
@@ -232,6 +304,9 @@ def main() -> int:
     print(verdict(floor_ratio <= 3, "ours (asyncio) <= 3x the floor", f"{floor_ratio:.2f}x"))
     trio_ratio = results["ours (trio)"] / results["floor"]
     print(verdict(trio_ratio <= 3, "ours (trio) <= 3x the floor", f"{trio_ratio:.2f}x"))
+    for backend in ("asyncio", "trio"):
+        seam = results[f"provider ({backend})"] / results[f"ours ({backend})"]
+        print(verdict(seam <= 1.2, f"provider path ({backend}) <= 1.2x the client path", f"{seam:.2f}x"))
     print(verdict(ready / bare <= 1.1, "spawn-to-ready <= 1.1x the bare handshake", f"{ready / bare:.2f}x"))
     return 0
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import itertools
 import json
 import logging
 import os
@@ -471,9 +472,15 @@ class ClientSession:
         *,
         on_update: UpdateCallback | None = None,
         output: TurnOutput | None = None,
+        updates: deque[schema.SessionUpdate] | None = None,
     ) -> TurnResult:
         """Run one turn and return how it ended, with its updates (the most recent
         ``max_kept_updates``) and its final message.
+
+        ``updates`` is where the turn's updates are kept as they arrive (default: a fresh deque of
+        at most ``max_kept_updates``); a caller that keeps every turn's updates in one bounded
+        deque passes it here, so each update is appended once. The result's ``updates`` are then
+        the ones of this turn still in it.
 
         ``output`` receives the final message as it streams (default: a fresh
         :class:`TurnOutput` with the client's ``max_output_chars``); a caller passes its own to
@@ -495,7 +502,7 @@ class ClientSession:
         )
         turn = _Turn(
             on_update,
-            deque(maxlen=self._client.max_kept_updates),
+            updates if updates is not None else deque(maxlen=self._client.max_kept_updates),
             output
             if output is not None
             else TurnOutput(self._client.max_output_chars, max_messages=self._client.max_kept_updates),
@@ -516,7 +523,8 @@ class ClientSession:
         response = schema.decode(raw, type=schema.PromptResponse)
         return TurnResult(
             stop_reason=response.stop_reason,
-            updates=list(turn.updates),
+            # A caller's deque may hold earlier updates too: only this turn's, the last `count`.
+            updates=list(itertools.islice(turn.updates, max(0, len(turn.updates) - turn.count), None)),
             usage=turn.usage.result(raw),
             output=turn.output.text,
             update_count=turn.count,
@@ -596,11 +604,22 @@ class ClientSession:
                 raw = update.raw  # type: ignore[union-attr]
                 if raw.get("sessionUpdate") == "usage_update":  # e.g. `"used": null`: read what fits
                     turn.usage.add_usage_update(raw.get("used"), raw.get("size"), raw.get("cost"))
-        if not self._listeners and (turn is None or turn.on_update is None):
-            return None
+        on_update = turn.on_update if turn is not None else None
+        if not self._listeners:
+            # The usual case (a provider's turn): one callback, called directly, no list built.
+            if on_update is None:
+                return None
+            try:
+                outcome = on_update(update)
+            except Exception:
+                logger.exception("update callback for session %r raised; ignored", self.session_id)
+                return None
+            if outcome is None or not inspect.isawaitable(outcome):
+                return None
+            return self._deliver_async(outcome, [], update)
         callbacks: list[UpdateCallback] = list(self._listeners)
-        if turn is not None and turn.on_update is not None:
-            callbacks.append(turn.on_update)
+        if on_update is not None:
+            callbacks.append(on_update)
         for index, callback in enumerate(callbacks):
             outcome = self._call_listener(callback, update)
             if outcome is not None:
@@ -616,7 +635,8 @@ class ClientSession:
             # A display bug must not lose the rest of the turn.
             logger.exception("update callback for session %r raised; ignored", self.session_id)
             return None
-        return outcome if inspect.isawaitable(outcome) else None
+        # Most listeners return None: the isawaitable check (an ABC instance check) is for the rest.
+        return outcome if outcome is not None and inspect.isawaitable(outcome) else None
 
     async def _deliver_async(
         self, pending: Awaitable[object], rest: list[UpdateCallback], update: schema.SessionUpdate

@@ -820,15 +820,18 @@ class AcpRun:
             self.provider.max_output_chars, max_messages=self.provider.max_kept_updates
         )
         overflowed = anyio.Event()
-        updates = self.updates
+        listeners = self._listeners
 
         def record(update: schema.SessionUpdate) -> None:
-            # The client fed `output` first: its length is already known here.
-            updates.append(update)  # a bounded deque: the oldest falls out
+            # Runs for every update of the turn, so it does only what the client cannot: the client
+            # already appended the update to `self.updates` (bounded: the oldest falls out) and fed
+            # `output`, whose length is therefore known here.
             self._update_count += 1
             if output.truncated and not overflowed.is_set():
                 overflowed.set()
-            for listener in tuple(self._listeners):
+            if not listeners:
+                return
+            for listener in tuple(listeners):  # a snapshot: a listener may dispose itself
                 try:
                     listener(update)
                 except Exception:
@@ -859,7 +862,7 @@ class AcpRun:
             watchers.start_soon(on_overflow)
             with anyio.CancelScope() as self._turn_scope:
                 try:
-                    turn = await session.prompt(text, on_update=record, output=output)
+                    turn = await session.prompt(text, on_update=record, output=output, updates=self.updates)
                 except (AgentExitedError, RequestError, ProtocolError, msgspec.MsgspecError) as exc:
                     # Caught here, inside the task group, so it is not wrapped in an exception group.
                     failure = exc
