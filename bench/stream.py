@@ -1,4 +1,4 @@
-"""Streaming throughput and start-up cost of our ACP client, against the official SDK and the floor.
+"""Streaming throughput and start-up cost of our ACP client and provider path, against the SDK and the floor.
 
 The stub agent streams N ``agent_message_chunk`` updates in one turn (written in batches at pipe
 speed, so the agent is not the bottleneck). In one run, on the same machine, this measures:
@@ -239,8 +239,8 @@ def median_of(repeat: int, run: Callable[[], Awaitable[float]], backend: str = "
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--chunks", type=int, default=100_000)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--chunks", type=int, default=100_000, help="updates in the turn (default 100,000)")
+    parser.add_argument("--repeat", type=int, default=5, help="rounds; each figure is the median (default 5)")
     parser.add_argument(
         "--no-sdk", action="store_true", help="skip the official SDK (if it is not installed)"
     )
