@@ -39,7 +39,6 @@ connection.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -51,14 +50,14 @@ import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from subagent.testing.chat_server import (
-    _MAX_BODY,
-    _MAX_HEADERS,
     _ClientGone,
     _open_tunnel,
     _send,
     _send_json,
     _send_stream_head,
+    _serve_connection,
     _wait_for_disconnect,
+    read_request_head,
 )
 
 __all__ = [
@@ -70,8 +69,6 @@ __all__ = [
     "ToolUse",
     "serve_anthropic_messages",
 ]
-
-_MAX_LINE = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,16 +209,7 @@ class AnthropicMessagesServer:
         return f"AnthropicMessagesServer({self.base_url!r}, requests={len(self.requests)})"
 
     async def _handle(self, stream: anyio.abc.ByteStream) -> None:
-        async with stream:
-            reader = BufferedByteReceiveStream(stream)
-            with contextlib.suppress(
-                _ClientGone,
-                anyio.EndOfStream,
-                anyio.IncompleteRead,
-                anyio.BrokenResourceError,
-                anyio.ClosedResourceError,
-            ):
-                await self._serve_one(stream, reader)
+        await _serve_connection(stream, self._serve_one)
 
     async def _serve_one(
         self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, *, tunnelled: bool = False
@@ -298,37 +286,6 @@ async def serve_anthropic_messages(
             yield server
         finally:
             tg.cancel_scope.cancel()
-
-
-async def read_request_head(reader: BufferedByteReceiveStream) -> tuple[str, str, dict[str, str], int]:
-    """An HTTP/1.1 request head: (method, target, lower-cased headers, Content-Length). ValueError (or
-    anyio.DelimiterNotFound, for an overlong line) when it is malformed or the body is chunked."""
-    method, target, version = (await _read_line(reader)).split(" ")
-    if not version.startswith("HTTP/1."):
-        raise ValueError(f"unsupported protocol {version!r}")
-    headers: dict[str, str] = {}
-    for _ in range(_MAX_HEADERS):
-        line = await _read_line(reader)
-        if not line:
-            break
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise ValueError(f"malformed header line {line[:80]!r}")
-        key = name.lower()
-        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-    else:
-        raise ValueError(f"more than {_MAX_HEADERS} headers")
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        raise ValueError("send the body with Content-Length")
-    length = int(headers.get("content-length", "0"))
-    if not 0 <= length <= _MAX_BODY:
-        raise ValueError(f"bad Content-Length {length}")
-    return method, target, headers, length
-
-
-async def _read_line(reader: BufferedByteReceiveStream) -> str:
-    raw = await reader.receive_until(b"\n", _MAX_LINE)
-    return raw.rstrip(b"\r").decode("latin-1")
 
 
 def _error_body(error_type: str, message: str) -> dict[str, Any]:

@@ -51,7 +51,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -318,38 +318,13 @@ class ChatCompletionsServer:
         return f"ChatCompletionsServer({self.base_url!r}, served={served}, scripted={scripted})"
 
     async def _handle(self, stream: anyio.abc.ByteStream) -> None:
-        async with stream:
-            reader = BufferedByteReceiveStream(stream)
-            # The client going away mid-request or mid-response leaves nothing to answer.
-            with contextlib.suppress(
-                _ClientGone,
-                anyio.EndOfStream,
-                anyio.IncompleteRead,
-                anyio.BrokenResourceError,
-                anyio.ClosedResourceError,
-            ):
-                await self._serve_one(stream, reader)
+        await _serve_connection(stream, self._serve_one)
 
     async def _serve_one(
         self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, *, tunnelled: bool = False
     ) -> None:
         try:
-            request_line = await self._read_line(reader)
-            method, target, version = request_line.split(" ")
-            if not version.startswith("HTTP/1."):
-                raise ValueError(f"unsupported protocol {version!r}")
-            headers: dict[str, str] = {}
-            for _ in range(_MAX_HEADERS):
-                line = await self._read_line(reader)
-                if not line:
-                    break
-                name, sep, value = line.partition(":")
-                if not sep or not name or name != name.strip():
-                    raise ValueError(f"malformed header line {line[:80]!r}")
-                key = name.lower()
-                headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-            else:
-                raise ValueError(f"more than {_MAX_HEADERS} headers")
+            method, target, headers = await _read_head_lines(reader)
         except (anyio.DelimiterNotFound, ValueError) as exc:
             await _send_json(
                 stream, 400, {"error": {"message": f"bad request: {exc}", "type": "bad_request"}}
@@ -423,11 +398,6 @@ class ChatCompletionsServer:
         except _ClientGone:
             request.disconnected.set()
 
-    @staticmethod
-    async def _read_line(reader: BufferedByteReceiveStream) -> str:
-        raw = await reader.receive_until(b"\n", _MAX_LINE)
-        return raw.rstrip(b"\r").decode("latin-1")
-
 
 @asynccontextmanager
 async def serve_chat_completions(
@@ -450,6 +420,62 @@ async def serve_chat_completions(
             yield server
         finally:
             tg.cancel_scope.cancel()
+
+
+async def _serve_connection(
+    stream: anyio.abc.ByteStream,
+    serve_one: Callable[[anyio.abc.ByteStream, BufferedByteReceiveStream], Awaitable[None]],
+) -> None:
+    """Serve one accepted connection with ``serve_one``, then close it (every stub server's handler)."""
+    async with stream:
+        reader = BufferedByteReceiveStream(stream)
+        # The client going away mid-request or mid-response leaves nothing to answer.
+        with contextlib.suppress(
+            _ClientGone,
+            anyio.EndOfStream,
+            anyio.IncompleteRead,
+            anyio.BrokenResourceError,
+            anyio.ClosedResourceError,
+        ):
+            await serve_one(stream, reader)
+
+
+async def _read_head_lines(reader: BufferedByteReceiveStream) -> tuple[str, str, dict[str, str]]:
+    """An HTTP/1.x request line and headers: (method, target, lower-cased headers, repeats joined).
+    ValueError when malformed (anyio.DelimiterNotFound for an overlong line)."""
+    method, target, version = (await _read_line(reader)).split(" ")
+    if not version.startswith("HTTP/1."):
+        raise ValueError(f"unsupported protocol {version!r}")
+    headers: dict[str, str] = {}
+    for _ in range(_MAX_HEADERS):
+        line = await _read_line(reader)
+        if not line:
+            break
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise ValueError(f"malformed header line {line[:80]!r}")
+        key = name.lower()
+        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
+    else:
+        raise ValueError(f"more than {_MAX_HEADERS} headers")
+    return method, target, headers
+
+
+async def read_request_head(reader: BufferedByteReceiveStream) -> tuple[str, str, dict[str, str], int]:
+    """An HTTP/1.1 request head: (method, target, lower-cased headers, Content-Length). ValueError (or
+    anyio.DelimiterNotFound, for an overlong line) when it is malformed or the body is chunked."""
+    method, target, headers = await _read_head_lines(reader)
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        raise ValueError("send the body with Content-Length")
+    length = int(headers.get("content-length", "0"))
+    if not 0 <= length <= _MAX_BODY:
+        raise ValueError(f"bad Content-Length {length}")
+    return method, target, headers, length
+
+
+async def _read_line(reader: BufferedByteReceiveStream) -> str:
+    raw = await reader.receive_until(b"\n", _MAX_LINE)
+    return raw.rstrip(b"\r").decode("latin-1")
 
 
 async def _open_tunnel(stream: anyio.abc.ByteStream, target: str, own_port: int) -> bool:

@@ -21,7 +21,6 @@ Anthropic stub does (a tunnel to the server itself, 403 elsewhere, listed in ``s
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -32,14 +31,15 @@ import anyio
 import anyio.abc
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from subagent.testing.anthropic_server import read_request_head
 from subagent.testing.chat_server import (
     _ClientGone,
     _open_tunnel,
     _send,
     _send_json,
     _send_stream_head,
+    _serve_connection,
     _wait_for_disconnect,
+    read_request_head,
 )
 
 __all__ = [
@@ -151,16 +151,7 @@ class ResponsesServer:
         return f"ResponsesServer({self.base_url!r}, requests={len(self.requests)})"
 
     async def _handle(self, stream: anyio.abc.ByteStream) -> None:
-        async with stream:
-            reader = BufferedByteReceiveStream(stream)
-            with contextlib.suppress(
-                _ClientGone,
-                anyio.EndOfStream,
-                anyio.IncompleteRead,
-                anyio.BrokenResourceError,
-                anyio.ClosedResourceError,
-            ):
-                await self._serve_one(stream, reader)
+        await _serve_connection(stream, self._serve_one)
 
     async def _serve_one(
         self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, *, tunnelled: bool = False
