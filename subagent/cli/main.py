@@ -37,7 +37,20 @@ from typing import Any, Final, Literal, NoReturn
 import anyio
 import anyio.abc
 
-from subagent._cli_progress import (
+from subagent._version import __version__
+from subagent.acp import schema
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
+from subagent.acp.handlers import (
+    DEFAULT_PERMISSION_CALLBACK_TIMEOUT,
+    AllowPolicy,
+    DenyPolicy,
+    PermissionDecision,
+    PermissionOutcome,
+    PermissionPolicy,
+    PermissionQuestion,
+)
+from subagent.cli.config import AgentConfig, ConfigError, config_search_path, find_config, load_config
+from subagent.cli.views import (
     AnswerSource,
     AskPolicy,
     Console,
@@ -53,19 +66,6 @@ from subagent._cli_progress import (
     usage_json,
     use_color,
 )
-from subagent._version import __version__
-from subagent.acp import schema
-from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
-from subagent.acp.handlers import (
-    DEFAULT_PERMISSION_CALLBACK_TIMEOUT,
-    AllowPolicy,
-    DenyPolicy,
-    PermissionDecision,
-    PermissionOutcome,
-    PermissionPolicy,
-    PermissionQuestion,
-)
-from subagent.config import AgentConfig, ConfigError, config_search_path, find_config, load_config
 from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun, prompt_size_error
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import SubagentError, SubagentRequest, SubagentResult
@@ -891,7 +891,7 @@ def _cmd_demo(args: argparse.Namespace, command: list[str] | None) -> int:
 
 def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
     """The in-process half of the demo: an agent delegates to fork, spawn and acp at once."""
-    from subagent._demo import run_delegation_demo
+    from subagent.cli.demo import run_delegation_demo
 
     # Not narrating (--events, --quiet): the narration goes nowhere.
     console = Console(sys.stderr if narrate else io.StringIO(), color=narrate and use_color(sys.stderr))
