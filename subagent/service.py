@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Self, cast
 
 import anyio
 
+from subagent._outcome import Outcome, raise_sole_error
 from subagent.events import EventHub
 from subagent.types import (
     Disposer,
@@ -318,45 +319,6 @@ class SubagentService:
             raise
 
 
-def raise_sole_error(
-    group: BaseExceptionGroup[BaseException], *, preferred: BaseException | None = None
-) -> None:
-    """Raise the one real error inside a task group's exception ``group`` as itself; return if none.
-
-    The group's leaves are its exceptions once nested groups are flattened. Cancellations are left
-    to the group (a cancel scope takes them out of it), so with no other leaf this returns and the
-    caller re-raises the group. ``preferred`` (the exception that left the task group's own block)
-    wins over leaves raised by its tasks, which are logged; several task errors and no preferred
-    one: the first is raised, the others logged and named in its notes.
-    """
-    cancelled = anyio.get_cancelled_exc_class()
-    errors = [leaf for leaf in _leaves(group) if not isinstance(leaf, cancelled)]
-    if not errors:
-        return
-    chosen = preferred if preferred is not None and any(e is preferred for e in errors) else errors[0]
-    for other in errors:
-        if other is not chosen:
-            logger.error("a task failed while %r was raised", chosen, exc_info=other)
-            chosen.add_note(f"also failed meanwhile: {type(other).__name__}: {other}")
-    context = chosen.__context__
-    try:
-        raise chosen
-    finally:
-        # Raised from inside the handler, it would show the group as its context: restore its own.
-        chosen.__context__ = context
-        del chosen, context
-
-
-def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
-    leaves: list[BaseException] = []
-    for member in group.exceptions:
-        if isinstance(member, BaseExceptionGroup):
-            leaves += _leaves(member)
-        else:
-            leaves.append(member)
-    return leaves
-
-
 class ServiceRun:
     """A provider's run as the service hands it out: watched, gated and owned.
 
@@ -381,13 +343,11 @@ class ServiceRun:
             id=provider_run.id, provider=provider, parent_id=request.parent_id, prompt=request.prompt
         )
         """The payload ``subagent/start`` carries."""
-        self._ready_settled = anyio.Event()
-        self._ready_error: SubagentError | None = None
+        self._ready: Outcome[None] = Outcome()
         self._start_emitted = False
-        self._result_settled = anyio.Event()
-        self._result: SubagentResult | BaseException | None = None
+        self._result: Outcome[SubagentResult] = Outcome()  # the provider's, as it settled
         self._end_info: SubagentRunEndInfo | None = None
-        self._result_observed = anyio.Event()
+        self._result_observed = anyio.Event()  # the result is the caller's: its end was emitted
         self._observer_scope = anyio.CancelScope()
         self._observer_done = anyio.Event()
         self._dispose_started = False
@@ -415,13 +375,13 @@ class ServiceRun:
         """Where the run is in its life."""
         if self._disposed.is_set():
             return RunState.DISPOSED
-        if self._ready_error is not None:
+        if self._ready.error is not None:
             return RunState.FAILED
         if self._result_observed.is_set():
             return RunState.ENDED
         if self._start_emitted:
             return RunState.RUNNING
-        if self._queueable is not None and not self._ready_settled.is_set() and self._queueable.queued:
+        if self._queueable is not None and not self._ready.is_set() and self._queueable.queued:
             return RunState.QUEUED
         return RunState.STARTING
 
@@ -456,18 +416,12 @@ class ServiceRun:
             SubagentError: ``START_FAILED`` when the child never became ready; ``DISPOSED`` when
                 the run was disposed first.
         """
-        await self._ready_settled.wait()
-        if self._ready_error is not None:
-            raise self._ready_error
+        await self._ready.wait()
 
     async def result(self) -> SubagentResult:
         """Return how the turn ended, once ``subagent/end`` (if owed) was emitted."""
         await self._result_observed.wait()
-        outcome = self._result
-        if isinstance(outcome, BaseException):
-            raise outcome
-        assert outcome is not None
-        return outcome
+        return self._result.get()
 
     async def cancel(self) -> None:
         """Ask the child to stop; ``result()`` then settles with ``cancelled``. No-op once disposed."""
@@ -536,14 +490,15 @@ class ServiceRun:
                     except cancelled:
                         raise
                     except SubagentError as exc:
-                        self._ready_error = exc
+                        self._ready.fail(exc)
                     except Exception as exc:
-                        self._ready_error = SubagentError(
+                        error = SubagentError(
                             ErrorCode.START_FAILED,
                             f"provider {self.provider!r}: run {self.id!r} failed to start: {exc}",
                             provider=self.provider,
                         )
-                        self._ready_error.__cause__ = exc
+                        error.__cause__ = exc
+                        self._ready.fail(error)
                     else:
                         self._emit_start()
                         interval = self._service.progress_interval
@@ -551,16 +506,15 @@ class ServiceRun:
                             task_group.start_soon(
                                 self._heartbeat, interval, name=f"subagent progress {self.id}"
                             )
-                    self._ready_settled.set()
-                    await self._result_settled.wait()
+                        self._ready.settle(None)
+                    await self._result.wait_settled()
                     self._emit_end_if_owed()
                     self._result_observed.set()
         finally:
             # Reached early only when cancelled: settle what is left so no waiter hangs.
-            if not self._ready_settled.is_set():
-                self._ready_error = self._disposed_error("before it became ready")
-                self._ready_settled.set()
-            if not self._result_settled.is_set():
+            if not self._ready.is_set():
+                self._ready.fail(self._disposed_error("before it became ready"))
+            if not self._result.is_set():
                 self._settle(self._disposed_error("before its result settled"))
             self._emit_end_if_owed()
             self._result_observed.set()
@@ -576,17 +530,17 @@ class ServiceRun:
         self._settle(outcome)
 
     def _settle(self, outcome: SubagentResult | BaseException) -> None:
-        self._result = outcome
-        # Taken now, before any caller can see (and mutate) the result object.
+        # The end's payload is taken now, before any caller can see (and mutate) the result object.
         if isinstance(outcome, SubagentResult):
-            self._end_info = SubagentRunEndInfo(
-                id=self.id,
-                provider=self.provider,
-                stop_reason=outcome.stop_reason,
-                last_assistant_message=str(outcome.output),
-                error=outcome.error,
-            )
-        else:
+            if self._result.settle(outcome):
+                self._end_info = SubagentRunEndInfo(
+                    id=self.id,
+                    provider=self.provider,
+                    stop_reason=outcome.stop_reason,
+                    last_assistant_message=str(outcome.output),
+                    error=outcome.error,
+                )
+        elif self._result.fail(outcome):
             self._end_info = SubagentRunEndInfo(
                 id=self.id,
                 provider=self.provider,
@@ -594,7 +548,6 @@ class ServiceRun:
                 last_assistant_message=None,
                 error=str(outcome) or type(outcome).__name__,
             )
-        self._result_settled.set()
 
     def _emit_start(self) -> None:
         self._start_emitted = True

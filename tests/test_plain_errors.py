@@ -16,11 +16,11 @@ import pytest
 from anyio.abc import TaskGroup
 
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentService
+from subagent._outcome import raise_sole_error
 from subagent.providers.acp import AcpProvider
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import AgentRegistry, Reply, ScriptedLlm
-from subagent.service import raise_sole_error
 from subagent.tool import SubagentTool
 from tests.fakes import FakeProvider, FakeRun
 from tests.leaks import assert_no_leaks
