@@ -4,71 +4,26 @@ An :class:`Agent` holds a message log, a persona, tools and an LLM adapter, and 
 model call, tool calls, model call, until the model answers without tools. Adapters stream
 completions (:class:`ScriptedLlm` for tests and the demo; ``subagent.runtime.openai`` for any
 OpenAI-compatible chat-completions server).
+
+The package exports what each of its modules lists in its own ``__all__``: the agent and its events
+(``agent``), the adapter protocol, registry and errors (``llm``), the conversation records
+(``messages``), the scripted adapter (``scripted``) and tools (``tools``). The OpenAI adapter is
+imported on its own, as ``subagent.runtime.openai``, so that httpx loads only where it is used.
 """
 
 from __future__ import annotations
 
-from subagent.runtime.agent import (
-    DEFAULT_MAX_MODEL_CALLS,
-    Agent,
-    AgentClosedError,
-    AgentEvent,
-    AgentRegistry,
-    MessageDelivered,
-    MessageRefused,
-    MessageRefusedError,
-    PendingMessage,
-    ToolCallFinished,
-    ToolCallStarted,
-)
-from subagent.runtime.llm import LlmAdapter, LlmError, LlmErrorKind, LlmService
-from subagent.runtime.messages import (
-    Completion,
-    CompletionEvent,
-    CompletionRequest,
-    FinishReason,
-    Message,
-    TextDelta,
-    ToolCall,
-    ToolCallDelta,
-    ToolSpec,
-)
-from subagent.runtime.scripted import Reply, ScriptedLlm, When, call
-from subagent.runtime.tools import Approver, FunctionTool, Tool, ToolContext, ToolError, ToolInvocation
+from subagent.runtime import agent, llm, messages, scripted, tools
+from subagent.runtime.agent import *  # noqa: F403
+from subagent.runtime.llm import *  # noqa: F403
+from subagent.runtime.messages import *  # noqa: F403
+from subagent.runtime.scripted import *  # noqa: F403
+from subagent.runtime.tools import *  # noqa: F403
 
-__all__ = [
-    "DEFAULT_MAX_MODEL_CALLS",
-    "Agent",
-    "AgentClosedError",
-    "AgentEvent",
-    "AgentRegistry",
-    "Approver",
-    "Completion",
-    "CompletionEvent",
-    "CompletionRequest",
-    "FinishReason",
-    "FunctionTool",
-    "LlmAdapter",
-    "LlmError",
-    "LlmErrorKind",
-    "LlmService",
-    "Message",
-    "MessageDelivered",
-    "MessageRefused",
-    "MessageRefusedError",
-    "PendingMessage",
-    "Reply",
-    "ScriptedLlm",
-    "TextDelta",
-    "Tool",
-    "ToolCall",
-    "ToolCallDelta",
-    "ToolCallFinished",
-    "ToolCallStarted",
-    "ToolContext",
-    "ToolError",
-    "ToolInvocation",
-    "ToolSpec",
-    "When",
-    "call",
-]
+# Extended with `+=`, the form type checkers read as re-exporting a submodule's names.
+__all__: list[str] = []
+__all__ += agent.__all__
+__all__ += llm.__all__
+__all__ += messages.__all__
+__all__ += scripted.__all__
+__all__ += tools.__all__
