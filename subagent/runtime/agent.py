@@ -30,6 +30,7 @@ from typing import Any, Literal
 import anyio
 
 from subagent import _structured
+from subagent._outcome import raise_sole_error
 from subagent.runtime.llm import LlmAdapter, LlmError, LlmErrorKind
 from subagent.runtime.messages import (
     Completion,
@@ -480,7 +481,6 @@ class Agent:
         timed_out = False
         usage = _UsageSum()
         outcome: SubagentResult | None = None
-        failure: Exception | None = None
         try:
             with scope:
                 async with anyio.create_task_group() as task_group:
@@ -492,21 +492,18 @@ class Agent:
                             scope.cancel()
 
                         task_group.start_soon(self._watch_idle, idle_timeout, on_idle)
-                    try:
-                        outcome = await self._turn(prompt, output_schema, usage)
-                    except Exception as exc:
-                        # A bug (an adapter raising something other than LlmError): re-raised
-                        # below as itself, not wrapped in the task group's ExceptionGroup.
-                        failure = exc
+                    outcome = await self._turn(prompt, output_schema, usage)
                     task_group.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            # A bug (an adapter raising something other than LlmError) is raised as itself.
+            raise_sole_error(group)
+            raise
         finally:
             self._turn_scope = None
             self._close_dangling_calls()
             self._completed_end = len(self._log)
             if not self._closed:
                 self._deliver_pending()
-        if failure is not None:
-            raise failure
         # Cancelled (or timed out) while in flight, the turn ends so even if its answer came in the
         # same step: whoever cancelled is told what they asked for, and the answer is the output.
         if outcome is None or scope.cancel_called:
@@ -807,8 +804,8 @@ def _validator_for(spec: ToolSpec) -> Any:
     return validator
 
 
-# Counts that add up over model calls; the context window and cost are snapshots, never summed.
 _TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(Usage) if f.name.endswith("_tokens"))
+"""The usage counts that add up over model calls; the context window and cost are snapshots, never summed."""
 
 
 class _UsageSum:
