@@ -23,8 +23,10 @@ import enum
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from types import MappingProxyType, TracebackType
+from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, runtime_checkable
+
+from subagent.acp._frozen import freeze_json, thaw_json
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -173,24 +175,6 @@ LINEAGE_META_KEY = "subagent-seam/lineage"
 """The ``_meta`` key under which the ACP provider tells a child agent its place in the chain:
 ``{"depth": int, "depthBudget": int}`` in ``session/new``, sent when a depth budget applies.
 ``subagent serve`` honours it, so a depth limit holds across the process boundary too."""
-
-
-def freeze_json(value: Any) -> Any:
-    """A deep, immutable copy of a JSON value: objects become read-only mappings, arrays tuples."""
-    if isinstance(value, Mapping):
-        return MappingProxyType({str(key): freeze_json(item) for key, item in value.items()})
-    if isinstance(value, list | tuple):
-        return tuple(freeze_json(item) for item in value)
-    return value
-
-
-def thaw_json(value: Any) -> Any:
-    """A plain, mutable copy of a (possibly frozen) JSON value: dicts and lists, for encoders."""
-    if isinstance(value, Mapping):
-        return {str(key): thaw_json(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [thaw_json(item) for item in value]
-    return value
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

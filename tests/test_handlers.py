@@ -19,9 +19,9 @@ from subagent.acp.handlers import (
     PermissionOption,
     PermissionOutcome,
     PermissionQuestion,
-    freeze_json,
     permission_policy,
 )
+from subagent.types import freeze_json
 
 pytestmark = pytest.mark.anyio
 

@@ -3,38 +3,79 @@
 Layers, each usable without the ones above it:
 
 * :mod:`subagent.acp.schema`: the wire types, generated from the ACP JSON Schema;
+* :mod:`subagent.acp.errors`: every exception of this package, in one tree;
 * :mod:`subagent.acp.connection`: JSON-RPC 2.0 over any anyio byte-stream pair, knowing no ACP method;
 * :mod:`subagent.acp.process`: a child agent process we own, from spawn to reaped process group;
 * :mod:`subagent.acp.client`: the typed client session (:class:`AcpClient`, :func:`spawn_agent`);
-* :mod:`subagent.acp.handlers`: what the client serves to the agent (fs sandbox, permission policies).
+* :mod:`subagent.acp.handlers`: what the client serves to the agent (fs sandbox, permission policies);
+* :mod:`subagent.acp.agent`: the other side, for writing an agent;
+* :mod:`subagent.acp.stdio`: file descriptors (this process's stdin/stdout) as anyio byte streams.
+
+Nothing here imports the seam (`subagent.service`, `subagent.types`...). The names below are loaded
+when first used, so ``import subagent.acp`` costs next to nothing until then.
 """
 
 from __future__ import annotations
 
-from subagent.acp.client import (
-    AcpClient,
-    AgentCapabilityError,
-    AgentError,
-    AgentExitedError,
-    AuthenticationRequiredError,
-    ClientSession,
-    ProtocolVersionError,
-    TurnResult,
-    final_message,
-    spawn_agent,
-)
-from subagent.acp.connection import Connection
-from subagent.acp.errors import AcpError, ConnectionClosedError, ProtocolError, RequestError
-from subagent.acp.handlers import (
-    AllowPolicy,
-    CallbackPolicy,
-    DenyPolicy,
-    FsSandbox,
-    PermissionOption,
-    PermissionPolicy,
-    PermissionQuestion,
-)
-from subagent.acp.process import AgentProcess, AgentSpawnError, ExitInfo, open_agent_process
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from subagent.acp.client import (
+        AcpClient,
+        AgentCapabilityError,
+        AgentError,
+        AgentExitedError,
+        AuthenticationRequiredError,
+        ClientSession,
+        ProtocolVersionError,
+        TurnResult,
+        final_message,
+        spawn_agent,
+    )
+    from subagent.acp.connection import Connection
+    from subagent.acp.errors import AcpError, ConnectionClosedError, ProtocolError, RequestError
+    from subagent.acp.handlers import (
+        AllowPolicy,
+        CallbackPolicy,
+        DenyPolicy,
+        FsSandbox,
+        PermissionOption,
+        PermissionPolicy,
+        PermissionQuestion,
+    )
+    from subagent.acp.process import AgentProcess, AgentSpawnError, ExitInfo, open_agent_process
+else:
+    from subagent._lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        {
+            "subagent.acp.client": (
+                "AcpClient",
+                "AgentCapabilityError",
+                "AgentError",
+                "AgentExitedError",
+                "AuthenticationRequiredError",
+                "ClientSession",
+                "ProtocolVersionError",
+                "TurnResult",
+                "final_message",
+                "spawn_agent",
+            ),
+            "subagent.acp.connection": ("Connection",),
+            "subagent.acp.errors": ("AcpError", "ConnectionClosedError", "ProtocolError", "RequestError"),
+            "subagent.acp.handlers": (
+                "AllowPolicy",
+                "CallbackPolicy",
+                "DenyPolicy",
+                "FsSandbox",
+                "PermissionOption",
+                "PermissionPolicy",
+                "PermissionQuestion",
+            ),
+            "subagent.acp.process": ("AgentProcess", "AgentSpawnError", "ExitInfo", "open_agent_process"),
+        },
+    )
 
 __all__ = [
     "AcpClient",

@@ -47,6 +47,7 @@ import msgspec
 
 from subagent._version import __version__
 from subagent.acp import schema
+from subagent.acp._frozen import freeze_json
 from subagent.acp._usage import TurnUsage
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
 from subagent.acp.errors import AcpError, ConnectionClosedError, ProtocolError, RequestError
@@ -57,7 +58,6 @@ from subagent.acp.handlers import (
     PermissionOutcome,
     PermissionPolicy,
     PermissionQuestion,
-    freeze_json,
     permission_policy,
 )
 from subagent.acp.process import STDIN_CLOSE_TIMEOUT, AgentProcess, ExitInfo, open_agent_process

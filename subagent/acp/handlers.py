@@ -42,7 +42,6 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import anyio
 
 from subagent.acp.errors import RequestError
-from subagent.types import freeze_json
 
 __all__ = [
     "DEFAULT_MAX_READ_BYTES",
@@ -59,7 +58,6 @@ __all__ = [
     "PermissionOutcome",
     "PermissionPolicy",
     "PermissionQuestion",
-    "freeze_json",
     "permission_policy",
 ]
 
