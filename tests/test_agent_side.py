@@ -27,13 +27,12 @@ from subagent.acp.agent import (
     AgentHandler,
     AgentSideConnection,
     ClientPeer,
-    FdReceiveStream,
-    FdSendStream,
     PromptTurn,
     negotiate_protocol_version,
 )
 from subagent.acp.connection import Connection
 from subagent.acp.errors import RequestError
+from subagent.acp.stdio import FdReceiveStream, FdSendStream
 
 pytestmark = pytest.mark.anyio
 

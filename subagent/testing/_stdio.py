@@ -18,7 +18,8 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from subagent.acp.agent import ClientPeer, FdSendStream
+from subagent.acp.agent import ClientPeer
+from subagent.acp.stdio import FdSendStream
 
 __all__ = ["OrderedStdout"]
 

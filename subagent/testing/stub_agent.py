@@ -32,12 +32,11 @@ from subagent.acp.agent import (
     AgentHandler,
     AgentSideConnection,
     ClientPeer,
-    FdReceiveStream,
     PromptTurn,
     negotiate_protocol_version,
-    stdio_streams,
 )
 from subagent.acp.errors import ConnectionClosedError, RequestError
+from subagent.acp.stdio import FdReceiveStream, stdio_streams
 from subagent.testing._stdio import OrderedStdout
 from subagent.testing.scenario import (
     CANCELLED_BRANCH,
