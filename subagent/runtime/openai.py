@@ -69,9 +69,11 @@ _ERROR_BODY_LIMIT = 16 * 1024
 _MAX_TOOL_CALLS = 1024
 """Distinct tool calls in one answer: each costs memory however short, and no model makes this many."""
 _DRAIN_LIMIT = 64 * 1024
+"""After ``[DONE]``, how much we read on to end the body, so the connection can be reused."""
 _DRAIN_SECONDS = 0.25
-"""After ``[DONE]``, how long and how much we read on to end the body, so the connection can be reused."""
+"""After ``[DONE]``, how long we read on to end the body."""
 _CLOSE_GRACE = 1.0
+"""How long closing a response may spend running httpx's read generators to their end."""
 
 _FINISH_REASONS: dict[str, FinishReason] = {
     "stop": "stop",
@@ -156,8 +158,9 @@ _CREDENTIAL_HEADER = re.compile(r"auth|key|token|secret|cookie|password|signatur
 """Extra request headers whose values are redacted from errors like the API key (Azure's ``api-key``)."""
 
 
-class _AttemptFailed(Exception):
-    """One attempt failed; the retry loop decides whether to try again or to raise the error."""
+class _AttemptFailed(LlmError):
+    """One attempt failed, and whether another may help: the retry loop tries again or raises a new
+    `LlmError` from it, with the message redacted (this one's is not yet) and the attempts counted."""
 
     def __init__(
         self,
@@ -168,12 +171,8 @@ class _AttemptFailed(Exception):
         retryable: bool = False,
         retry_after: float | None = None,
     ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.status = status
+        super().__init__(kind, message, status=status, retry_after=retry_after)
         self.retryable = retryable
-        self.retry_after = retry_after
 
 
 class _Redactor:
@@ -1166,17 +1165,9 @@ class OpenAiChatAdapter:
                 f"{redact.quote(location)}: set base_url to where the API is",
                 status=status,
             )
-        if status == 429:
+        if status == 429 or status >= 500:
             return _AttemptFailed(
-                LlmErrorKind.RATE_LIMITED,
-                what,
-                status=status,
-                retryable=True,
-                retry_after=_retry_after(response.headers),
-            )
-        if status >= 500:
-            return _AttemptFailed(
-                LlmErrorKind.SERVER,
+                LlmErrorKind.RATE_LIMITED if status == 429 else LlmErrorKind.SERVER,
                 what,
                 status=status,
                 retryable=True,
