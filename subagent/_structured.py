@@ -45,6 +45,7 @@ def repair_request(problem: str, wanted: Mapping[str, Any]) -> str:
 
 
 _FENCE = re.compile(r"^\s*```[A-Za-z0-9_-]*\s*\n(?P<body>.*?)\n\s*```\s*$", re.DOTALL)
+"""A whole answer wrapped in a Markdown code fence, as models often write JSON: the body is the answer."""
 
 
 def parse_and_validate(text: str, wanted: Mapping[str, Any]) -> tuple[Any, str | None]:
@@ -78,19 +79,13 @@ async def accept_or_repair(
 
     A result that did not complete is returned as it is: there is no answer to validate.
     """
-    if result.stop_reason != "completed":
-        return result
-    value, problem = parse_and_validate(result.output, wanted)
+    problem = _validate_in_place(result, wanted)
     if problem is None:
-        result.structured = value
         return result
     logger.info("%s: the answer does not match the output schema (%s); one repair turn", who, problem)
     repaired = await repair_turn(repair_request(problem, wanted))
-    if repaired.stop_reason != "completed":
-        return repaired
-    value, problem = parse_and_validate(repaired.output, wanted)
+    problem = _validate_in_place(repaired, wanted)
     if problem is None:
-        repaired.structured = value
         return repaired
     return SubagentResult(
         output=repaired.output,
@@ -98,3 +93,14 @@ async def accept_or_repair(
         error=f"the answer does not match the output schema after one repair turn: {problem}",
         usage=repaired.usage,
     )
+
+
+def _validate_in_place(result: SubagentResult, wanted: Mapping[str, Any]) -> str | None:
+    """None when ``result`` stands as it is: it did not complete (there is no answer to validate), or
+    its answer validated and is now its ``structured`` value. Else what is wrong with the answer."""
+    if result.stop_reason != "completed":
+        return None
+    value, problem = parse_and_validate(result.output, wanted)
+    if problem is None:
+        result.structured = value
+    return problem
