@@ -112,6 +112,7 @@ Answer = Reply | str | Mapping[str, Any]
 """A scripted answer: a :class:`Reply`, plain text, or a reply in the JSON script's object form."""
 
 Responder = Callable[[CompletionRequest], "Answer | Awaitable[Answer]"]
+"""A script as a function: it answers each request itself, at once or awaited."""
 
 
 class ScriptedLlm:
