@@ -26,6 +26,7 @@ __all__ = [
 ]
 
 Role = Literal["system", "user", "assistant", "tool"]
+"""Who a message is from: the persona, the user, the model, or a tool's result."""
 
 FinishReason = Literal["stop", "tool_calls", "length", "content_filter"]
 """Why the model stopped: it answered, it asked for tools, it hit its token limit, or it refused."""
