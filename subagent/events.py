@@ -30,6 +30,7 @@ EventName = Literal[
     "subagent/progress",
     "subagent/end",
 ]
+"""The events an :class:`EventHub` carries; each has its own payload type (see :meth:`EventHub.on`)."""
 
 
 class EventHub:
