@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, cast, get_args
 
 import anyio
 import msgspec
@@ -237,7 +237,7 @@ def _pieces(text: str, chunk: int | None) -> list[str]:
 
 
 _REPLY_KEYS = {"text", "tool_calls", "finish_reason", "usage", "error", "when", "chunk"}
-_FINISH_REASONS = {"stop", "tool_calls", "length", "content_filter"}
+_FINISH_REASONS = frozenset(get_args(FinishReason))
 
 
 def _reply_from_json(item: Any, where: str) -> Reply:
