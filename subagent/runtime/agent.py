@@ -30,7 +30,7 @@ from typing import Any, Literal
 import anyio
 
 from subagent import _structured
-from subagent._outcome import raise_sole_error
+from subagent._outcome import Outcome, raise_sole_error
 from subagent.runtime.llm import LlmAdapter, LlmError, LlmErrorKind
 from subagent.runtime.messages import (
     Completion,
@@ -95,7 +95,7 @@ class PendingMessage:
         self.status: Literal["queued", "delivered", "refused"] = "queued"
         self.reason: str | None = None
         """Why the message was refused, when it was."""
-        self._settled = anyio.Event()
+        self._outcome: Outcome[None] = Outcome()
 
     def __repr__(self) -> str:
         return f"<PendingMessage {self.status} {self.text[:40]!r}>"
@@ -106,18 +106,16 @@ class PendingMessage:
         Raises:
             MessageRefusedError: the message was refused (the agent closed first), with the reason.
         """
-        await self._settled.wait()
-        if self.status == "refused":
-            raise MessageRefusedError(self.reason or "refused")
+        await self._outcome.wait()
 
     def _deliver(self) -> None:
         self.status = "delivered"
-        self._settled.set()
+        self._outcome.settle(None)
 
     def _refuse(self, reason: str) -> None:
         self.status = "refused"
         self.reason = reason
-        self._settled.set()
+        self._outcome.fail(MessageRefusedError(reason))
 
 
 # -- events -------------------------------------------------------------------------------------------
