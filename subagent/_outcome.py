@@ -1,5 +1,6 @@
-"""Two small pieces every run class needs: an outcome settled once and awaited any number of times,
-and the re-raising of a task group's one real error as itself.
+"""What every run class needs and none should write again: an outcome settled once and awaited any
+number of times, ``async with run:`` disposing the run, and the re-raising of a task group's one
+real error as itself.
 
 A run's readiness and its result are each such an outcome: a value or an error, settled once by
 whoever knows first (the first settle wins, later ones are no-ops), then handed, unchanged, to every
@@ -10,11 +11,11 @@ from __future__ import annotations
 
 import logging
 from types import TracebackType
-from typing import Generic, TypeVar, cast
+from typing import Generic, Self, TypeVar, cast
 
 import anyio
 
-__all__ = ["Outcome", "raise_sole_error"]
+__all__ = ["DisposeOnExit", "Outcome", "raise_sole_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,21 @@ class Outcome(Generic[T]):
     async def wait_settled(self) -> None:
         """Wait until settled, without raising its error."""
         await self._event.wait()
+
+
+class DisposeOnExit:
+    """A run used as an async context manager: leaving the block disposes it, on every exit path."""
+
+    async def dispose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.dispose()
 
 
 def raise_sole_error(

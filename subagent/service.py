@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Self, cast
 
 import anyio
 
-from subagent._outcome import Outcome, raise_sole_error
+from subagent._outcome import DisposeOnExit, Outcome, raise_sole_error
 from subagent.events import EventHub
 from subagent.types import (
     Disposer,
@@ -319,7 +319,7 @@ class SubagentService:
             raise
 
 
-class ServiceRun:
+class ServiceRun(DisposeOnExit):
     """A provider's run as the service hands it out: watched, gated and owned.
 
     Runtime capabilities pass through: the run is a :class:`~subagent.types.SteerableRun`,
@@ -465,17 +465,6 @@ class ServiceRun:
     def _check_live(self) -> None:
         if self._dispose_started:
             raise SubagentError(ErrorCode.DISPOSED, f"run {self.id!r} is disposed", provider=self.provider)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.dispose()
 
     # -- the observer, run in the service's task group -----------------------------------------
 

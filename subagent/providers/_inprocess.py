@@ -17,13 +17,12 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Self
 
 import anyio
 import anyio.abc
 
 from subagent import _structured
+from subagent._outcome import DisposeOnExit, Outcome
 from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS, Agent, AgentClosedError, AgentRegistry
 from subagent.runtime.llm import LlmAdapter, LlmService
 from subagent.runtime.messages import Message
@@ -157,7 +156,7 @@ class InProcessProvider:
         return SubagentError(ErrorCode.START_FAILED, f"provider {self.name!r}: {why}", provider=self.name)
 
 
-class InProcessRun:
+class InProcessRun(DisposeOnExit):
     """A child agent in this process. Offers ``send_message`` and ``resume``, and reports its
     liveness (``last_activity``, ``pending_permissions`` counting approvals, ``update_count``)."""
 
@@ -166,8 +165,7 @@ class InProcessRun:
         self.request = request
         self.agent = agent
         """The child agent: its log, tools and persona, readable while it works."""
-        self._result: SubagentResult | SubagentError | None = None
-        self._settled = anyio.Event()
+        self._result: Outcome[SubagentResult] = Outcome()  # the first turn's
         self._done = anyio.Event()
         self._cancelled_before_turn = False
         self._disposing = False
@@ -180,7 +178,7 @@ class InProcessRun:
     def __repr__(self) -> str:
         if self._disposing:
             state = "disposed"
-        elif self._settled.is_set():
+        elif self._result.is_set():
             state = "idle"
         else:
             state = "working"
@@ -211,8 +209,8 @@ class InProcessRun:
         Raises:
             SubagentError: ``DISPOSED`` when the run was disposed before its turn began.
         """
-        if self._disposing and isinstance(self._result, SubagentError):
-            raise self._result
+        if self._disposing and self._result.error is not None:
+            self._result.get()  # raises it
 
     async def result(self) -> SubagentResult:
         """The first turn's outcome; a failing model call is an ``error`` result, not an exception.
@@ -220,12 +218,7 @@ class InProcessRun:
         Raises:
             SubagentError: ``DISPOSED`` when the run was disposed before the turn ended.
         """
-        await self._settled.wait()
-        outcome = self._result
-        if isinstance(outcome, SubagentError):
-            raise outcome
-        assert outcome is not None
-        return outcome
+        return await self._result.wait()
 
     async def cancel(self) -> None:
         """Stop the running turn: ``result()`` settles with ``cancelled``. Messages still queued are
@@ -236,18 +229,18 @@ class InProcessRun:
         """
         # The agent's own cancel reaches a turn in flight, or one taking its lock right now.
         self.agent.cancel()
-        if self._settled.is_set():
+        if self._result.is_set():
             return
         self._cancelled_before_turn = True  # if the first turn has not begun, it never will
-        await self._settled.wait()
+        await self._result.wait_settled()
 
     async def dispose(self) -> None:
         """Stop the child: cancel its turn, refuse its queued messages with the reason, take it out
         of the registry. Idempotent; returns once no task of the run is left."""
         if not self._disposing:
             self._disposing = True
-            if not self._settled.is_set():
-                self._settle(self._disposed_error("before its turn ended"))
+            if not self._result.is_set():
+                self._result.fail(self._disposed_error("before its turn ended"))
         with anyio.CancelScope(shield=True):
             await self.agent.close(DISPOSED_REASON)
             await self._done.wait()
@@ -272,7 +265,7 @@ class InProcessRun:
         Raises:
             SubagentError: ``DISPOSED`` once the run is disposed.
         """
-        await self._settled.wait()
+        await self._result.wait_settled()
         if self._disposing:
             raise self._disposed_error("so it takes no more turns")
         try:
@@ -284,20 +277,12 @@ class InProcessRun:
             raise self._disposed_error("before its resumed turn ended")
         return outcome
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.dispose()
-
     # -- the first turn, in the service's task group -----------------------------------------------
 
     async def _main(self) -> None:
         try:
             if self._cancelled_before_turn or self._disposing:
-                self._settle(SubagentResult(output="", stop_reason="cancelled"))
+                self._result.settle(SubagentResult(output="", stop_reason="cancelled"))
                 return
             outcome = await self.agent.run_turn(
                 self.request.prompt,
@@ -305,22 +290,19 @@ class InProcessRun:
                 idle_timeout=self.request.timeout,
             )
             # dispose() settles the result itself (DISPOSED) before the agent's turn comes back.
-            self._settle(outcome)
+            self._result.settle(outcome)
         except AgentClosedError:
-            self._settle(self._disposed_error("before its turn began"))
+            self._result.fail(self._disposed_error("before its turn began"))
         except Exception as exc:
             # A bug, not a child-level failure: fail this run, never the service's task group.
             logger.exception("run %r of provider %r failed unexpectedly", self.id, self.provider.name)
-            self._settle(SubagentResult(output="", stop_reason="error", error=f"internal error: {exc!r}"))
+            self._result.settle(
+                SubagentResult(output="", stop_reason="error", error=f"internal error: {exc!r}")
+            )
         finally:
             # Cancelled from outside (the service's task group): no waiter may hang on the result.
-            self._settle(SubagentResult(output="", stop_reason="cancelled"))
+            self._result.settle(SubagentResult(output="", stop_reason="cancelled"))
             self._done.set()
-
-    def _settle(self, outcome: SubagentResult | SubagentError) -> None:
-        if not self._settled.is_set():
-            self._result = outcome
-            self._settled.set()
 
     def _disposed_error(self, when: str) -> SubagentError:
         return SubagentError(

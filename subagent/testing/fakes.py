@@ -22,8 +22,6 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
-from typing import Self
 
 import anyio
 from anyio.abc import TaskGroup
@@ -35,6 +33,7 @@ from subagent import (
     SubagentRequest,
     SubagentResult,
 )
+from subagent._outcome import DisposeOnExit, Outcome
 
 __all__ = [
     "Autopilot",
@@ -84,16 +83,14 @@ def fails_to_start(message: str = "the fake child could not start") -> Autopilot
     return drive
 
 
-class FakeRun:
+class FakeRun(DisposeOnExit):
     """A provider run driven by the test."""
 
     def __init__(self, request: SubagentRequest, task_group: TaskGroup) -> None:
         self.id = f"fake-{next(_ids)}"
         self.request = request
-        self._ready = anyio.Event()
-        self._ready_error: BaseException | None = None
-        self._settled = anyio.Event()
-        self._outcome: SubagentResult | BaseException | None = None
+        self._ready: Outcome[None] = Outcome()
+        self._result: Outcome[SubagentResult] = Outcome()
         self._stop_child = anyio.Event()
         self._child_running = False
         self.child_exited = anyio.Event()
@@ -121,43 +118,30 @@ class FakeRun:
     # -- driven by the test ---------------------------------------------------------------------
 
     def make_ready(self) -> None:
-        """Report the child ready: `started()` returns."""
-        self._ready.set()
+        """Report the child ready: `started()` returns (no-op once readiness settled)."""
+        self._ready.settle(None)
 
     def fail_ready(self, error: BaseException) -> None:
         """Fail readiness with ``error`` (no-op once readiness settled)."""
-        if not self._ready.is_set():
-            self._ready_error = error
-            self._ready.set()
+        self._ready.fail(error)
 
     def finish(self, result: SubagentResult) -> None:
         """Settle the result (no-op once it settled)."""
-        if not self._settled.is_set():
-            self._outcome = result
-            self._settled.set()
+        self._result.settle(result)
 
     def fail_result(self, error: BaseException) -> None:
         """Make `result()` raise ``error``, an infrastructure failure (no-op once it settled)."""
-        if not self._settled.is_set():
-            self._outcome = error
-            self._settled.set()
+        self._result.fail(error)
 
     # -- the SubagentRun protocol ---------------------------------------------------------------
 
     async def started(self) -> None:
         """Wait for `make_ready` or `fail_ready`."""
         await self._ready.wait()
-        if self._ready_error is not None:
-            raise self._ready_error
 
     async def result(self) -> SubagentResult:
         """Wait for `finish` or `fail_result`."""
-        await self._settled.wait()
-        outcome = self._outcome
-        if isinstance(outcome, BaseException):
-            raise outcome
-        assert outcome is not None
-        return outcome
+        return await self._result.wait()
 
     async def cancel(self) -> None:
         """Settle the result as ``cancelled`` with output ``"partial"``."""
@@ -172,14 +156,6 @@ class FakeRun:
         self.fail_result(disposed)
         self._stop_child.set()
         await self.child_exited.wait()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.dispose()
 
 
 class SteerableFakeRun(FakeRun):
