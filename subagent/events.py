@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Literal, overload
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from subagent.types import (
     Disposer,
@@ -19,7 +19,7 @@ from subagent.types import (
     SubagentRunInfo,
 )
 
-__all__ = ["EventHub", "EventName"]
+__all__ = ["EventHub", "EventName", "Listeners"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +33,53 @@ EventName = Literal[
 """The events an :class:`EventHub` carries; each has its own payload type (see :meth:`EventHub.on`)."""
 
 
+T = TypeVar("T")
+
+
+class Listeners(Generic[T]):
+    """Observe-only listeners of one kind of payload, called in registration order.
+
+    Each registration is undone by its own disposer (the same callable added twice is two
+    registrations). A listener that raises is logged on ``logger`` as ``failure``, with the traceback,
+    and skipped: neither the emitter nor the other listeners notice.
+    """
+
+    __slots__ = ("_entries", "_failure", "_logger")
+
+    def __init__(self, logger: logging.Logger, failure: str) -> None:
+        self._entries: dict[object, Callable[[T], object]] = {}
+        self._logger = logger
+        self._failure = failure
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(self, listener: Callable[[T], object]) -> Disposer:
+        """Add ``listener``; the returned disposer removes exactly this registration."""
+        key = object()
+        self._entries[key] = listener
+
+        def dispose() -> None:
+            self._entries.pop(key, None)
+
+        return dispose
+
+    def emit(self, payload: T) -> None:
+        """Call every listener with ``payload``; one that raises is logged and skipped."""
+        # Over a snapshot: a listener may add or remove listeners while it runs.
+        for listener in tuple(self._entries.values()):
+            try:
+                listener(payload)
+            except Exception:
+                # Observe-only: one listener's bug must not touch the emitter or the other listeners.
+                self._logger.exception(self._failure)
+
+
 class EventHub:
     """Named events with observe-only listeners, delivered in registration order."""
 
     def __init__(self) -> None:
-        self._listeners: dict[str, list[Callable[[Any], object]]] = {}
+        self._listeners: dict[str, Listeners[Any]] = {}
 
     @overload
     def on(
@@ -61,16 +103,10 @@ class EventHub:
     ) -> Disposer: ...
     def on(self, event: EventName, listener: Callable[[Any], object]) -> Disposer:
         """Add ``listener`` for ``event``; the returned disposer removes exactly this registration."""
-        # A fresh wrapper per registration, so the same callable added twice is removed once per disposer.
-        entry: Callable[[Any], object] = lambda payload: listener(payload)  # noqa: E731
-        self._listeners.setdefault(event, []).append(entry)
-
-        def dispose() -> None:
-            listeners = self._listeners.get(event, [])
-            if entry in listeners:
-                listeners.remove(entry)
-
-        return dispose
+        listeners = self._listeners.get(event)
+        if listeners is None:
+            listeners = self._listeners[event] = Listeners(logger, f"listener for {event} raised; ignored")
+        return listeners.add(listener)
 
     @overload
     def emit(self, event: Literal["subagent/provider-added"], payload: ProviderSnapshot) -> None: ...
@@ -84,14 +120,11 @@ class EventHub:
     def emit(self, event: Literal["subagent/end"], payload: SubagentRunEndInfo) -> None: ...
     def emit(self, event: EventName, payload: object) -> None:
         """Call every listener of ``event``; a listener that raises is logged and skipped."""
-        # Iterate over a copy: a listener may add or remove listeners while it runs.
-        for listener in tuple(self._listeners.get(event, ())):
-            try:
-                listener(payload)
-            except Exception:
-                # Observe-only: one listener's bug must not touch the run or the other listeners.
-                logger.exception("listener for %s raised; ignored", event)
+        listeners = self._listeners.get(event)
+        if listeners is not None:
+            listeners.emit(payload)
 
     def listener_count(self, event: EventName) -> int:
         """How many listeners ``event`` has now."""
-        return len(self._listeners.get(event, ()))
+        listeners = self._listeners.get(event)
+        return len(listeners) if listeners is not None else 0

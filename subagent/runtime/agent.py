@@ -31,6 +31,7 @@ import anyio
 
 from subagent import _structured
 from subagent._outcome import Outcome, raise_sole_error
+from subagent.events import Listeners
 from subagent.runtime.llm import LlmAdapter, LlmError, LlmErrorKind
 from subagent.runtime.messages import (
     Completion,
@@ -317,8 +318,9 @@ class Agent:
         self._turn_start = len(self._log)
         self._streamed: list[str] = []  # text deltas of the model call in flight
         self._inbox: deque[PendingMessage] = deque()
-        self._listeners: dict[int, Callable[[AgentEvent], object]] = {}
-        self._next_listener = 0
+        self._listeners: Listeners[AgentEvent] = Listeners(
+            logger, f"agent {self.id}: an event listener raised"
+        )
         self._turn_scope: anyio.CancelScope | None = None
         self._turn_lock = anyio.Lock()
         self._cancel_next_turn = False  # cancel() arrived while a turn was taking the lock
@@ -389,14 +391,7 @@ class Agent:
     def on_event(self, listener: Callable[[AgentEvent], object]) -> Disposer:
         """Call ``listener`` with each event, in order; returns the disposer. A listener that raises is
         logged and changes nothing."""
-        key = self._next_listener
-        self._next_listener += 1
-        self._listeners[key] = listener
-
-        def dispose() -> None:
-            self._listeners.pop(key, None)
-
-        return dispose
+        return self._listeners.add(listener)
 
     # -- messages -----------------------------------------------------------------------------------
 
@@ -420,7 +415,7 @@ class Agent:
             pending = self._inbox.popleft()
             self._log.append(Message.user(pending.text))
             pending._deliver()
-            self._emit(MessageDelivered(pending.text))
+            self._listeners.emit(MessageDelivered(pending.text))
             delivered = True
         return delivered
 
@@ -593,7 +588,7 @@ class Agent:
                 self._update_count += 1
                 if isinstance(event, TextDelta):
                     self._streamed.append(event.text)
-                self._emit(event)
+                self._listeners.emit(event)
         finally:
             # Closed at once on every exit, so an abandoned completion releases its connection.
             aclose = getattr(stream, "aclose", None)
@@ -626,7 +621,7 @@ class Agent:
             for call, produced in zip(calls, outputs, strict=True):
                 output, is_error = produced if produced is not None else (_UNFINISHED, True)
                 self._log.append(Message.tool_result(call, output))
-                self._emit(ToolCallFinished(call, output, is_error))
+                self._listeners.emit(ToolCallFinished(call, output, is_error))
             self._touch()
 
     async def _run_tool_call(self, call: ToolCall) -> tuple[str, bool]:
@@ -646,7 +641,7 @@ class Agent:
         invocation = ToolInvocation(call.id, call.name, freeze_json(decoded), self._context)
         if tool.needs_approval and not await self._approve(invocation):
             return "error: this tool call was not approved, so it did not run", True
-        self._emit(ToolCallStarted(invocation))
+        self._listeners.emit(ToolCallStarted(invocation))
         try:
             output = await tool.run(invocation)
         except ToolError as exc:
@@ -690,7 +685,7 @@ class Agent:
                 pending = self._inbox.popleft()
                 pending._refuse(reason)
                 logger.warning("agent %s: message refused (%s): %r", self.id, reason, pending.text[:200])
-                self._emit(MessageRefused(pending.text, reason))
+                self._listeners.emit(MessageRefused(pending.text, reason))
             for joined in self._registries:
                 joined._remove(self)
         if self in _TURNS_IN_FLIGHT.get():
@@ -709,13 +704,6 @@ class Agent:
 
     def _touch(self) -> None:
         self._last_activity = time.monotonic()
-
-    def _emit(self, event: AgentEvent) -> None:
-        for listener in tuple(self._listeners.values()):
-            try:
-                listener(event)
-            except Exception:
-                logger.exception("agent %s: an event listener raised", self.id)
 
     def _partial_output(self) -> str:
         # Text of an answer cut short (listeners already saw it stream) is the latest the model said.
