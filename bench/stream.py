@@ -40,7 +40,7 @@ from typing import Any, cast
 import anyio
 from _common import verdict
 
-from subagent.acp.client import ClientSession, spawn_agent
+from subagent.acp.client import AcpSession, spawn_agent
 from subagent.providers.acp import AcpProvider
 from subagent.service import SubagentService
 from subagent.types import SubagentRequest
@@ -91,26 +91,26 @@ async def ours_ready(argv: list[str], cwd: str) -> float:
 
 
 class _PromptClock:
-    """Notes when the provider's run calls ``ClientSession.prompt``, so that its turn is timed from
+    """Notes when the provider's run calls ``AcpSession.prompt``, so that its turn is timed from
     the same point as the client path's (the run sends its prompt on its own task, as soon as the
     session is ready, which may be before ``started()`` returns to us)."""
 
     def __init__(self) -> None:
         self.sent_at: float | None = None
-        self._original = ClientSession.prompt
+        self._original = AcpSession.prompt
 
     def __enter__(self) -> _PromptClock:
         original = self._original
 
-        async def timed_prompt(session: ClientSession, *args: Any, **kwargs: Any) -> Any:
+        async def timed_prompt(session: AcpSession, *args: Any, **kwargs: Any) -> Any:
             self.sent_at = time.perf_counter()
             return await original(session, *args, **kwargs)
 
-        ClientSession.prompt = timed_prompt  # type: ignore[method-assign,assignment]
+        AcpSession.prompt = timed_prompt  # type: ignore[method-assign,assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        ClientSession.prompt = self._original  # type: ignore[method-assign]
+        AcpSession.prompt = self._original  # type: ignore[method-assign]
 
 
 async def provider_turn(argv: list[str], cwd: str, chunks: int, spans: list[float]) -> float:

@@ -16,18 +16,15 @@ import msgspec
 import pytest
 
 from subagent.acp import schema
-from subagent.acp.client import (
-    AcpClient,
+from subagent.acp.client import AcpClient, AcpSession, TurnResult, final_message
+from subagent.acp.connection import Connection
+from subagent.acp.errors import (
     AgentCapabilityError,
     AgentExitedError,
     AuthenticationRequiredError,
-    ClientSession,
     ProtocolVersionError,
-    TurnResult,
-    final_message,
+    RequestError,
 )
-from subagent.acp.connection import Connection
-from subagent.acp.errors import RequestError
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
 from subagent.acp.terminals import TerminalHost
 from tests.leaks import assert_no_leaks
@@ -117,7 +114,7 @@ async def connected(agent: FakeAgent, **client_options: Any) -> AsyncIterator[Ac
             yield client
 
 
-async def ready_session(client: AcpClient) -> ClientSession:
+async def ready_session(client: AcpClient) -> AcpSession:
     await client.initialize()
     return await client.new_session("/home/user")
 

@@ -14,8 +14,8 @@ import anyio
 import pytest
 
 from subagent.acp import schema
-from subagent.acp.client import AcpClient, AgentExitedError, ClientSession, TurnResult, spawn_agent
-from subagent.acp.errors import MalformedMessageError, MessageTooLargeError, ProtocolError
+from subagent.acp.client import AcpClient, AcpSession, TurnResult, spawn_agent
+from subagent.acp.errors import AgentExitedError, MalformedMessageError, MessageTooLargeError, ProtocolError
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
 from subagent.acp.process import TeardownStep
 from subagent.testing.pytest_plugin import StubAgentCommand
@@ -39,7 +39,7 @@ async def agent(argv: list[str], **options: Any) -> AsyncIterator[AcpClient]:
         yield client
 
 
-async def session_of(client: AcpClient, cwd: Path) -> ClientSession:
+async def session_of(client: AcpClient, cwd: Path) -> AcpSession:
     await client.initialize()
     return await client.new_session(cwd)
 

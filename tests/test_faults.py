@@ -42,9 +42,10 @@ from subagent import (
     SubagentService,
 )
 from subagent.acp import schema
-from subagent.acp.client import AgentExitedError, TurnResult, spawn_agent
+from subagent.acp.client import TurnResult, spawn_agent
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.acp.errors import (
+    AgentExitedError,
     MalformedMessageError,
     MessageTooLargeError,
     ProtocolError,

@@ -23,9 +23,9 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 import subagent.acp.process
+from subagent.acp.errors import AgentSpawnError
 from subagent.acp.process import (
     AgentProcess,
-    AgentSpawnError,
     ExitInfo,
     TeardownReport,
     TeardownStep,

@@ -1,6 +1,6 @@
 """The per-update path through the seam does each thing once, and keeps every guarantee.
 
-* A caller's deque given to ``ClientSession.prompt`` keeps every turn's updates in one bounded record
+* A caller's deque given to ``AcpSession.prompt`` keeps every turn's updates in one bounded record
   (appended once per update), while each turn's result still lists only its own updates.
 * A turn's only callback is called directly: sync or async, it sees every update in order.
 * An ACP run keeps its most recent ``max_kept_updates`` updates across turns, counts them all, and

@@ -25,9 +25,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from subagent.acp import schema
+from subagent.acp.errors import AgentSpawnError
 from subagent.acp.process import (
     UNKNOWN_RETURNCODE,
-    AgentSpawnError,
     TeardownReport,
     TeardownStep,
     open_agent_process,

@@ -23,9 +23,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from subagent.acp import schema
-from subagent.acp.errors import RequestError
+from subagent.acp.errors import AgentSpawnError, RequestError
 from subagent.acp.handlers import FsSandbox
-from subagent.acp.process import AgentSpawnError, open_agent_process
+from subagent.acp.process import open_agent_process
 from subagent.acp.terminals import (
     DEFAULT_OUTPUT_BYTE_LIMIT,
     MAX_OUTPUT_BYTE_LIMIT,

@@ -20,20 +20,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from subagent.acp.client import (
-        AcpClient,
+    from subagent.acp.client import AcpClient, AcpSession, TurnResult, final_message, spawn_agent
+    from subagent.acp.connection import Connection
+    from subagent.acp.errors import (
+        AcpError,
         AgentCapabilityError,
         AgentError,
         AgentExitedError,
+        AgentProcessError,
+        AgentSpawnError,
         AuthenticationRequiredError,
-        ClientSession,
+        ConnectionClosedError,
+        ProtocolError,
         ProtocolVersionError,
-        TurnResult,
-        final_message,
-        spawn_agent,
+        RequestError,
     )
-    from subagent.acp.connection import Connection
-    from subagent.acp.errors import AcpError, ConnectionClosedError, ProtocolError, RequestError
     from subagent.acp.handlers import (
         AllowPolicy,
         CallbackPolicy,
@@ -43,27 +44,28 @@ if TYPE_CHECKING:
         PermissionPolicy,
         PermissionQuestion,
     )
-    from subagent.acp.process import AgentProcess, AgentSpawnError, ExitInfo, open_agent_process
+    from subagent.acp.process import AgentProcess, ExitInfo, open_agent_process
 else:
     from subagent._lazy import lazy_exports
 
     __getattr__, __dir__ = lazy_exports(
         __name__,
         {
-            "subagent.acp.client": (
-                "AcpClient",
+            "subagent.acp.client": ("AcpClient", "AcpSession", "TurnResult", "final_message", "spawn_agent"),
+            "subagent.acp.connection": ("Connection",),
+            "subagent.acp.errors": (
+                "AcpError",
                 "AgentCapabilityError",
                 "AgentError",
                 "AgentExitedError",
+                "AgentProcessError",
+                "AgentSpawnError",
                 "AuthenticationRequiredError",
-                "ClientSession",
+                "ConnectionClosedError",
+                "ProtocolError",
                 "ProtocolVersionError",
-                "TurnResult",
-                "final_message",
-                "spawn_agent",
+                "RequestError",
             ),
-            "subagent.acp.connection": ("Connection",),
-            "subagent.acp.errors": ("AcpError", "ConnectionClosedError", "ProtocolError", "RequestError"),
             "subagent.acp.handlers": (
                 "AllowPolicy",
                 "CallbackPolicy",
@@ -73,22 +75,23 @@ else:
                 "PermissionPolicy",
                 "PermissionQuestion",
             ),
-            "subagent.acp.process": ("AgentProcess", "AgentSpawnError", "ExitInfo", "open_agent_process"),
+            "subagent.acp.process": ("AgentProcess", "ExitInfo", "open_agent_process"),
         },
     )
 
 __all__ = [
     "AcpClient",
     "AcpError",
+    "AcpSession",
     "AgentCapabilityError",
     "AgentError",
     "AgentExitedError",
     "AgentProcess",
+    "AgentProcessError",
     "AgentSpawnError",
     "AllowPolicy",
     "AuthenticationRequiredError",
     "CallbackPolicy",
-    "ClientSession",
     "Connection",
     "ConnectionClosedError",
     "DenyPolicy",

@@ -6,7 +6,7 @@ to its stdin/stdout. Neither knows about the seam; the ACP provider builds on th
 
 What the client guarantees:
 
-* Every update of a turn reaches the caller, in order, before :meth:`ClientSession.prompt`
+* Every update of a turn reaches the caller, in order, before :meth:`AcpSession.prompt`
   returns: the connection releases a response only after the notifications that preceded it.
 * What a turn keeps is bounded however long it streams: its last ``max_kept_updates`` updates
   (older ones are dropped and counted), and its final message, built as it streams in linear time
@@ -50,7 +50,15 @@ from subagent.acp import schema
 from subagent.acp._frozen import freeze_json
 from subagent.acp._usage import TurnUsage
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
-from subagent.acp.errors import AcpError, ConnectionClosedError, ProtocolError, RequestError
+from subagent.acp.errors import (
+    AgentCapabilityError,
+    AgentExitedError,
+    AuthenticationRequiredError,
+    ConnectionClosedError,
+    ProtocolError,
+    ProtocolVersionError,
+    RequestError,
+)
 from subagent.acp.handlers import (
     FsSandbox,
     PermissionCallback,
@@ -60,7 +68,7 @@ from subagent.acp.handlers import (
     PermissionQuestion,
     permission_policy,
 )
-from subagent.acp.process import STDIN_CLOSE_TIMEOUT, AgentProcess, ExitInfo, open_agent_process
+from subagent.acp.process import STDIN_CLOSE_TIMEOUT, AgentProcess, open_agent_process
 
 if TYPE_CHECKING:
     from subagent.acp.terminals import TerminalHost
@@ -72,12 +80,7 @@ __all__ = [
     "DEFAULT_MAX_OUTPUT_CHARS",
     "MAX_ERROR_QUOTE_CHARS",
     "AcpClient",
-    "AgentCapabilityError",
-    "AgentError",
-    "AgentExitedError",
-    "AuthenticationRequiredError",
-    "ClientSession",
-    "ProtocolVersionError",
+    "AcpSession",
     "TurnMessage",
     "TurnOutput",
     "TurnResult",
@@ -127,48 +130,6 @@ of milliseconds; both Codex adapters ignore EOF, and would otherwise cost every 
 
 UpdateCallback = Callable[[schema.SessionUpdate], object]
 """Receives each session update in order; may be sync or async (an awaitable result is awaited)."""
-
-
-# -- errors ---------------------------------------------------------------------------------------------
-
-
-class AgentError(AcpError):
-    """A failure of the agent at the ACP level, as seen by the client."""
-
-
-class AgentExitedError(AgentError):
-    """The agent's connection closed: it exited, crashed, or closed its stdout.
-
-    ``exit_info`` holds the exit status and the stderr tail when the agent is a child process we
-    run and it exited; it is None when the connection closed but the process lives on (or there
-    is no process).
-    """
-
-    def __init__(self, message: str, *, exit_info: ExitInfo | None = None) -> None:
-        super().__init__(message)
-        self.exit_info = exit_info
-
-
-class ProtocolVersionError(AgentError):
-    """The agent answered ``initialize`` with a protocol version this client cannot speak."""
-
-    def __init__(self, version: int) -> None:
-        super().__init__(
-            f"the agent speaks ACP protocol version {version}; this client speaks {schema.PROTOCOL_VERSION}"
-        )
-        self.version = version
-
-
-class AuthenticationRequiredError(AgentError):
-    """The agent refused with -32000 "Authentication required"; ``auth_methods`` lists its offers."""
-
-    def __init__(self, message: str, auth_methods: Sequence[schema.AuthMethod]) -> None:
-        super().__init__(message)
-        self.auth_methods = tuple(auth_methods)
-
-
-class AgentCapabilityError(AgentError):
-    """The call needs an agent capability the agent did not advertise (e.g. ``loadSession``)."""
 
 
 def describe_request_error(
@@ -424,7 +385,7 @@ class _Turn:
 # -- sessions -------------------------------------------------------------------------------------------
 
 
-class ClientSession:
+class AcpSession:
     """One ACP session with the agent. Created by :meth:`AcpClient.new_session` and friends.
 
     ``last_activity`` (``time.monotonic()``) moves whenever the agent sends anything for this session;
@@ -449,7 +410,7 @@ class ClientSession:
 
     def __repr__(self) -> str:
         state = "in a turn" if self._turn is not None else "idle"
-        return f"<ClientSession {self.session_id!r} {state}>"
+        return f"<AcpSession {self.session_id!r} {state}>"
 
     @property
     def in_turn(self) -> bool:
@@ -745,7 +706,7 @@ class AcpClient:
             typed_notifications={schema.SESSION_UPDATE: schema.SessionNotification},
         )
         self._exit_diagnosis = exit_diagnosis
-        self._sessions: dict[str, ClientSession] = {}
+        self._sessions: dict[str, AcpSession] = {}
         self._requests_in_flight = 0
         self._abandoned_requests = False
         self.process: AgentProcess | None = None
@@ -760,7 +721,7 @@ class AcpClient:
     ) -> bool | None:
         return await self.connection.__aexit__(exc_type, exc, tb)
 
-    def session(self, session_id: str) -> ClientSession | None:
+    def session(self, session_id: str) -> AcpSession | None:
         """A session this client created or loaded, by id."""
         return self._sessions.get(session_id)
 
@@ -784,7 +745,7 @@ class AcpClient:
         raw = await self._call(schema.INITIALIZE, request)
         response = schema.decode(raw, type=schema.InitializeResponse)
         if response.protocol_version != schema.PROTOCOL_VERSION:
-            raise ProtocolVersionError(response.protocol_version)
+            raise ProtocolVersionError(response.protocol_version, schema.PROTOCOL_VERSION)
         self.agent = response
         return response
 
@@ -798,7 +759,7 @@ class AcpClient:
         *,
         mcp_servers: Sequence[schema.McpServer] = (),
         meta: Mapping[str, Any] | None = None,
-    ) -> ClientSession:
+    ) -> AcpSession:
         """Open a new session rooted at ``cwd`` (made absolute). ``meta`` goes out as the request's
         ``_meta`` (ACP's extension point: agents ignore keys they do not know).
 
@@ -810,7 +771,7 @@ class AcpClient:
         )
         raw = await self._call_authenticated(schema.SESSION_NEW, request)
         response = schema.decode(raw, type=schema.NewSessionResponse)
-        session = self._sessions.setdefault(response.session_id, ClientSession(self, response.session_id))
+        session = self._sessions.setdefault(response.session_id, AcpSession(self, response.session_id))
         session._adopt(response)
         return session
 
@@ -820,7 +781,7 @@ class AcpClient:
         cwd: str | os.PathLike[str],
         *,
         mcp_servers: Sequence[schema.McpServer] = (),
-    ) -> ClientSession:
+    ) -> AcpSession:
         """Load a past session; the history the agent replays is in ``session.replayed``.
 
         Raises:
@@ -829,7 +790,7 @@ class AcpClient:
         agent = self._require_initialized()
         if not agent.agent_capabilities.load_session:
             raise AgentCapabilityError("the agent does not support session/load (loadSession)")
-        session = self._sessions.setdefault(session_id, ClientSession(self, session_id))
+        session = self._sessions.setdefault(session_id, AcpSession(self, session_id))
         session._loading = True
         try:
             request = schema.LoadSessionRequest(
@@ -850,7 +811,7 @@ class AcpClient:
         cwd: str | os.PathLike[str],
         *,
         mcp_servers: Sequence[schema.McpServer] = (),
-    ) -> ClientSession:
+    ) -> AcpSession:
         """Resume a past session without a replay of its history.
 
         Raises:
@@ -863,7 +824,7 @@ class AcpClient:
             session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers)
         )
         raw = await self._call_authenticated(schema.SESSION_RESUME, request)
-        session = self._sessions.setdefault(session_id, ClientSession(self, session_id))
+        session = self._sessions.setdefault(session_id, AcpSession(self, session_id))
         session._adopt(schema.decode(raw, type=schema.ResumeSessionResponse | None))
         return session
 
@@ -912,7 +873,7 @@ class AcpClient:
 
     # -- agent -> client ---------------------------------------------------------------------------
 
-    def _session_for(self, session_id: str) -> ClientSession:
+    def _session_for(self, session_id: str) -> AcpSession:
         session = self._sessions.get(session_id)
         if session is None:
             raise RequestError.invalid_params({"sessionId": session_id, "reason": "unknown session"})

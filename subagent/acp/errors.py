@@ -1,33 +1,56 @@
-"""Errors of the ACP layer: the JSON-RPC wire error and the local, typed failures.
+"""Every exception of the ACP layer: the JSON-RPC wire error, the local typed failures, the agent's.
 
 Every exception this package raises derives from `AcpError`. Check errors by type and by `.code`, never by
 their message text::
 
     AcpError
-    ├── RequestError               a JSON-RPC error object: answered by the peer, or raised by our handler
-    ├── ConnectionClosedError      the connection is gone; pending and later requests fail with it
-    └── ProtocolError              the peer broke the wire protocol; reported, the connection goes on
-        ├── MessageTooLargeError   a line over the limit: discarded unread, or (outgoing) refused unsent
-        ├── MalformedMessageError  a line that is not UTF-8, not JSON, or not a JSON-RPC 2.0 envelope
-        ├── UnexpectedResponseError  a response for an id we are not waiting for (unknown or duplicate)
-        └── InvalidResponseError   a response that is broken, or does not decode into the type asked for
+    ├── RequestError                 a JSON-RPC error object: answered by the peer, or raised by our handler
+    ├── ConnectionClosedError        the connection is gone; pending and later requests fail with it
+    ├── ProtocolError                the peer broke the wire protocol; reported, the connection goes on
+    │   ├── MessageTooLargeError     a line over the limit: discarded unread, or (outgoing) refused unsent
+    │   ├── MalformedMessageError    a line that is not UTF-8, not JSON, or not a JSON-RPC 2.0 envelope
+    │   ├── UnexpectedResponseError  a response for an id we are not waiting for (unknown or duplicate)
+    │   └── InvalidResponseError     a response that is broken, or does not decode into the type asked for
+    ├── AgentError                   the agent failed us at the ACP level (raised by the client)
+    │   ├── AgentExitedError         the agent exited or closed its stdout: exit status, stderr tail
+    │   ├── ProtocolVersionError     the agent speaks a protocol version we do not
+    │   ├── AuthenticationRequiredError  the agent wants `authenticate` first; its offers attached
+    │   └── AgentCapabilityError     the call needs a capability the agent did not advertise
+    └── AgentProcessError            owning a child agent process failed (raised by `subagent.acp.process`)
+        └── AgentSpawnError          the program could not be started; nothing was left behind
 
 `RequestError` is both directions of the same thing: `Connection.request()` raises it when the peer answers
 with an error object, and a request handler raises it to choose exactly the error object the peer receives.
+
+This module imports nothing of the package (the types named only in annotations excepted), so every layer
+can raise from it without an import cycle.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any
+import shlex
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from subagent.acp.process import ExitInfo
+    from subagent.acp.schema import AuthMethod
 
 __all__ = [
     "AcpError",
+    "AgentCapabilityError",
+    "AgentError",
+    "AgentExitedError",
+    "AgentProcessError",
+    "AgentSpawnError",
+    "AuthenticationRequiredError",
     "ConnectionClosedError",
     "InvalidResponseError",
     "MalformedMessageError",
     "MessageTooLargeError",
     "ProtocolError",
+    "ProtocolVersionError",
     "RequestError",
     "RpcErrorCode",
     "UnexpectedResponseError",
@@ -216,3 +239,59 @@ class InvalidResponseError(ProtocolError):
         super().__init__(f"invalid response to {method!r}: {detail}")
         self.method = method
         self.detail = detail
+
+
+class AgentError(AcpError):
+    """A failure of the agent at the ACP level, as seen by the client."""
+
+
+class AgentExitedError(AgentError):
+    """The agent's connection closed: it exited, crashed, or closed its stdout.
+
+    ``exit_info`` holds the exit status and the stderr tail when the agent is a child process we
+    run and it exited; it is None when the connection closed but the process lives on (or there
+    is no process).
+    """
+
+    def __init__(self, message: str, *, exit_info: ExitInfo | None = None) -> None:
+        super().__init__(message)
+        self.exit_info = exit_info
+
+
+class ProtocolVersionError(AgentError):
+    """The agent answered ``initialize`` with a protocol ``version`` other than the one this client
+    speaks (``supported``)."""
+
+    def __init__(self, version: int, supported: int) -> None:
+        super().__init__(f"the agent speaks ACP protocol version {version}; this client speaks {supported}")
+        self.version = version
+        self.supported = supported
+
+
+class AuthenticationRequiredError(AgentError):
+    """The agent refused with -32000 "Authentication required"; ``auth_methods`` lists its offers."""
+
+    def __init__(self, message: str, auth_methods: Sequence[AuthMethod]) -> None:
+        super().__init__(message)
+        self.auth_methods = tuple(auth_methods)
+
+
+class AgentCapabilityError(AgentError):
+    """The call needs an agent capability the agent did not advertise (e.g. ``loadSession``)."""
+
+
+class AgentProcessError(AcpError):
+    """Base class for errors raised while owning a child agent process."""
+
+
+class AgentSpawnError(AgentProcessError):
+    """The agent could not be started: missing or non-executable program, bad cwd, a failed exec, or an
+    argument, cwd or environment entry exec cannot carry.
+
+    Raised before any background task starts; no process and no file descriptor is left behind.
+    """
+
+    def __init__(self, command: Sequence[str], reason: str) -> None:
+        self.command: tuple[str, ...] = tuple(command)
+        self.reason = reason
+        super().__init__(f"cannot start agent `{shlex.join(self.command)}`: {reason}")

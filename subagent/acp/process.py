@@ -76,6 +76,8 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
+from subagent.acp.errors import AgentSpawnError
+
 __all__ = [
     "SIGKILL_TIMEOUT",
     "SIGTERM_TIMEOUT",
@@ -85,8 +87,6 @@ __all__ = [
     "SUPERVISOR_START_TIMEOUT",
     "UNKNOWN_RETURNCODE",
     "AgentProcess",
-    "AgentProcessError",
-    "AgentSpawnError",
     "ExitInfo",
     "TeardownReport",
     "TeardownStep",
@@ -139,23 +139,6 @@ _SUPERVISOR_COMMAND = (
 )
 # The supervisor's status lines are a few dozen bytes; anything longer is not from it.
 _STATUS_LINE_LIMIT = 1024
-
-
-class AgentProcessError(Exception):
-    """Base class for errors raised while owning a child agent process."""
-
-
-class AgentSpawnError(AgentProcessError):
-    """The agent could not be started: missing or non-executable program, bad cwd, a failed exec, or an
-    argument, cwd or environment entry exec cannot carry.
-
-    Raised before any background task starts; no process and no file descriptor is left behind.
-    """
-
-    def __init__(self, command: Sequence[str], reason: str) -> None:
-        self.command: tuple[str, ...] = tuple(command)
-        self.reason = reason
-        super().__init__(f"cannot start agent `{shlex.join(self.command)}`: {reason}")
 
 
 class TeardownStep(enum.Enum):

@@ -63,7 +63,7 @@ Errors (JSON-RPC codes; ``data`` carries ``reason`` and the offending value)
     * -32603 internal error: the live-terminal cap (`DEFAULT_MAX_TERMINALS`) is reached (message "Too many
       open terminals"; a released terminal counts until its kill has finished, so releasing and cancelling
       the release cannot outrun the kills), the host is closed, or the spawn failed for a reason we did not
-      foresee (`~subagent.acp.process.AgentSpawnError`: its reason is in ``data``).
+      foresee (`~subagent.acp.errors.AgentSpawnError`: its reason is in ``data``).
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ import anyio.lowlevel
 import msgspec
 
 from subagent.acp import schema
-from subagent.acp.errors import RequestError, RpcErrorCode
+from subagent.acp.errors import AgentSpawnError, RequestError, RpcErrorCode
 from subagent.acp.handlers import FsSandbox, _clip
-from subagent.acp.process import AgentProcess, AgentSpawnError, open_agent_process
+from subagent.acp.process import AgentProcess, open_agent_process
 
 __all__ = [
     "DEFAULT_KILL_GRACE",

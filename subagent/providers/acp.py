@@ -70,9 +70,7 @@ from subagent.acp.client import (
     DEFAULT_MAX_KEPT_UPDATES,
     DEFAULT_MAX_OUTPUT_CHARS,
     AcpClient,
-    AgentExitedError,
-    AuthenticationRequiredError,
-    ClientSession,
+    AcpSession,
     TurnMessage,
     TurnOutput,
     TurnResult,
@@ -80,9 +78,17 @@ from subagent.acp.client import (
     spawn_agent,
 )
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
-from subagent.acp.errors import AcpError, MessageTooLargeError, ProtocolError, RequestError
+from subagent.acp.errors import (
+    AcpError,
+    AgentExitedError,
+    AgentSpawnError,
+    AuthenticationRequiredError,
+    MessageTooLargeError,
+    ProtocolError,
+    RequestError,
+)
 from subagent.acp.handlers import FsSandbox, PermissionCallback, PermissionPolicy
-from subagent.acp.process import AgentSpawnError, ExitInfo
+from subagent.acp.process import ExitInfo
 from subagent.types import (
     LINEAGE_META_KEY,
     ErrorCode,
@@ -375,7 +381,7 @@ class AcpRun:
         self.exit_info: ExitInfo | None = None
         """How the child process ended, once it did."""
         self._client: AcpClient | None = None
-        self._session: ClientSession | None = None
+        self._session: AcpSession | None = None
         self._ready = anyio.Event()
         self._ready_error: SubagentError | None = None
         self._settled = anyio.Event()
@@ -734,7 +740,7 @@ class AcpRun:
             return None
         return {LINEAGE_META_KEY: {"depth": lineage.depth, "depthBudget": lineage.depth_budget}}
 
-    async def _handshake(self, client: AcpClient, cwd: str) -> ClientSession | None:
+    async def _handshake(self, client: AcpClient, cwd: str) -> AcpSession | None:
         """initialize, session/new (authenticating once when demanded); None after a failure."""
         provider = self.provider
         step = schema.INITIALIZE  # the request in flight, to name the one the agent refused
@@ -794,7 +800,7 @@ class AcpRun:
         (API keys, typically) redacted should the agent echo them."""
         return describe_request_error(error, secrets=self.provider._secrets)
 
-    async def _run_turn(self, session: ClientSession, prompt: str, *, structured: bool) -> SubagentResult:
+    async def _run_turn(self, session: AcpSession, prompt: str, *, structured: bool) -> SubagentResult:
         async with self._turn_lock:
             schema_wanted = self.request.output_schema if structured else None
             text = prompt if schema_wanted is None else _structured.ask_for_json(prompt, schema_wanted)
@@ -808,7 +814,7 @@ class AcpRun:
                 who=f"agent `{self.command_line}`",
             )
 
-    async def _one_turn(self, session: ClientSession, text: str) -> SubagentResult:
+    async def _one_turn(self, session: AcpSession, text: str) -> SubagentResult:
         if self._disposing:
             # Disposed between turns (before a structured-output repair, or while a resume() waited
             # for the turn lock): start no new turn. No checkpoint from here to the turn's scope.
@@ -943,7 +949,7 @@ class AcpRun:
             self.exit_info = client.process.exit_info()
 
 
-async def _watch_idle(session: ClientSession, timeout: float, on_timeout: Any) -> None:
+async def _watch_idle(session: AcpSession, timeout: float, on_timeout: Any) -> None:
     """Call ``on_timeout`` after ``timeout`` seconds of silence; waiting on a permission answer is
     not silence."""
     while True:
