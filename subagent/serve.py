@@ -61,7 +61,6 @@ import os
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any, Final, Literal, Self
 
@@ -92,7 +91,6 @@ from subagent.runtime.agent import (
 )
 from subagent.runtime.llm import LlmAdapter
 from subagent.runtime.messages import TextDelta, ToolSpec
-from subagent.runtime.scripted import ScriptedLlm
 from subagent.runtime.tools import Tool, ToolError, ToolInvocation
 from subagent.service import SubagentService
 from subagent.tool import DEFAULT_TOOL_NAME, SubagentTool
@@ -101,12 +99,9 @@ from subagent.types import LINEAGE_META_KEY, SubagentResult, Usage, freeze_json,
 __all__ = [
     "AGENT_NAME",
     "ALLOW_OPTION_ID",
-    "DEFAULT_API_KEY_ENV",
     "REJECT_OPTION_ID",
-    "ServeConfigError",
     "ServedAgent",
     "ServedSession",
-    "build_llm",
     "default_persona",
     "serve",
 ]
@@ -120,9 +115,6 @@ breaks our stdout, which stops everything at once, so the grace only runs for a 
 
 AGENT_NAME: Final = "subagent-seam"
 """The ``agentInfo.name`` the server answers ``initialize`` with."""
-
-DEFAULT_API_KEY_ENV: Final = "OPENAI_API_KEY"
-"""The environment variable the OpenAI-compatible adapter reads its key from unless told otherwise."""
 
 ALLOW_OPTION_ID: Final = "allow"
 """The ``allow_once`` option of every permission question the server asks."""
@@ -150,10 +142,6 @@ _UNFINISHED: Final = "the turn ended before this call finished"
 _NOT_APPROVED: Final = "error: this tool call was not approved, so it did not run"
 
 
-class ServeConfigError(ValueError):
-    """The options cannot make an LLM adapter (no script, an unreadable or invalid one, a bad URL)."""
-
-
 def default_persona(*, delegate: bool) -> str:
     """The system prompt of a session's agent when none is configured."""
     persona = "You are a helpful assistant. Work on the user's request and answer it."
@@ -165,85 +153,20 @@ def default_persona(*, delegate: bool) -> str:
     return persona
 
 
-# -- the LLM ---------------------------------------------------------------------------------------------
-
-
-def build_llm(
-    *,
-    script: str | os.PathLike[str] | None = None,
-    base_url: str | None = None,
-    model: str | None = None,
-    api_key_env: str | None = DEFAULT_API_KEY_ENV,
-) -> LlmAdapter:
-    """The adapter the options describe: a :class:`~subagent.runtime.ScriptedLlm` read from the
-    JSON ``script`` file, or an OpenAI-compatible chat adapter for ``base_url`` and ``model`` whose
-    key is read from the environment variable ``api_key_env`` (never passed as a value).
-
-    Raises:
-        ServeConfigError: not exactly one of ``script`` and ``base_url``; ``base_url`` without
-            ``model``; a script that cannot be read or is not a valid script; an invalid URL.
-    """
-    if (script is None) == (base_url is None):
-        raise ServeConfigError("give either a script file or a base URL and a model name")
-    if script is not None:
-        path = Path(script)
-        try:
-            return ScriptedLlm.from_file(path)
-        except OSError as exc:
-            raise ServeConfigError(f"cannot read the script {str(path)!r}: {exc.strerror or exc}") from exc
-        except ValueError as exc:
-            raise ServeConfigError(f"the script {str(path)!r} is not valid: {exc}") from exc
-    assert base_url is not None
-    if not model:
-        raise ServeConfigError("a base URL needs a model name")
-    # Imported here: a scripted server never needs httpx, and starts faster without it.
-    from subagent.runtime.openai import OpenAiChatAdapter
-
-    try:
-        return OpenAiChatAdapter(model=model, base_url=base_url, api_key_env=api_key_env)
-    except ValueError as exc:
-        raise ServeConfigError(str(exc)) from exc
-
-
 async def serve(
-    llm: LlmAdapter | None = None,
+    llm: LlmAdapter,
     *,
-    script: str | os.PathLike[str] | None = None,
-    base_url: str | None = None,
-    model: str | None = None,
-    api_key_env: str | None = DEFAULT_API_KEY_ENV,
     persona: str | None = None,
     max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
     delegate: bool = True,
     depth_limit: int | None = None,
 ) -> None:
-    """Serve a :class:`ServedAgent` on this process's stdin/stdout until the client closes stdin.
-
-    The LLM is ``llm`` (the caller's: left open), or else built with :func:`build_llm` from
-    ``script``, or ``base_url``, ``model`` and ``api_key_env`` (then owned: closed at the end). The
-    options are checked before stdin or stdout is touched. The other arguments are
-    :class:`ServedAgent`'s.
-
-    Raises:
-        ServeConfigError: the options cannot make an adapter (see :func:`build_llm`).
-    """
-    async with contextlib.AsyncExitStack() as stack:
-        if llm is None:
-            llm = build_llm(script=script, base_url=base_url, model=model, api_key_env=api_key_env)
-            aclose = getattr(llm, "aclose", None)
-            if aclose is not None:
-                stack.push_async_callback(aclose)
-        elif script is not None or base_url is not None:
-            raise ServeConfigError("give either an adapter or the options to build one, not both")
-        handler = await stack.enter_async_context(
-            ServedAgent(
-                llm,
-                persona=persona,
-                max_model_calls=max_model_calls,
-                delegate=delegate,
-                depth_limit=depth_limit,
-            )
-        )
+    """Serve a :class:`ServedAgent` on ``llm`` on this process's stdin/stdout until the client closes
+    stdin. ``llm`` is the caller's: left open. The other arguments are :class:`ServedAgent`'s (checked
+    before stdin or stdout is touched); ``subagent serve`` builds the adapter from its flags."""
+    async with ServedAgent(
+        llm, persona=persona, max_model_calls=max_model_calls, delegate=delegate, depth_limit=depth_limit
+    ) as handler:
         await serve_stdio(handler, name="subagent-serve", drain_on_eof=EOF_DRAIN_SECONDS)
 
 

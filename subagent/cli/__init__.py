@@ -1,4 +1,36 @@
-"""The ``subagent`` command line (``subagent.cli:main``, also ``python -m subagent``)."""
+"""The ``subagent`` command line: run one prompt through an ACP agent, try the bundled stub agent,
+list configured agents, serve an in-process agent over ACP.
+
+Every turn goes through :class:`~subagent.service.SubagentService` and
+:class:`~subagent.providers.acp.AcpProvider`, so the command line uses the seam exactly as a
+library caller would. ``subagent --help`` and ``subagent run --help`` document the behaviour;
+the summary:
+
+* exit status 0 when the turn completed, 1 for any other stop reason (Ctrl-C included), 2 for bad
+  usage or an agent that failed to start (with one paragraph on stderr naming the command, its
+  exit status and the tail of its stderr);
+* stdout carries only the answer (or, with ``--json``, exactly one JSON object); progress,
+  ``--events`` lines, permission prompts and diagnostics go to stderr;
+* the first Ctrl-C cancels the turn (``session/cancel``, then the provider's grace and teardown),
+  a second one SIGKILLs the agent's whole process tree at once, even mid-teardown; SIGTERM and
+  SIGHUP tear it down at once too (a graceful, bounded teardown).
+
+The package, one job per module::
+
+    main.py          the argument parser and main(): argv to a command, failures to exit statuses
+    usage.py         exit statuses, the usage error and the parser class that raises it
+    commands.py      the commands run, demo and agents: options to a turn, its outcome printed
+    serve.py         the command-line half of `subagent serve`: its flags, the LLM built from them
+    turn.py          one turn through the seam: the driver, the start gate, how each ending reads
+    interrupts.py    Ctrl-C, SIGTERM and SIGHUP during a turn: cancel, then tear down at once
+    views.py         what a run shows on stderr: live progress for a person, or JSON events
+    tool_calls.py    the turn's tool calls, merged from session updates (a bounded number)
+    permission.py    answering permission questions: allow, deny, or ask a person on a terminal
+    console.py       the two streams: stderr for people (sanitized, coloured on a terminal), stdout
+    logs.py          log records to the current view, else stderr; -v and -vv
+    config.py        named agents from a TOML file, its schema as typed structs
+    demo.py          the demo's second half: an in-process agent delegating to fork, spawn and acp
+"""
 
 from __future__ import annotations
 

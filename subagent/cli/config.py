@@ -21,7 +21,8 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     auth_method = "claude-login"                  # used when the agent demands authentication
     fs = false                                    # offer no fs/* to the agent (default: true)
 
-Every key is checked: an unknown key, a value of the wrong type or an out-of-range number is a
+The schema is written as typed structs (:class:`ConfigFile`, :class:`AgentTable`) that msgspec checks
+every key against: an unknown key, a value of the wrong type or an out-of-range number is a
 :class:`ConfigError` whose message names the file and the dotted key (``agents.claude.args[1]``).
 So is anything that could not reach the agent's process intact: a NUL character (``"\u0000"``)
 in the command, an argument, the cwd or an environment value, and an environment name that is
@@ -34,23 +35,28 @@ defaults.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
+import sys
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final
+
+import msgspec
+
+from subagent.cli.permission import PermissionMode
 
 __all__ = [
     "AGENT_KEYS",
     "LOCAL_CONFIG_NAME",
     "MAX_CONFIG_BYTES",
     "AgentConfig",
+    "AgentTable",
     "Config",
     "ConfigError",
-    "PermissionMode",
+    "ConfigFile",
     "config_search_path",
     "find_config",
     "load_config",
@@ -58,31 +64,95 @@ __all__ = [
     "user_config_path",
 ]
 
-PermissionMode = Literal["allow", "deny", "ask"]
-"""How the command line answers an agent's permission questions."""
-
 LOCAL_CONFIG_NAME: Final = "subagent.toml"
 """The per-directory config file, looked up in the current directory."""
 
-AGENT_KEYS: Final = (
-    "description",
-    "command",
-    "args",
-    "env",
-    "cwd",
-    "permission",
-    "timeout",
-    "ready_timeout",
-    "auth_method",
-    "fs",
-)
-"""The keys an agent table may have, in the order the documentation lists them."""
-
-_PERMISSIONS: Final = ("allow", "deny", "ask")
-_NAME: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_BARE_KEY: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 MAX_CONFIG_BYTES: Final = 1024 * 1024
 """The largest config file read (a few agents take a few KiB)."""
+
+# -- the schema ------------------------------------------------------------------------------------------
+# Every pattern is anchored and linear: a 1 MiB value costs one pass, never a backtracking blow-up.
+
+_AGENT_NAME: Final = r"\A[A-Za-z0-9][A-Za-z0-9_.-]*\Z"
+_ENV_NAME: Final = r"\A[^=\x00]+\Z"
+_NO_NUL: Final = r"\A[^\x00]*\Z"
+_NO_NUL_NOT_BLANK: Final = r"\A(?=[^\x00]*\Z)\s*\S"
+_NOT_BLANK: Final = r"\S"
+
+AgentName = Annotated[str, msgspec.Meta(pattern=_AGENT_NAME)]
+"""An agent's name: letters, digits, ``_``, ``-`` and ``.``, starting with a letter or digit."""
+EnvName = Annotated[str, msgspec.Meta(pattern=_ENV_NAME)]
+"""An environment variable's name: what a process can receive (non-empty, no ``=``, no NUL)."""
+Argument = Annotated[str, msgspec.Meta(pattern=_NO_NUL)]
+"""A string a process receives (an argument, an environment value): a C string ends at NUL."""
+Program = Annotated[str, msgspec.Meta(pattern=_NO_NUL_NOT_BLANK)]
+"""A program or a directory: a non-blank :data:`Argument`."""
+NonBlank = Annotated[str, msgspec.Meta(pattern=_NOT_BLANK)]
+"""A string with something in it besides white space."""
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
+"""A positive, finite number of seconds."""
+
+
+Environment = dict[EnvName, Argument]
+"""An agent's ``env`` table: variables merged over the caller's environment."""
+
+
+class AgentTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """One ``[agents.NAME]`` table as written (see the module docstring); fields in documented order."""
+
+    description: str | None = None
+    command: Program
+    args: list[Argument] = msgspec.field(default_factory=list)
+    env: Environment = msgspec.field(default_factory=dict)
+    cwd: Program | None = None
+    permission: PermissionMode | None = None
+    timeout: Seconds | None = None
+    ready_timeout: Seconds | None = None
+    auth_method: NonBlank | None = None
+    fs: bool = True
+
+
+Agents = dict[AgentName, AgentTable]
+"""The ``[agents]`` table: agents by name, in file order."""
+
+
+class ConfigFile(msgspec.Struct, forbid_unknown_fields=True):
+    """A whole config file as written: its only table is ``[agents]``."""
+
+    agents: Agents = msgspec.field(default_factory=dict)
+
+
+AGENT_KEYS: Final = AgentTable.__struct_fields__
+"""The keys an agent table may have, in the order the documentation lists them."""
+
+_EXPECTED: Final[Mapping[str, str]] = {
+    "agents": "a table of agents, e.g. [agents.NAME]",
+    "agents.*": "a table, e.g. [agents.NAME] with a `command`",
+    "agents.*.description": "a string",
+    "agents.*.command": "a string",
+    "agents.*.args": "an array of strings",
+    "agents.*.args[]": "a string",
+    "agents.*.env": 'a table of strings, e.g. env = { KEY = "value" }',
+    "agents.*.env.*": "a string",
+    "agents.*.cwd": "a string",
+    "agents.*.permission": "one of 'allow', 'deny', 'ask'",
+    "agents.*.timeout": "a positive number of seconds",
+    "agents.*.ready_timeout": "a positive number of seconds",
+    "agents.*.auth_method": "a string",
+    "agents.*.fs": "true or false",
+}
+"""What each key must be, by its place in the schema (``*`` any table key, ``[]`` any array item):
+the words of an error message, where msgspec's own would name Python types."""
+
+_NAMED_TABLES: Final[Mapping[str, Any]] = {"agents": Agents, "agents.*.env": Environment}
+"""The tables keyed by names, by their place in the schema: an error inside one names no key, so the
+entry it is about is found by checking each entry alone against the table's type."""
+
+_BAD_NAME: Final[Mapping[str, str]] = {
+    "agents.*": "an agent name uses letters, digits, '_', '-' and '.', and starts with a letter or digit",
+    "agents.*.env.*": "an environment name must be non-empty, with no '=' and no NUL character",
+}
+"""What is wrong with a table key its pattern refused, by the key's place in the schema."""
 
 
 class ConfigError(ValueError):
@@ -201,139 +271,130 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
         ConfigError: the data breaks the schema.
     """
     location = Path(path)
-    unknown = [key for key in data if key != "agents"]
-    if unknown:
-        raise ConfigError(location, "unknown key (the only top-level table is [agents])", key=unknown[0])
-    agents_table = data.get("agents", {})
-    if not isinstance(agents_table, Mapping):
-        raise ConfigError(location, "must be a table of agents, e.g. [agents.NAME]", key="agents")
-    agents: dict[str, AgentConfig] = {}
-    for name, table in agents_table.items():
-        key = f"agents.{name}"
-        if not _NAME.match(name):
-            raise ConfigError(
-                location,
-                "an agent name uses letters, digits, '_', '-' and '.', and starts with a letter or digit",
-                key=key,
-            )
-        if not isinstance(table, Mapping):
-            raise ConfigError(location, "must be a table, e.g. [agents.NAME] with a `command`", key=key)
-        agents[name] = _parse_agent(name, table, location)
+    try:
+        tables = msgspec.convert(data, ConfigFile, strict=True).agents
+    except msgspec.ValidationError as exc:
+        key, message = _explain(str(exc), data)
+        raise ConfigError(location, message, key=key) from None
+    directory = location.resolve().parent
+    agents = {
+        name: AgentConfig(
+            name=name,
+            command=(table.command, *table.args),
+            source=location,
+            description=table.description,
+            env=table.env,
+            cwd=None if table.cwd is None else os.path.normpath(directory / os.path.expanduser(table.cwd)),
+            permission=table.permission,
+            timeout=table.timeout,
+            ready_timeout=table.ready_timeout,
+            auth_method=table.auth_method,
+            fs=table.fs,
+        )
+        for name, table in tables.items()
+    }
     return Config(path=location, agents=agents)
 
 
-def _parse_agent(name: str, table: Mapping[str, Any], path: Path) -> AgentConfig:
-    prefix = f"agents.{name}"
-    for key in table:
-        if key not in AGENT_KEYS:
-            raise ConfigError(
-                path, f"unknown key (known keys: {', '.join(AGENT_KEYS)})", key=f"{prefix}.{key}"
-            )
-    if "command" not in table:
-        raise ConfigError(path, 'missing: the program to run, e.g. command = "npx"', key=f"{prefix}.command")
-    program = _no_nul(
-        _string(table["command"], path, f"{prefix}.command", non_empty=True), path, f"{prefix}.command"
-    )
-    args = [
-        _no_nul(arg, path, f"{prefix}.args[{index}]")
-        for index, arg in enumerate(_strings(table.get("args", []), path, f"{prefix}.args"))
-    ]
-    env_value = table.get("env", {})
-    if not isinstance(env_value, Mapping):
-        raise ConfigError(
-            path, 'must be a table of strings, e.g. env = { KEY = "value" }', key=f"{prefix}.env"
-        )
-    env: dict[str, str] = {}
-    for name, value in env_value.items():
-        key = f"{prefix}.env.{_key_text(name)}"
-        if not name or "=" in name or "\0" in name:
-            raise ConfigError(
-                path, "an environment name must be non-empty, with no '=' and no NUL character", key=key
-            )
-        env[name] = _no_nul(_string(value, path, key), path, key)
-    cwd: str | None = None
-    if "cwd" in table:
-        raw_cwd = _no_nul(_string(table["cwd"], path, f"{prefix}.cwd", non_empty=True), path, f"{prefix}.cwd")
-        raw_cwd = os.path.expanduser(raw_cwd)
-        cwd = os.path.normpath(os.path.join(path.resolve().parent, raw_cwd))
-    permission: PermissionMode | None = None
-    if "permission" in table:
-        value = table["permission"]
-        if value not in _PERMISSIONS:
-            raise ConfigError(
-                path,
-                f"must be one of {', '.join(map(repr, _PERMISSIONS))}, not {value!r}",
-                key=f"{prefix}.permission",
-            )
-        permission = value
-    return AgentConfig(
-        name=name,
-        command=(program, *args),
-        source=path,
-        description=_optional_string(table, "description", path, prefix),
-        env=env,
-        cwd=cwd,
-        permission=permission,
-        timeout=_optional_seconds(table, "timeout", path, prefix),
-        ready_timeout=_optional_seconds(table, "ready_timeout", path, prefix),
-        auth_method=_optional_string(table, "auth_method", path, prefix, non_empty=True),
-        fs=_optional_bool(table, "fs", path, prefix, default=True),
-    )
+# -- error messages --------------------------------------------------------------------------------------
+
+_WHERE: Final = re.compile(r" - at (`key` in )?`(\$[\w.\[\]]*)`\Z")
+"""The end of a msgspec error that says where: a path like ``$.agents[...].args[1]`` (``[...]``
+stands for a table key msgspec does not name), after "`key` in" when the key itself was refused."""
+_PATH_STEP: Final = re.compile(r"\.(\w+)|\[(\d+)\]|\[(\.\.\.)\]")
+_ANY_KEY: Final = object()
+"""A ``[...]`` step: some key of a table, to be found."""
 
 
-def _string(value: Any, path: Path, key: str, *, non_empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise ConfigError(path, f"must be a string, not {_toml_type(value)}", key=key)
-    if non_empty and not value.strip():
-        raise ConfigError(path, "must not be empty", key=key)
-    return value
+def _explain(error: str, data: Mapping[str, Any]) -> tuple[str | None, str]:
+    """The dotted key and the message for msgspec's ``error`` about ``data``."""
+    where = _WHERE.search(error)
+    what = error[: where.start()] if where else error
+    steps: list[Any] = []
+    for match in _PATH_STEP.finditer(where.group(2) if where else ""):
+        name, index, _ = match.groups()
+        steps.append(name if name is not None else int(index) if index is not None else _ANY_KEY)
+    refused_key = where is not None and where.group(1) is not None
+    if refused_key:
+        steps.append(_ANY_KEY)
+    try:
+        keys, value = _locate(data, steps)
+    except (LookupError, TypeError, ValueError):
+        return None, error  # a path a key's own text made up (`a - at `$.x`` = 1): msgspec's words
+    key, place = _key_text(keys), _schema_place(keys)
+    if refused_key:
+        return key, _BAD_NAME.get(place, what)
+    if what.startswith("Object contains unknown field"):
+        known = AGENT_KEYS if keys else ("agents",)
+        unknown = next(name for name in value if name not in known)
+        key = _key_text([*keys, unknown])
+        if not keys:
+            return key, "unknown key (the only top-level table is [agents])"
+        return key, f"unknown key (known keys: {', '.join(AGENT_KEYS)})"
+    if what.startswith("Object missing required field"):
+        return _key_text([*keys, "command"]), 'missing: the program to run, e.g. command = "npx"'
+    if isinstance(value, str) and "matching regex" in what:
+        if "\0" in value:
+            # A C string ends at NUL: the program would get a cut-short argument, variable or path.
+            return key, "contains a NUL character, which no program can receive"
+        return key, "must not be empty"
+    expected = _EXPECTED.get(place, what)
+    if what.startswith("Invalid enum value") or (
+        isinstance(value, int | float) and not isinstance(value, bool) and "got" not in what
+    ):
+        # Out of range, or not one of the choices: the value shown is a number or a mistyped choice,
+        # never a string that reached a program (the NUL and blank cases above show none).
+        return key, f"must be {expected}, not {value!r}"
+    return key, f"must be {expected}, not {_toml_type(value)}"
 
 
-def _no_nul(value: str, path: Path, key: str) -> str:
-    # A C string ends at NUL: the program would get a cut-short argument, variable or path.
-    if "\0" in value:
-        raise ConfigError(path, "contains a NUL character, which no program can receive", key=key)
-    return value
+def _locate(data: Mapping[str, Any], steps: list[Any]) -> tuple[list[str | int], Any]:
+    """The concrete keys of ``steps`` in ``data``, and the value there. A ``[...]`` step is the first
+    entry of its table that fails validation on its own: msgspec reports the first error in file order."""
+    keys: list[str | int] = []
+    node: Any = data
+    for step in steps:
+        if step is _ANY_KEY:
+            table = _NAMED_TABLES[_schema_place(keys)]
+            step = next(key for key in node if _fails({key: node[key]}, table))
+        keys.append(step)
+        node = node[step]
+    return keys, node
 
 
-def _key_text(name: str) -> str:
-    """A table key as TOML would write it: bare when it can be, else quoted (escapes shown)."""
-    return name if _BARE_KEY.match(name) else json.dumps(name)
+def _fails(value: Any, kind: Any) -> bool:
+    try:
+        msgspec.convert(value, kind, strict=True)
+    except msgspec.ValidationError:
+        return True
+    return False
 
 
-def _strings(value: Any, path: Path, key: str) -> list[str]:
-    if not isinstance(value, Sequence) or isinstance(value, str):
-        raise ConfigError(path, f"must be an array of strings, not {_toml_type(value)}", key=key)
-    return [_string(item, path, f"{key}[{index}]") for index, item in enumerate(value)]
+def _key_text(keys: list[str | int]) -> str:
+    """A dotted key as TOML would write it (``agents.claude.args[1]``, ``env."A=B"``)."""
+    text = ""
+    for key in keys:
+        if isinstance(key, int):
+            text += f"[{key}]"
+        else:
+            text += ("." if text else "") + (key if _BARE_KEY.match(key) else json.dumps(key))
+    return text
 
 
-def _optional_string(
-    table: Mapping[str, Any], name: str, path: Path, prefix: str, *, non_empty: bool = False
-) -> str | None:
-    if name not in table:
-        return None
-    return _string(table[name], path, f"{prefix}.{name}", non_empty=non_empty)
+_BARE_KEY: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
-def _optional_bool(table: Mapping[str, Any], name: str, path: Path, prefix: str, *, default: bool) -> bool:
-    if name not in table:
-        return default
-    value = table[name]
-    if not isinstance(value, bool):
-        raise ConfigError(path, f"must be true or false, not {_toml_type(value)}", key=f"{prefix}.{name}")
-    return value
-
-
-def _optional_seconds(table: Mapping[str, Any], name: str, path: Path, prefix: str) -> float | None:
-    if name not in table:
-        return None
-    value = table[name]
-    key = f"{prefix}.{name}"
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(path, f"must be a number of seconds, not {_toml_type(value)}", key=key)
-    if not math.isfinite(value) or value <= 0:
-        raise ConfigError(path, f"must be a positive number of seconds, not {value!r}", key=key)
-    return float(value)
+def _schema_place(keys: list[str | int]) -> str:
+    """Where ``keys`` are in the schema, as the keys of :data:`_EXPECTED` write it."""
+    place = ""
+    for depth, key in enumerate(keys):
+        if isinstance(key, int):
+            place += "[]"
+        elif depth == 1 or (depth == 3 and keys[2] == "env"):
+            place += ".*"  # an agent's name, an environment name
+        else:
+            place += ("." if place else "") + key
+    return place
 
 
 def _toml_type(value: Any) -> str:
@@ -345,6 +406,6 @@ def _toml_type(value: Any) -> str:
         return f"a string ({value!r})"
     if isinstance(value, Mapping):
         return "a table"
-    if isinstance(value, Sequence):
+    if isinstance(value, list):
         return "an array"
     return f"a {type(value).__name__}"  # dates and times

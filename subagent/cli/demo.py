@@ -17,7 +17,7 @@ from typing import Final
 
 import anyio
 
-from subagent.cli.views import Console, sanitize
+from subagent.cli.console import Console, sanitize
 from subagent.providers.acp import AcpProvider
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider

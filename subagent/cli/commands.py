@@ -1,0 +1,297 @@
+"""The commands ``run``, ``demo`` and ``agents``: from parsed options to a turn, a report, or a list.
+
+``run`` and the first half of ``demo`` merge options, config and defaults into a
+:class:`~subagent.cli.turn.TurnSpec`, drive the turn on the view the options ask for, and print its
+outcome: the answer (or one JSON object) on stdout, diagnostics on stderr, and an exit status.
+``serve`` lives in :mod:`subagent.cli.serve`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Final, Literal
+
+import anyio
+
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
+from subagent.cli.config import AgentConfig, config_search_path, find_config, load_config
+from subagent.cli.console import Console, is_terminal, print_json, print_stdout, use_color
+from subagent.cli.logs import LOG_HANDLER
+from subagent.cli.permission import AnswerSource, PermissionMode, answer_source, default_permission
+from subagent.cli.turn import TurnSpec, drive
+from subagent.cli.usage import (
+    EXIT_COMPLETED,
+    EXIT_NOT_COMPLETED,
+    EXIT_USAGE,
+    PROG,
+    PromptTooLarge,
+    UsageError,
+)
+from subagent.cli.views import EventView, HumanView, RunView, usage_json
+from subagent.providers.acp import prompt_size_error
+
+__all__ = ["DEMO_PROMPT", "MAX_PROMPT_MIB", "agents_command", "demo_command", "run_command"]
+
+logger = logging.getLogger(__name__)
+
+DEMO_PROMPT: Final = "Summarise README.md and write the summary to SUMMARY.md."
+"""What ``subagent demo`` asks the stub agent (which answers from its scenario regardless)."""
+
+MAX_PROMPT_MIB: Final = DEFAULT_MAX_LINE_BYTES // (1024 * 1024)
+"""The largest prompt, in MiB, as one ``session/prompt`` message (the connection's line limit)."""
+
+_REAL_AGENT_HINT: Final = "subagent run -- npx @agentclientprotocol/claude-agent-acp"
+"""Where the demo points a user next."""
+
+
+def _check_output_options(args: argparse.Namespace) -> None:
+    if args.progress and (args.json or args.events):
+        raise UsageError("--progress cannot be combined with --json or --events")
+
+
+def _read_prompt_from_stdin() -> str:
+    stream = sys.stdin
+    if stream is None:
+        return ""
+    if stream.isatty():
+        sys.stderr.write(f"{PROG}: reading the prompt from the terminal; finish it with Ctrl-D\n")
+        sys.stderr.flush()
+    limit = DEFAULT_MAX_LINE_BYTES
+    data = stream.buffer.read(limit + 1)
+    if len(data) > limit:
+        # Each byte read is at least a byte of the message: the rest need not be read, nor held.
+        raise PromptTooLarge(
+            f"the prompt on stdin is more than {limit:,} bytes, over the {limit:,}-byte "
+            f"({MAX_PROMPT_MIB} MiB) limit on one message to the agent (max_line_bytes)"
+        )
+    return data.decode("utf-8", errors="replace")
+
+
+def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
+    _check_output_options(args)
+    agent: AgentConfig | None = None
+    if args.agent is not None and command is not None:
+        raise UsageError("give either --agent NAME or `-- COMMAND [ARGS...]`, not both")
+    if args.agent is None and not command:
+        raise UsageError(
+            "no agent to run: put its command after `--` (e.g. `subagent run -- npx "
+            "@agentclientprotocol/claude-agent-acp`) or name a configured one with --agent NAME"
+        )
+    if args.agent is not None:
+        agent = _configured_agent(args.agent, args.config)
+        command = list(agent.command)
+    assert command
+    cwd = args.cwd or (agent.cwd if agent else None)
+    if cwd is not None and not os.path.isdir(cwd):
+        where = f"the cwd of agent {agent.name!r} in {agent.source}" if agent and not args.cwd else "--cwd"
+        raise UsageError(f"{where}: {cwd!r} is not a directory")
+    prompt = args.prompt if args.prompt is not None else _read_prompt_from_stdin()
+    if not prompt.strip():
+        raise UsageError("the prompt is empty: pass -p TEXT or pipe the prompt on stdin")
+    too_large = prompt_size_error(prompt)
+    if too_large is not None:
+        # Refused before an agent is spawned: it could not be sent to one.
+        raise PromptTooLarge(too_large)
+    answers = answer_source(prompt_from_stdin=args.prompt is None)
+    permission: PermissionMode = (
+        args.permission
+        or (agent.permission if agent and agent.permission else None)
+        or (default_permission(answers))
+    )
+    if permission != "ask" and answers is not None:
+        answers.close()
+        answers = None
+    spec = TurnSpec(
+        command=command,
+        prompt=prompt,
+        cwd=os.path.abspath(cwd or os.getcwd()),
+        env=dict(agent.env) if agent and agent.env else None,
+        permission=permission,
+        permission_timeout=args.permission_timeout,
+        answers=answers,
+        timeout=args.timeout if args.timeout is not None else (agent.timeout if agent else None),
+        ready_timeout=agent.ready_timeout if agent else None,
+        auth_method=args.auth_method or (agent.auth_method if agent else None),
+        fs=args.fs if args.fs is not None else (agent.fs if agent else True),
+        json_output=args.json,
+        events=args.events,
+        progress=_progress_wanted(args, default=is_terminal(sys.stderr)),
+    )
+    return _execute(spec)
+
+
+def _progress_wanted(args: argparse.Namespace, *, default: bool) -> bool:
+    if args.json or args.events:
+        return False
+    return default if args.progress is None else bool(args.progress)
+
+
+def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
+    _check_output_options(args)
+    if command is not None:
+        raise UsageError(
+            "demo runs the bundled stub agent and takes no `-- COMMAND`; use `subagent run` for that"
+        )
+    stub = [sys.executable, "-m", "subagent.testing.stub_agent"]
+    if args.scenario is not None:
+        if not os.path.isfile(args.scenario):
+            raise UsageError(f"--scenario: {args.scenario!r} is not a file")
+        stub += ["--scenario", os.path.abspath(args.scenario)]
+    answers: AnswerSource | None = None
+    permission: PermissionMode | Literal["demo"] = args.permission or "demo"
+    if permission == "ask":
+        answers = AnswerSource.stdin()
+    spec = TurnSpec(
+        command=stub,
+        prompt=DEMO_PROMPT,
+        cwd=os.getcwd(),
+        permission=permission,
+        permission_timeout=args.permission_timeout,
+        answers=answers,
+        json_output=args.json,
+        events=args.events,
+        progress=_progress_wanted(args, default=True),
+        demo=True,
+    )
+    status = EXIT_COMPLETED
+    if args.only in (None, "acp"):
+        if spec.progress:
+            console = Console(sys.stderr, color=use_color(sys.stderr))
+            console.line(console.paint(f"{PROG} demo: one turn against the bundled stub ACP agent", "1"))
+            console.line(console.paint(f"> {DEMO_PROMPT}", "2"))
+        status = _execute(spec)
+    if args.only in (None, "delegation") and status != EXIT_USAGE:
+        status = max(status, _delegation_demo(args, narrate=spec.progress and not spec.events))
+    return status
+
+
+def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
+    """The in-process half of the demo: an agent delegates to fork, spawn and acp at once."""
+    # Imported here: the rest of the command line does not need the in-process runtime.
+    from subagent.cli.demo import run_delegation_demo
+
+    # Not narrating (--events, --quiet): the narration goes nowhere.
+    console = Console(sys.stderr if narrate else io.StringIO(), color=narrate and use_color(sys.stderr))
+    if narrate:
+        console.line(
+            console.paint(f"{PROG} demo: an in-process agent delegates to fork, spawn and acp at once", "1")
+        )
+    try:
+        report = anyio.run(run_delegation_demo, console)
+    except Exception as exc:
+        logger.debug("the delegation demo failed", exc_info=True)
+        Console(sys.stderr, color=False).line(f"{PROG}: the delegation demo failed: {exc}")
+        return EXIT_NOT_COMPLETED
+    if args.json:
+        print_json({"output": report, "stopReason": "completed", "error": None, "usage": None})
+    else:
+        print_stdout(report + "\n")
+    if narrate:
+        console.line(
+            "That was the in-process runtime on a scripted model. "
+            "Serve it to any ACP client: subagent serve --script FILE"
+        )
+    return EXIT_COMPLETED
+
+
+def _configured_agent(name: str, explicit_config: str | None) -> AgentConfig:
+    path = find_config(explicit_config)
+    if path is None:
+        looked = ", ".join(str(candidate) for candidate in config_search_path())
+        raise UsageError(f"--agent {name}: no config file found (looked for {looked})")
+    config = load_config(path)
+    agent = config.agents.get(name)
+    if agent is None:
+        known = ", ".join(config.agents) or "none"
+        raise UsageError(f"--agent {name}: no agent named {name!r} in {path} (configured: {known})")
+    return agent
+
+
+def agents_command(args: argparse.Namespace, command: list[str] | None) -> int:
+    if command is not None:
+        raise UsageError("agents takes no `-- COMMAND`")
+    searched = [Path(args.config)] if args.config is not None else config_search_path()
+    path = find_config(args.config)
+    agents = list(load_config(path).agents.values()) if path is not None else []
+    if args.json:
+        print_json(
+            {
+                "config": None if path is None else str(path),
+                "searched": [str(candidate) for candidate in searched],
+                "agents": [
+                    {
+                        "name": agent.name,
+                        "command": list(agent.command),
+                        "description": agent.description,
+                        "fs": agent.fs,
+                        "source": str(agent.source),
+                    }
+                    for agent in agents
+                ],
+            }
+        )
+        return 0
+    if path is None:
+        looked = "\n".join(f"  {candidate}" for candidate in searched)
+        print_stdout(f"no agents configured; looked for a config file at:\n{looked}\n")
+        print_stdout(f"see `{PROG} --help` for the format\n")
+        return 0
+    if not agents:
+        print_stdout(f"no agents configured in {path}\n")
+        return 0
+    width = max(len(agent.name) for agent in agents)
+    lines = [f"agents in {path}:"]
+    for agent in agents:
+        no_fs = "  (fs off: no fs/* offered)" if not agent.fs else ""
+        lines.append(f"  {agent.name:<{width}}  {shlex.join(agent.command)}{no_fs}")
+        if agent.description:
+            lines.append(f"  {'':<{width}}  {agent.description}")
+    print_stdout("\n".join(lines) + "\n")
+    return 0
+
+
+def _execute(spec: TurnSpec) -> int:
+    """Run the turn, print its outcome, and return the exit status."""
+    console = Console(sys.stderr, color=use_color(sys.stderr))
+    view: RunView = (
+        EventView(sys.stderr)
+        if spec.events
+        else HumanView(console, progress=spec.progress, decisions=spec.progress or spec.permission == "ask")
+    )
+    LOG_HANDLER.view = view
+    try:
+        outcome = anyio.run(drive, spec, view)
+    finally:
+        LOG_HANDLER.view = None
+        if spec.answers is not None:
+            spec.answers.close()
+    result = outcome.result
+    if spec.json_output:
+        print_json(
+            {
+                "output": result.output,
+                "stopReason": result.stop_reason,
+                "error": result.error,
+                "usage": usage_json(result.usage),
+            }
+        )
+    elif result.output and outcome.start_error is None:
+        print_stdout(result.output if result.output.endswith("\n") else result.output + "\n")
+    if outcome.start_error is not None:
+        if not spec.events:
+            console.line(f"{PROG}: the agent failed to start: {outcome.start_error}")
+        return EXIT_USAGE
+    if not result.ok and not spec.events:
+        detail = f": {result.error}" if result.error else ""
+        console.line(f"{PROG}: the turn ended with stop reason {result.stop_reason!r}{detail}")
+    if spec.demo and not spec.events:
+        console.line(
+            f"That was the bundled stub agent (no network, no keys). To drive a real one: {_REAL_AGENT_HINT}"
+        )
+    return EXIT_COMPLETED if result.ok else EXIT_NOT_COMPLETED

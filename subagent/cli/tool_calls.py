@@ -1,0 +1,104 @@
+"""The turn's tool calls as the command line knows them: merged from ``tool_call`` and
+``tool_call_update`` session updates, for progress lines and for naming a permission question.
+
+At most :data:`MAX_TRACKED_TOOL_CALLS` are remembered (the most recently announced), so an agent
+announcing calls without end costs a bounded amount of memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from subagent.acp import schema
+from subagent.acp.handlers import PermissionQuestion
+from subagent.types import thaw_json
+
+__all__ = ["MAX_TRACKED_TOOL_CALLS", "ToolCallState", "ToolCalls"]
+
+MAX_TRACKED_TOOL_CALLS: Final = 1000
+"""Tool calls the command line remembers (by id, the most recently announced): enough to name
+the call of any permission question, a bounded cost however many an agent announces."""
+
+
+@dataclass(slots=True)
+class ToolCallState:
+    """What is known of one tool call, merged from its ``tool_call`` and ``tool_call_update``s."""
+
+    tool_call_id: str
+    title: str | None = None
+    kind: str | None = None
+    status: str = "pending"
+    raw_input: Any = None
+
+
+class ToolCalls:
+    """The turn's tool calls by id, for progress lines and for naming a permission question: the
+    ``limit`` most recently announced (older ones are forgotten; an update for one of them is
+    then taken as a new announcement)."""
+
+    def __init__(self, limit: int = MAX_TRACKED_TOOL_CALLS) -> None:
+        # The connection serves a permission question only after the updates sent before it, so the
+        # question's tool call is already here when the question is shown.
+        self._calls: dict[str, ToolCallState] = {}
+        self.limit = limit
+
+    def get(self, tool_call_id: str) -> ToolCallState | None:
+        """The state of a tool call seen so far, or None."""
+        return self._calls.get(tool_call_id)
+
+    def observe(self, update: schema.SessionUpdate) -> ToolCallState | None:
+        """Merge ``update``; return the call's state when it is new or its status changed, else None."""
+        if isinstance(update, schema.ToolCall):
+            state = ToolCallState(
+                tool_call_id=update.tool_call_id,
+                title=update.title,
+                kind=update.kind,
+                status=update.status or "pending",
+                raw_input=update.raw_input,
+            )
+            self._announced(state)
+            return state
+        if isinstance(update, schema.ToolCallProgress):
+            known = self._calls.get(update.tool_call_id)
+            if known is None:
+                # An update for a call we never saw announced: treat it as the announcement.
+                state = ToolCallState(tool_call_id=update.tool_call_id, status=update.status or "pending")
+                self._announced(state)
+                changed = True
+            else:
+                state = known
+                changed = update.status is not None and update.status != state.status
+            if update.title is not None:
+                state.title = update.title
+            if update.kind is not None:
+                state.kind = update.kind
+            if update.status is not None:
+                state.status = update.status
+            if update.raw_input is not None:
+                state.raw_input = update.raw_input
+            return state if changed else None
+        return None
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def _announced(self, state: ToolCallState) -> None:
+        calls = self._calls
+        calls.pop(state.tool_call_id, None)  # re-announced: now the most recent
+        calls[state.tool_call_id] = state
+        while len(calls) > self.limit:
+            del calls[next(iter(calls))]  # the oldest announcement (dicts keep insertion order)
+
+    def describe(self, question: PermissionQuestion) -> ToolCallState:
+        """The question's tool call: what the question says, completed from what the turn showed."""
+        seen = self._calls.get(question.tool_call_id)
+        return ToolCallState(
+            tool_call_id=question.tool_call_id,
+            title=question.title or (seen.title if seen else None),
+            kind=question.kind or (seen.kind if seen else None),
+            status=seen.status if seen else "pending",
+            raw_input=thaw_json(question.raw_input)
+            if question.raw_input is not None
+            else (seen.raw_input if seen else None),
+        )

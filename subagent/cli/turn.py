@@ -1,0 +1,290 @@
+"""One turn through the seam: :func:`drive` starts the agent through
+:class:`~subagent.service.SubagentService` and :class:`~subagent.providers.acp.AcpProvider`, exactly as
+a library caller would, reports the run to a view, and turns every way it can end (a start failure,
+an interrupt, a teardown, a denial the agent gave up on) into an :class:`Outcome`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import anyio
+
+from subagent.acp import schema
+from subagent.acp.handlers import (
+    DEFAULT_PERMISSION_CALLBACK_TIMEOUT,
+    PermissionDecision,
+    PermissionOutcome,
+    PermissionQuestion,
+)
+from subagent.cli.console import sanitize
+from subagent.cli.interrupts import Interrupts
+from subagent.cli.permission import AnswerSource, PermissionMode, permission_policy
+from subagent.cli.tool_calls import ToolCalls, ToolCallState
+from subagent.cli.usage import UsageError
+from subagent.cli.views import RunView, StartInfo
+from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
+from subagent.service import ServiceRun, SubagentService
+from subagent.types import SubagentError, SubagentRequest, SubagentResult
+
+__all__ = ["Outcome", "TurnSpec", "drive"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TurnSpec:
+    """Everything one turn needs, after options, config and defaults were merged."""
+
+    command: list[str]
+    prompt: str
+    cwd: str
+    env: Mapping[str, str] | None = None
+    permission: PermissionMode | Literal["demo"] = "deny"
+    permission_timeout: float = DEFAULT_PERMISSION_CALLBACK_TIMEOUT
+    answers: AnswerSource | None = None
+    timeout: float | None = None
+    ready_timeout: float | None = None
+    auth_method: str | None = None
+    fs: bool = True
+    json_output: bool = False
+    events: bool = False
+    progress: bool = False
+    demo: bool = False
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How a turn ended; ``start_error`` when the agent never became ready."""
+
+    result: SubagentResult
+    start_error: str | None = None
+    elapsed: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Denial:
+    """A permission question the policy answered with a rejection, or withdrew."""
+
+    call: ToolCallState
+    reason: str
+
+
+class _StartGate(RunView):
+    """Forwards to the real view, announcing the start (once) before anything of the session.
+    Remembers the last permission decision: a denial may be why the agent ended its turn."""
+
+    def __init__(self, inner: RunView) -> None:
+        self.inner = inner
+        self.announce: Callable[[], None] = lambda: None
+        self.last_denial: _Denial | None = None
+        """The last permission decision, if it was a denial (None after an allowing one)."""
+
+    def spawning(self, command: Sequence[str], cwd: str) -> None:
+        logger.info("starting agent `%s` in %s", shlex.join(command), cwd)
+        self.inner.spawning(command, cwd)
+
+    def started(self, info: StartInfo) -> None:
+        logger.info(
+            "agent ready: %s %s, protocol version %s, session %s",
+            info.agent_name or "(unnamed)",
+            info.agent_version or "",
+            info.protocol_version,
+            info.session_id,
+        )
+        self.inner.started(info)
+
+    def update(self, update: schema.SessionUpdate, changed_call: ToolCallState | None) -> None:
+        self.announce()
+        self.inner.update(update, changed_call)
+
+    def question(self, question: PermissionQuestion, call: ToolCallState, timeout: float) -> None:
+        self.announce()
+        self.inner.question(question, call, timeout)
+
+    def answered(self, *, echoed: bool) -> None:
+        self.inner.answered(echoed=echoed)
+
+    def decided(
+        self, question: PermissionQuestion, call: ToolCallState, decision: PermissionDecision, reason: str
+    ) -> None:
+        self.announce()
+        answer = "cancelled" if isinstance(decision, PermissionOutcome) else decision.option_id
+        logger.info("permission for tool call %r: %s (%s)", question.tool_call_id, answer, reason)
+        denied = isinstance(decision, PermissionOutcome) or decision.kind in ("reject_once", "reject_always")
+        self.last_denial = _Denial(call, reason) if denied else None
+        self.inner.decided(question, call, decision, reason)
+
+    def interrupted(self, signal_name: str, count: int, action: str) -> None:
+        self.inner.interrupted(signal_name, count, action)
+
+    def start_failed(self, message: str) -> None:
+        self.inner.start_failed(message)
+
+    def ended(self, result: SubagentResult, elapsed: float) -> None:
+        self.announce()
+        logger.info("turn ended: %s in %.2f s", result.stop_reason, elapsed)
+        self.inner.ended(result, elapsed)
+
+    def log(self, record: logging.LogRecord, message: str) -> None:
+        self.inner.log(record, message)
+
+
+async def drive(spec: TurnSpec, view: RunView) -> Outcome:
+    """Run the turn through the service; never raises for a child-level failure or an interrupt."""
+    gate = _StartGate(view)
+    tool_calls = ToolCalls()
+    try:
+        provider = AcpProvider(
+            spec.command,
+            name="acp",
+            env=spec.env,
+            cwd=spec.cwd,
+            permission=permission_policy(
+                spec.permission, gate, tool_calls, spec.answers, timeout=spec.permission_timeout
+            ),
+            auth_method=spec.auth_method,
+            fs=spec.fs,
+            ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
+        )
+    except (ValueError, TypeError) as exc:
+        # A command or environment no process could receive (a NUL in an argument, say).
+        raise UsageError(str(exc)) from None
+    request = SubagentRequest(prompt=spec.prompt, cwd=spec.cwd, timeout=spec.timeout)
+    began = time.monotonic()
+    async with anyio.create_task_group() as outer:
+        interrupts = Interrupts(gate, outer)
+        # The receiver stays open until the service has torn the agent down, so a Ctrl-C during
+        # teardown is handled too, never raised as KeyboardInterrupt in the middle of it.
+        await outer.start(interrupts.watch)
+        try:
+            async with SubagentService() as service:
+                service.register_provider(provider)
+                gate.spawning(spec.command, spec.cwd)
+                run = service.start(provider.name, request)
+                acp_run = run.provider_run
+                assert isinstance(acp_run, AcpRun)
+                announced = False
+
+                def announce() -> None:
+                    nonlocal announced
+                    if not announced and acp_run.session_id is not None:
+                        announced = True
+                        gate.started(_start_info(acp_run, spec))
+
+                gate.announce = announce
+
+                def on_update(update: schema.SessionUpdate) -> None:
+                    gate.update(update, tool_calls.observe(update))
+
+                acp_run.on_update(on_update)
+                interrupts.attach(run)
+                async with run:
+                    outcome = await _await_turn(run, acp_run, spec, gate, interrupts, announce)
+        finally:
+            outer.cancel_scope.cancel()
+    outcome.elapsed = time.monotonic() - began
+    denial = gate.last_denial
+    if outcome.result.stop_reason == "cancelled" and denial is not None and not interrupts.count:
+        # Nobody pressed Ctrl-C: the agent ended its own turn on our denial (Codex, for one,
+        # offers only a reject option that aborts the turn). Say so, and how to allow it.
+        why = _denial_explanation(denial, spec.permission)
+        error = outcome.result.error
+        outcome.result = dataclasses.replace(outcome.result, error=f"{error}; {why}" if error else why)
+    if outcome.start_error is None:
+        gate.ended(outcome.result, outcome.elapsed)
+    return outcome
+
+
+_MAX_TITLE_CHARS: Final = 200
+"""The longest tool-call title a denial's explanation quotes."""
+
+
+def _denial_explanation(denial: _Denial, permission: str) -> str:
+    title = " ".join(sanitize(denial.call.title or denial.call.tool_call_id).split())
+    if len(title) > _MAX_TITLE_CHARS:
+        title = title[: _MAX_TITLE_CHARS - 1] + "\u2026"
+    how = (
+        "answer yes when asked, or use --permission allow to allow every request"
+        if permission == "ask"
+        else "use --permission allow to allow every request, or --permission ask to decide each one"
+    )
+    return (
+        f"the agent ended its turn after its permission request for {title!r} was denied "
+        f"({denial.reason}); to allow it, {how}"
+    )
+
+
+async def _await_turn(
+    run: ServiceRun,
+    acp_run: AcpRun,
+    spec: TurnSpec,
+    view: RunView,
+    interrupts: Interrupts,
+    announce: Callable[[], None],
+) -> Outcome:
+    try:
+        await run.started()
+    except SubagentError as exc:
+        if interrupts.count:
+            return Outcome(_interrupted_result(acp_run, "interrupted before the agent was ready"))
+        message = _start_failure(exc, acp_run, spec)
+        view.start_failed(message)
+        return Outcome(SubagentResult(output="", stop_reason="error", error=message), start_error=message)
+    announce()
+    try:
+        result = await run.result()
+    except SubagentError as exc:
+        if interrupts.stopped_by is not None:
+            return Outcome(_torn_down_result(acp_run, interrupts.stopped_by))
+        logger.debug("the run's result failed", exc_info=True)
+        return Outcome(SubagentResult(output=acp_run.output, stop_reason="error", error=exc.message))
+    if interrupts.stopped_by is not None and result.stop_reason == "error":
+        # Torn down at once while the turn ran: the child's death is our doing, not its failure.
+        return Outcome(_torn_down_result(acp_run, interrupts.stopped_by))
+    return Outcome(result)
+
+
+def _torn_down_result(acp_run: AcpRun, stopped_by: str) -> SubagentResult:
+    return _interrupted_result(acp_run, f"the agent was torn down at once on {stopped_by}")
+
+
+def _interrupted_result(acp_run: AcpRun, why: str) -> SubagentResult:
+    return SubagentResult(output=acp_run.output, stop_reason="cancelled", error=why)
+
+
+def _start_info(acp_run: AcpRun, spec: TurnSpec) -> StartInfo:
+    agent = acp_run.agent
+    info = agent.agent_info if agent is not None else None
+    return StartInfo(
+        run_id=acp_run.id,
+        session_id=acp_run.session_id,
+        command=spec.command,
+        cwd=spec.cwd,
+        agent_name=(info.title or info.name) if info is not None else None,
+        agent_version=info.version if info is not None else None,
+        protocol_version=agent.protocol_version if agent is not None else None,
+    )
+
+
+def _start_failure(exc: SubagentError, acp_run: AcpRun, spec: TurnSpec) -> str:
+    message = exc.message
+    agent = acp_run.agent
+    if spec.auth_method is None and agent is not None and agent.auth_methods:
+        ids = [_auth_method_id(method) for method in agent.auth_methods]
+        offered = ", ".join(repr(method_id) for method_id in ids if method_id)
+        message += f" (to authenticate with one of {offered}: --auth-method ID, or auth_method in the config)"
+    return message
+
+
+def _auth_method_id(method: schema.AuthMethod) -> str | None:
+    if isinstance(method, schema.UnknownAuthMethod):
+        value = method.raw.get("id")
+        return value if isinstance(value, str) else None
+    return method.id
