@@ -56,14 +56,14 @@ import shlex
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 import anyio.abc
 import msgspec
 
 from subagent import _structured
+from subagent._outcome import DisposeOnExit, Outcome
 from subagent.acp import schema
 from subagent.acp.client import (
     DEFAULT_IDLE_CLOSE_GRACE,
@@ -138,19 +138,25 @@ _STOP_REASONS: dict[str, StopReason] = {
     "max_turn_requests": "max_turns",
     "refusal": "refusal",
 }
+"""ACP's stop reasons as the seam's; one not listed (a newer protocol's) ends the turn ``error``."""
 
 _run_ids = itertools.count(1)
 
 _MIN_SECRET_CHARS = 8
+"""The shortest environment value redacted from the agent's error text. Shorter ones are flags
+("1", "true"), not credentials, and would blank out ordinary words."""
 
-# The session/prompt request around a text prompt, with an empty session id and the shortest request
-# id (the line limit does not count the newline): a prompt whose JSON string is longer than the limit
-# minus this cannot be sent.
 _PROMPT_LINE_OVERHEAD: int = len(
     b'{"jsonrpc":"2.0","id":0,"method":"session/prompt","params":'
     b'{"sessionId":"","prompt":[{"type":"text","text":}]}}'
 )
-_MAX_JSON_BYTES_PER_CHAR = 6  # "\u001f": no character takes more as a JSON string (UTF-8 is <= 4)
+"""The session/prompt request around a text prompt, with an empty session id and the shortest
+request id (the line limit does not count the newline): a prompt whose JSON string is longer than
+the limit minus this cannot be sent."""
+
+_MAX_JSON_BYTES_PER_CHAR = 6
+"""The most bytes one character takes as a JSON string: six for an escape such as ``\\u001f``
+(UTF-8 takes at most four)."""
 
 
 def prompt_size_error(prompt: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES) -> str | None:
@@ -258,8 +264,7 @@ class AcpProvider:
         self.command = [_path_text(part, f"command[{index}]") for index, part in enumerate(command)]
         self.name = name
         self.env = _checked_env(env) if env is not None else None
-        # Values the agent's error text must never show us back verbatim. Short ones are left out:
-        # they are flags ("1", "true"), not credentials, and would blank out ordinary words.
+        # Values the agent's error text must never show us back verbatim (see _MIN_SECRET_CHARS).
         self._secrets = sorted(
             {value for value in (self.env or {}).values() if len(value) >= _MIN_SECRET_CHARS},
             key=len,
@@ -354,7 +359,7 @@ class AcpProvider:
             self._queue.remove(run)
 
 
-class AcpRun:
+class AcpRun(DisposeOnExit):
     """One ACP child: its process, its session, its turns. Offers ``resume`` (no ``send_message``:
     ACP has no way to inject a message into a running turn)."""
 
@@ -382,10 +387,8 @@ class AcpRun:
         """How the child process ended, once it did."""
         self._client: AcpClient | None = None
         self._session: AcpSession | None = None
-        self._ready = anyio.Event()
-        self._ready_error: SubagentError | None = None
-        self._settled = anyio.Event()
-        self._result: SubagentResult | SubagentError | None = None
+        self._ready: Outcome[None] = Outcome()
+        self._result: Outcome[SubagentResult] = Outcome()  # the first turn's
         self._stop = anyio.Event()
         self._done = anyio.Event()
         self._main_scope = anyio.CancelScope()
@@ -408,7 +411,7 @@ class AcpRun:
             ("disposed" if self._stop.is_set() else "done")
             if self._done.is_set()
             else "settled"
-            if self._settled.is_set()
+            if self._result.is_set()
             else "queued"
             if self._queued
             else "running"
@@ -500,17 +503,10 @@ class AcpRun:
             SubagentError: ``START_FAILED`` (with exit status and stderr tail) or ``DISPOSED``.
         """
         await self._ready.wait()
-        if self._ready_error is not None:
-            raise self._ready_error
 
     async def result(self) -> SubagentResult:
         """The first turn's outcome; child-level failures are ``error`` results, not exceptions."""
-        await self._settled.wait()
-        outcome = self._result
-        if isinstance(outcome, SubagentError):
-            raise outcome
-        assert outcome is not None
-        return outcome
+        return await self._result.wait()
 
     async def cancel(self) -> None:
         """Ask the agent to stop the running turn (``session/cancel``; pending permission questions
@@ -554,7 +550,7 @@ class AcpRun:
             self._slot_granted.set()
         if not self._ready.is_set():
             self._main_scope.cancel()  # do not wait for a slot or a handshake to finish first
-        elif not self._settled.is_set() and self._turn_scope is not None:
+        elif not self._result.is_set() and self._turn_scope is not None:
             # The first turn runs in _main. Stopping only the turn keeps the connection up, so the
             # agent is told (session/cancel) and its stdin closed at once; cancelling the whole
             # connection would leave that notice stuck on a cancelled writer until its timeout.
@@ -569,7 +565,7 @@ class AcpRun:
             SubagentError: ``DISPOSED`` once the run is disposed; ``START_FAILED`` if it never started.
         """
         await self.started()
-        await self._settled.wait()
+        await self._result.wait_settled()
         disposed = SubagentError(
             ErrorCode.DISPOSED, f"run {self.id!r} is disposed", provider=self.provider.name
         )
@@ -600,14 +596,6 @@ class AcpRun:
             self.provider._leave(self)  # a cancelled caller gives up its place or its slot
             raise
 
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.dispose()
-
     # -- the child's life, in the service's task group ---------------------------------------------
 
     async def _main(self) -> None:
@@ -623,7 +611,7 @@ class AcpRun:
             logger.exception("run %r of agent `%s` failed unexpectedly", self.id, self.command_line)
             message = f"internal error in the ACP provider: {type(exc).__name__}: {exc}"
             self._fail_start(message)
-            self._settle(SubagentResult(output=self.output, stop_reason="error", error=message))
+            self._result.settle(SubagentResult(output=self.output, stop_reason="error", error=message))
         finally:
             if self._queued:
                 when = "while it waited for a concurrency slot"
@@ -635,12 +623,12 @@ class AcpRun:
             self.provider._leave(self)
             if not self._ready.is_set() and self._cancelling and not self._stop.is_set():
                 # cancel() before readiness abandons the start: no child, and a cancelled result.
-                self._settle(SubagentResult(output="", stop_reason="cancelled"))
+                self._result.settle(SubagentResult(output="", stop_reason="cancelled"))
                 self._fail_start(f"the start was cancelled {when}")
             elif not self._ready.is_set():
                 self._fail_start(f"run {self.id!r} was disposed {when}", code=ErrorCode.DISPOSED)
-            if not self._settled.is_set():
-                self._settle(
+            if not self._result.is_set():
+                self._result.fail(
                     SubagentError(
                         ErrorCode.DISPOSED,
                         f"run {self.id!r} was disposed before its turn ended",
@@ -691,13 +679,13 @@ class AcpRun:
                 if session is None:
                     return
                 self._session = session
-                self._ready.set()
+                self._ready.settle(None)
                 first = await self._run_turn(session, self.request.prompt, structured=True)
                 # The turn is over: an idle child works no more, so its slot goes to the next run.
                 self.provider._leave(self)
                 if self._disposing:
                     return  # disposed during the turn: the result is DISPOSED (settled by _main)
-                self._settle(first)
+                self._result.settle(first)
                 await self._keep_for_resume(client)
         finally:
             if self._client is not None:
@@ -928,15 +916,10 @@ class AcpRun:
     def _fail_start(self, message: str, *, code: ErrorCode = ErrorCode.START_FAILED) -> None:
         if self._ready.is_set():
             return
-        self._ready_error = SubagentError(code, message, provider=self.provider.name)
-        self._ready.set()
+        error = SubagentError(code, message, provider=self.provider.name)
+        self._ready.fail(error)
         # A run that never started has no turn: its result fails the same way.
-        self._settle(self._ready_error)
-
-    def _settle(self, outcome: SubagentResult | SubagentError) -> None:
-        if not self._settled.is_set():
-            self._result = outcome
-            self._settled.set()
+        self._result.fail(error)
 
     def _lose_child(self, why: str) -> None:
         """Record that the child can take no more turns (the first reason stays)."""
