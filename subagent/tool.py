@@ -33,6 +33,7 @@ from typing import Any, Self
 
 import anyio
 
+from subagent._outcome import raise_sole_error
 from subagent.runtime.messages import ToolSpec
 from subagent.runtime.tools import ToolError, ToolInvocation
 from subagent.service import ServiceRun, SubagentService
@@ -57,11 +58,12 @@ __all__ = ["DEFAULT_TOOL_NAME", "AgentSubagentTool", "SubagentTool", "SubagentTo
 DEFAULT_TOOL_NAME = "subagent"
 """The name the tool has unless the host picks another."""
 
-# What OpenAI and Anthropic both accept as a function/tool name; checked at construction so a bad
-# name fails in the host's code, not as an API error in the middle of a conversation.
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+"""What OpenAI and Anthropic both accept as a function/tool name; checked at construction so a bad
+name fails in the host's code, not as an API error in the middle of a conversation."""
 
 _ARGUMENTS = ("prompt", "provider", *START_TIME_FEATURES)
+"""Every argument the tool takes; a call with any other is refused as invalid."""
 
 # -- wording ----------------------------------------------------------------------------------------
 
@@ -308,19 +310,17 @@ async def _result_reporting_activity(run: ServiceRun, on_activity: Callable[[], 
                 seen = latest
                 on_activity()
 
-    outcome: SubagentResult | Exception | None = None
-    async with anyio.create_task_group() as task_group:
-        task_group.start_soon(watch)
-        try:
-            outcome = await run.result()
-        except Exception as exc:
-            outcome = exc  # raised below as itself, not inside the task group's ExceptionGroup
-        finally:
-            task_group.cancel_scope.cancel()
-    if isinstance(outcome, Exception):
-        raise outcome
-    assert outcome is not None
-    return outcome
+    try:
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(watch)
+            try:
+                result = await run.result()
+            finally:
+                task_group.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        raise_sole_error(group)  # the result's error as itself, not inside the task group's group
+        raise
+    return result
 
 
 def _invalid(problems: Sequence[str]) -> SubagentToolResult:
