@@ -7,10 +7,8 @@ from collections.abc import Sequence
 import anyio.abc
 
 from subagent.providers._inprocess import InProcessProvider, InProcessRun
-from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS, Agent, AgentRegistry
-from subagent.runtime.llm import LlmAdapter, LlmService
+from subagent.runtime.agent import Agent
 from subagent.runtime.messages import Message
-from subagent.runtime.tools import Approver, Tool
 from subagent.types import SubagentRequest
 
 __all__ = ["ForkProvider", "InProcessRun"]
@@ -30,35 +28,14 @@ class ForkProvider(InProcessProvider):
         approver: None inherits the parent's.
         tools: unused by forks (a fork always has its parent's tools, narrowed); kept so both
             in-process providers take the same arguments.
+        name: the name it registers under (default ``"fork"``); ``llm_service`` and
+            ``max_model_calls`` are as for :class:`~subagent.providers.spawn.SpawnProvider`.
 
     Every start-time feature is supported, as for :class:`~subagent.providers.spawn.SpawnProvider`.
     """
 
     inherits_parent_context = True
     default_name = "fork"
-
-    def __init__(
-        self,
-        *,
-        agents: AgentRegistry | None = None,
-        llm: LlmAdapter | str | None = None,
-        llm_service: LlmService | None = None,
-        tools: Sequence[Tool] = (),
-        persona: str | None = None,
-        approver: Approver | None = None,
-        max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
-        name: str = "fork",
-    ) -> None:
-        super().__init__(
-            name=name,
-            llm=llm,
-            llm_service=llm_service,
-            agents=agents,
-            tools=tools,
-            persona=persona,
-            approver=approver,
-            max_model_calls=max_model_calls,
-        )
 
     def start(self, request: SubagentRequest, task_group: anyio.abc.TaskGroup) -> InProcessRun:
         """Fork the parent named by ``request.parent_id``.
