@@ -31,11 +31,9 @@ from subagent.acp.agent import AgentSideConnection
 from subagent.acp.client import AcpClient, TurnResult
 from subagent.acp.errors import RequestError
 from subagent.acp.handlers import PermissionQuestion
-from subagent.cli import main
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import FunctionTool, Reply, ScriptedLlm, When, call
-from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS
 from subagent.serve import ServedAgent
 from subagent.types import LINEAGE_META_KEY, Usage
 from tests.leaks import assert_no_leaks
@@ -716,60 +714,7 @@ async def test_depth_limit_caps_what_the_model_asks_for(
     assert limits == [given]
 
 
-# -- the command line -----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        ([], "no model: give --script FILE, or --base-url URL and --model NAME"),
-        (["--base-url", "http://127.0.0.1:1/v1"], "--base-url needs --model NAME"),
-        (["--script", "x.json", "--model", "m"], "--model and --api-key-env go with --base-url"),
-        (["--script", "x.json", "--base-url", "http://h/v1"], "argument --base-url: not allowed with"),
-        (["--script", "x.json", "--no-delegate", "--depth-limit", "1"], "--depth-limit limits delegation"),
-        (["--script", "x.json", "--depth-limit", "-1"], "argument --depth-limit: must be >= 0, not -1"),
-        (["--script", "x.json", "--max-model-calls", "0"], "argument --max-model-calls: must be >= 1, not 0"),
-        (["--base-url", "ftp://host/v1", "--model", "m"], "base_url must be an http(s) URL"),
-    ],
-)
-def test_serve_refuses_bad_usage_with_exit_status_2(
-    capsys: pytest.CaptureFixture[str], args: list[str], message: str
-) -> None:
-    assert main(["serve", *args]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert "subagent serve: error: " + message in captured.err
-
-
-def test_serve_takes_no_command(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", "--script", str(FIXTURE), "--", "echo"]) == 2
-    assert "serve takes no `-- COMMAND`: it is the agent" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    ("content", "problem"),
-    [
-        (None, "cannot read the script {path!r}: No such file or directory"),
-        ("{not json", "the script {path!r} is not valid: the script is not valid JSON: "),
-        ('{"replies": 3}', "the script {path!r} is not valid: a script is a list of replies"),
-        ('[{"txt": "typo"}]', "the script {path!r} is not valid: reply 0: unknown keys txt"),
-    ],
-)
-def test_serve_with_an_unusable_script_exits_2_with_a_clear_message(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str | None, problem: str
-) -> None:
-    path = tmp_path / "script.json"
-    if content is not None:
-        path.write_text(content)
-    assert main(["serve", "--script", str(path)]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert "subagent serve: error: " + problem.format(path=str(path)) in captured.err
-
-
-def test_serve_help_states_the_runtimes_default_model_call_limit(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["serve", "--help"]) == 0
-    assert f"(default: {DEFAULT_MAX_MODEL_CALLS})" in " ".join(capsys.readouterr().out.split())
+# -- over its real stdio --------------------------------------------------------------------------------
 
 
 @pytest.mark.subprocess

@@ -17,12 +17,7 @@ from typing import Final, Literal
 import anyio
 
 from subagent.acp import schema
-from subagent.acp.handlers import (
-    DEFAULT_PERMISSION_CALLBACK_TIMEOUT,
-    PermissionDecision,
-    PermissionOutcome,
-    PermissionQuestion,
-)
+from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.cli.console import sanitize
 from subagent.cli.interrupts import Interrupts
 from subagent.cli.permission import AnswerSource, PermissionMode, permission_policy
@@ -45,9 +40,9 @@ class TurnSpec:
     command: list[str]
     prompt: str
     cwd: str
+    permission_timeout: float
     env: Mapping[str, str] | None = None
     permission: PermissionMode | Literal["demo"] = "deny"
-    permission_timeout: float = DEFAULT_PERMISSION_CALLBACK_TIMEOUT
     answers: AnswerSource | None = None
     timeout: float | None = None
     ready_timeout: float | None = None

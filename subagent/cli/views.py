@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
@@ -257,22 +256,14 @@ class EventView(RunView):
     """One JSON object per line on ``stream`` (``--events``); see the module docstring."""
 
     def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self._lock = threading.Lock()
+        # Through a console: each line written whole under its lock, and a closed stream silences
+        # the events instead of failing the run.
+        self.console = Console(stream, color=False)
         self._session_id: str | None = None
-        self._broken = False
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event line (``fields`` are already JSON-ready and camelCase)."""
-        line = json.dumps({"event": event, **fields}, ensure_ascii=False) + "\n"
-        with self._lock:
-            if self._broken:
-                return
-            try:
-                self.stream.write(line)
-                self.stream.flush()
-            except (OSError, ValueError):
-                self._broken = True
+        self.console.write(json.dumps({"event": event, **fields}, ensure_ascii=False) + "\n")
 
     def spawning(self, command: Sequence[str], cwd: str) -> None:
         self.emit("spawn", command=list(command), cwd=cwd)
