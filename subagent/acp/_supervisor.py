@@ -56,20 +56,21 @@ else:
     except ImportError:  # Not CPython.
         import signal
 
-# How often an idle supervisor checks that its parent is alive: the bound on noticing the parent's death.
 IDLE_POLL = 0.25
-# While waiting for descendants to die, how often to look again.
+"""How often an idle supervisor checks that its parent is alive: the bound on noticing the parent's death."""
 BUSY_POLL = 0.02
-# After our parent dies, how long descendants get to act on SIGTERM before SIGKILL.
+"""While waiting for descendants to die, how often to look again."""
 PARENT_DEATH_GRACE = 1.0
-# A process in uninterruptible sleep can ignore even SIGKILL for a while; give up on it after this long.
+"""After our parent dies, how long descendants get to act on SIGTERM before SIGKILL."""
 KILL_BOUND = 10.0
+"""A process in uninterruptible sleep can ignore even SIGKILL for a while; give up on it after this long."""
 
 _PR_SET_CHILD_SUBREAPER = 36
 _STOP_REQUESTS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
 _WATCHED = frozenset({signal.SIGCHLD, signal.SIGUSR1, *_STOP_REQUESTS})
-# Python ignores these at start-up; an ignored disposition survives exec, so the agent must get them reset.
 _RESET_FOR_AGENT = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
+"""Python ignores these at start-up; an ignored disposition survives exec, so the agent must get them
+reset."""
 
 
 class _ProcessEntry:

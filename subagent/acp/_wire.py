@@ -84,8 +84,8 @@ class MethodTypes(NamedTuple):
 
 _T = TypeVar("_T")
 
-# Internal tags start with NUL: msgspec escapes it as \u0000, so `encode` can spot them cheaply.
 _SENTINEL: Final = "\x00"
+"""Internal tags start with NUL: msgspec escapes it as ``\\u0000``, so `encode` can spot them cheaply."""
 _ESCAPED_SENTINEL: Final = b"\\u0000"
 _MISSING: Final = object()
 
@@ -94,14 +94,15 @@ LenientFields: TypeAlias = tuple[frozenset[str], frozenset[str]]
 
 _NOT_LENIENT: Final[LenientFields] = (frozenset(), frozenset())
 
-# Fields marked x-deserialize-default-on-error and x-deserialize-skip-invalid-items, by struct
-# class: filled by the generated module through `register_lenient_fields`.
 _LENIENT: Final[dict[type, LenientFields]] = {}
+"""Fields marked x-deserialize-default-on-error and x-deserialize-skip-invalid-items, by struct class: filled
+by the generated module through `register_lenient_fields`."""
 
 _ENCODER: Final = msgspec.json.Encoder()
-# Decoders are built once per target type and reused, so the fast path is a lookup and a decode.
 _DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
+"""A decoder per target type, built once and reused, so the fast path is a lookup and a decode."""
 _TYPE_INFO: dict[Any, mi.Type] = {}
+"""The `msgspec.inspect` type tree of each target type, built once too."""
 
 
 def register_lenient_fields(table: Mapping[type, LenientFields]) -> None:
@@ -204,8 +205,8 @@ class _UnionInfo(NamedTuple):
     others: list[mi.Type]
 
 
-# Keyed by id(): inspect types are unhashable, and the cached type trees keep them alive.
 _UNION_INFO: dict[int, _UnionInfo] = {}
+"""Keyed by id(): inspect types are unhashable, and the cached type trees keep them alive."""
 
 
 def _repair_and_convert(obj: Any, type: Any, error: msgspec.ValidationError) -> Any:

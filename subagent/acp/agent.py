@@ -371,7 +371,6 @@ class AgentHandler(Protocol):
         return None
 
 
-# method -> (handler attribute, params type) for the requests served by plain dispatch.
 _REQUESTS: Final[dict[str, tuple[str, Any]]] = {
     schema.INITIALIZE: ("initialize", schema.InitializeRequest),
     schema.AUTHENTICATE: ("authenticate", schema.AuthenticateRequest),
@@ -385,6 +384,7 @@ _REQUESTS: Final[dict[str, tuple[str, Any]]] = {
     schema.SESSION_DELETE: ("delete_session", schema.DeleteSessionRequest),
     schema.LOGOUT: ("logout", schema.LogoutRequest),
 }
+"""For each request served by plain dispatch: the handler attribute that serves it, and its params type."""
 
 
 def _decode(params: msgspec.Raw | None, params_type: Any) -> Any:

@@ -93,6 +93,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 CLIENT_NAME = "subagent-seam"
+"""The name this client gives in ``initialize`` (``clientInfo.name``) unless told another."""
 
 EXIT_DIAGNOSIS_TIMEOUT: float = 2.0
 """How long a failed call waits for the agent's exit status once its stdout closed: long enough
@@ -175,6 +176,9 @@ def final_message(updates: Iterable[schema.SessionUpdate]) -> str:
 
 
 _PARTS_PER_BLOCK: Final = 4096
+"""How many text chunks of a message are kept apart before they are joined into one block: joining in
+blocks keeps building the message linear in its length, and the list of parts short."""
+
 _MESSAGE_CHUNK: Final = schema.AgentMessageChunk
 _TEXT: Final = schema.TextContent
 _TOOL_CALL: Final = schema.ToolCall

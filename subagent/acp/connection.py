@@ -145,36 +145,41 @@ ProtocolErrorCallback: TypeAlias = "Callable[[ProtocolError], None]"
 CANCEL_REQUEST_METHOD: Final = "$/cancel_request"
 
 DEFAULT_MAX_LINE_BYTES: Final = 64 * 1024 * 1024
-# Why: file contents and tool outputs travel inline; 64 MiB fits any real message yet bounds a runaway line.
+"""The longest message (one line) read or sent, in bytes: file contents and tool outputs travel inline;
+64 MiB fits any real message yet bounds a runaway line."""
 
 DEFAULT_MAX_INCOMING_REQUESTS: Final = 256
-# Why: one task per request the peer has in flight; a real peer has a handful, a runaway one is refused.
+"""How many of the peer's requests are served at once (one task each): a real peer has a handful in
+flight, a runaway one is refused."""
 
 DEFAULT_MAX_QUEUED_NOTIFICATION_BYTES: Final = 16 * 1024 * 1024
-# Why: how far the reader may run ahead of a slow notification handler before it stops reading (and the
-# peer's writes block): far more than any burst of updates, far less than memory.
+"""How far the reader may run ahead of a slow notification handler before it stops reading (and the peer's
+writes block): far more than any burst of updates, far less than memory."""
 
 COURTESY_CANCEL_TIMEOUT: Final = 1.0
-# Why: the `$/cancel_request` sent for an abandoned request is best effort; a peer that has stopped reading
-# must not delay the caller's cancellation by more than this (seconds).
+"""The `$/cancel_request` sent for an abandoned request is best effort; a peer that has stopped reading must
+not delay the caller's cancellation by more than this (seconds)."""
 
 _ABANDONED_IDS_REMEMBERED: Final = 1024
-# Why: lets a late answer to a cancelled request be dropped quietly rather than reported, in bounded memory.
+"""How many ids of abandoned requests are remembered, so that a late answer to one is dropped quietly
+rather than reported, in bounded memory."""
 
 _EXCERPT_BYTES: Final = 120
-# Why: enough of a malformed line to recognise it (e.g. an agent logging to stdout), short enough for a log.
+"""Enough of a malformed line to recognise it (e.g. an agent logging to stdout), short enough for a log."""
 
 _IDENTIFY_BYTES: Final = 64 * 1024
-# Why: how much of a broken or over-long line is searched for its "id" and "method"; they come first in
-# practice, and the search is Python-level work on a line that already failed.
+"""How much of a broken or over-long line is searched for its "id" and "method"; they come first in practice,
+and the search is Python-level work on a line that already failed."""
 
 _MAX_ERROR_REPLIES: Final = 64
+"""How many error replies (to broken lines and refused requests) may be in flight at once; beyond this or
+`_MAX_ERROR_REPLY_BYTES` (a flood of garbage from a peer that does not read its answers) they are dropped,
+not queued without limit."""
 _MAX_ERROR_REPLY_BYTES: Final = 1024 * 1024
-# Why: error replies to broken lines and refused requests, in flight at once; beyond either bound (a flood
-# of garbage from a peer that does not read its answers) they are dropped, not queued without limit.
+"""How many bytes the error replies in flight may hold together (see `_MAX_ERROR_REPLIES`)."""
 
 _MAX_BATCH_ERRORS: Final = 1024
-# Why: batches are not supported; the error reply to one names at most this many of its requests.
+"""The most requests of a batch that the error reply to it names (batches are not supported)."""
 
 _JSONRPC: Final = "2.0"
 
@@ -338,11 +343,11 @@ _FLAT_PATTERN: Final = re.compile(rb'(?:[^"{}\[\]]++|' + _STRING + rb")*+", re.D
 _OPENING_RUN: Final = re.compile(rb"[\[{]++")
 _CLOSING_RUN: Final = re.compile(rb"[\]}]++")
 _JSON_RPC_LOOKING: Final = re.compile(rb"[ \t\r\n]*(?:\{|\[[ \t\r\n]*[{\]])")
-# An escaped backslash, a valid surrogate pair, or a lone surrogate escape: matched left to right, so the
-# `u` after an escaped backslash (`\\ud83d`, a literal backslash) is never read as an escape.
 _SURROGATE_ESCAPES: Final = re.compile(
     rb"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
 )
+"""An escaped backslash, a valid surrogate pair, or a lone surrogate escape: matched left to right, so the `u`
+after an escaped backslash (``\\\\ud83d``, a literal backslash) is never read as an escape."""
 _REPLACEMENT_ESCAPE: Final = rb"\ufffd"
 _OPEN_BRACKETS: Final = frozenset(b"[{")
 _ID_DECODER: Final = msgspec.json.Decoder(Union[int, str, None])  # noqa: UP007  # a runtime type

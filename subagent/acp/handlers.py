@@ -76,16 +76,16 @@ DEFAULT_PERMISSION_CALLBACK_TIMEOUT = 300.0
 """How long a permission callback may take before the question is denied: long enough for a
 person at a terminal, short enough that a headless run never parks forever."""
 
-# One read's worth: large enough that skipping a multi-GiB file takes few system calls, small
-# enough to be noise next to the answer cap.
 _READ_CHUNK = 256 * 1024
-# Linux's PATH_MAX, counted in bytes: a longer path fails in the kernel anyway, and refusing it
-# first keeps realpath() from walking thousands of components.
+"""One read's worth: large enough that skipping a multi-GiB file takes few system calls, small enough to be
+noise next to the answer cap."""
 _MAX_PATH_BYTES = 4096
-# NAME_MAX when the file system does not say.
+"""Linux's PATH_MAX, counted in bytes: a longer path fails in the kernel anyway, and refusing it first keeps
+realpath() from walking thousands of components."""
 _DEFAULT_NAME_MAX = 255
-# How much of an agent-supplied value an error or log line repeats.
+"""NAME_MAX when the file system does not say."""
 _ECHO_CHARS = 256
+"""How much of an agent-supplied value an error or log line repeats."""
 
 
 # -- the file system ---------------------------------------------------------------------------------

@@ -96,38 +96,41 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# ACP agents exit when stdin closes; two seconds lets one flush its state without stalling our shutdown.
 STDIN_CLOSE_TIMEOUT = 2.0
-# Time for SIGTERM handlers (the agent's and its tools') to clean up before the group is killed outright.
+"""Teardown step 1's grace, in seconds, after stdin closes: ACP agents exit then, and two seconds lets one
+flush its state without stalling our shutdown."""
 SIGTERM_TIMEOUT = 2.0
-# SIGKILL cannot be caught; this only bounds the kernel's reap, so it is a safety net, not a grace period.
+"""Teardown step 2's grace after SIGTERM: time for the SIGTERM handlers (the agent's and its tools') to clean
+up before the group is killed outright."""
 SIGKILL_TIMEOUT = 2.0
-# After the child exits, wait this long for stderr EOF so the tail holds its last words; only a descendant
-# still holding the pipe open makes the wait run out.
+"""How long teardown waits for the reap after SIGKILL. SIGKILL cannot be caught, so this only bounds the
+kernel's reap: a safety net, not a grace period."""
 STDERR_SETTLE_TIMEOUT = 0.5
-# Enough for a Python traceback or a Node stack trace, small enough to keep for every agent.
+"""After the child exits, wait this long for stderr EOF so the tail holds its last words; only a descendant
+still holding the pipe open makes the wait run out."""
 STDERR_TAIL_BYTES = 64 * 1024
+"""How many trailing bytes of stderr are kept: enough for a Python traceback or a Node stack trace, small
+enough to keep for every agent."""
 
-# Backstop for backends whose Process.wait() also waits for pipe EOF; the backend's wait() is normally first.
 _EXIT_FALLBACK_POLL_INTERVAL = 0.25
-# Group polling starts fast (most children exit within milliseconds of stdin closing), then backs off.
+"""Backstop for backends whose Process.wait() also waits for pipe EOF; the backend's wait() is normally
+first."""
 _GROUP_POLL_FIRST_INTERVAL = 0.002
+"""The first wait between two checks that the group is gone: short, as most children exit within
+milliseconds of stdin closing. The wait doubles at each check, up to `_GROUP_POLL_MAX_INTERVAL`."""
 _GROUP_POLL_MAX_INTERVAL = 0.05
-# One pipe buffer's worth per read.
+"""The longest wait between two checks that the group is gone."""
 _READ_SIZE = 64 * 1024
-# Longer stderr lines are forwarded to on_stderr_line in pieces, so a newline-free flood stays bounded.
+"""One pipe buffer's worth per read."""
 _STDERR_LINE_LIMIT = 8 * 1024
-# How much of the stderr tail ExitInfo.__str__ quotes; the full tail stays on ExitInfo.stderr_tail.
+"""Longer stderr lines are forwarded to on_stderr_line in pieces, so a newline-free flood stays bounded."""
 _DIAGNOSIS_STDERR_CHARS = 600
-# A hang guard only: the supervisor reports the agent's pid about 14 ms after it was spawned.
+"""How much of the stderr tail ExitInfo.__str__ quotes; the full tail stays on ExitInfo.stderr_tail."""
 SUPERVISOR_START_TIMEOUT = 30.0
-# The returncode of an agent whose supervisor died before reporting its exit (asyncio's choice for a child
-# whose status was lost); ExitInfo.status_known is False then.
+"""A hang guard only: the supervisor reports the agent's pid about 14 ms after it was spawned."""
 UNKNOWN_RETURNCODE = 255
-# The supervisor imports the standard library only (importing this package would be slow), run isolated
-# (-I: no PYTHON* variables, no user site, no current directory on sys.path) and without site-packages (-S).
-# It is imported from its directory, appended after the standard library, rather than run as a script: an
-# imported module's bytecode is cached, which saves compiling it at every spawn (measured: 3 ms of ~17).
+"""The returncode of an agent whose supervisor died before reporting its exit (asyncio's choice for a child
+whose status was lost); ExitInfo.status_known is False then."""
 _SUPERVISOR_DIR = os.path.dirname(os.path.abspath(__file__))
 _SUPERVISOR_PATH = os.path.join(_SUPERVISOR_DIR, "_supervisor.py")
 _SUPERVISOR_COMMAND = (
@@ -137,8 +140,13 @@ _SUPERVISOR_COMMAND = (
     f"import sys; sys.path.append({_SUPERVISOR_DIR!r}); "
     "from _supervisor import main; sys.exit(main(sys.argv[1:]))",
 )
-# The supervisor's status lines are a few dozen bytes; anything longer is not from it.
+"""The Python arguments that run the supervisor. It imports the standard library only (importing this
+package would be slow), run isolated (-I: no PYTHON* variables, no user site, no current directory on
+sys.path) and without site-packages (-S). It is imported from its directory, appended after the standard
+library, rather than run as a script: an imported module's bytecode is cached, which saves compiling it at
+every spawn (measured: 3 ms of ~17)."""
 _STATUS_LINE_LIMIT = 1024
+"""The supervisor's status lines are a few dozen bytes; anything longer is not from it."""
 
 
 class TeardownStep(enum.Enum):

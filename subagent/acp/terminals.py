@@ -106,31 +106,34 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# Enough for an agent running a build, a test suite and a dev server side by side; bounds the processes,
-# pipes and buffers one agent can hold (an unreleased terminal counts, finished or not).
 DEFAULT_MAX_TERMINALS = 16
-# A long build log's tail; sixteen terminals at this size cost 16 MiB.
+"""How many terminals one agent may hold at once: enough for a build, a test suite and a dev server side by
+side; it bounds the processes, pipes and buffers one agent can hold (an unreleased terminal counts, finished
+or not)."""
 DEFAULT_OUTPUT_BYTE_LIMIT = 1024 * 1024
-# terminal/output answers in one JSON line: even escaped six-fold (\u00XX) this stays below the
-# connection's 64 MiB line limit. A larger outputByteLimit from the agent is clamped to it.
+"""How much of a terminal's output is kept when the agent sets no limit: a long build log's tail; sixteen
+terminals at this size cost 16 MiB."""
 MAX_OUTPUT_BYTE_LIMIT = 8 * 1024 * 1024
-# Time for the command's SIGTERM handler (and its children's) to clean up before the group is SIGKILLed.
+"""The largest output limit granted; a larger ``outputByteLimit`` from the agent is clamped to it.
+``terminal/output`` answers in one JSON line: even escaped six-fold (``\\u00XX``) this stays below the
+connection's 64 MiB line limit."""
 DEFAULT_KILL_GRACE = 2.0
-# SIGKILL cannot be caught: this only bounds the kernel's reap; a safety net, not a grace period.
+"""Time for the command's SIGTERM handler (and its children's) to clean up before the group is SIGKILLed."""
 KILL_REAP_TIMEOUT = 2.0
-# After the command exits, wait this long for output EOF so its last words are captured; only a background
-# job still holding the pipe makes the wait run out.
+"""How long to wait for the reap after SIGKILL. SIGKILL cannot be caught: this only bounds the kernel's
+reap; a safety net, not a grace period."""
 OUTPUT_SETTLE_TIMEOUT = 0.5
+"""After the command exits, wait this long for output EOF so its last words are captured; only a background
+job still holding the pipe makes the wait run out."""
 
-# One pipe buffer's worth per read.
 _READ_SIZE = 64 * 1024
-# The trampoline's own stderr pipe only ever carries a failure of the interpreter itself.
+"""One pipe buffer's worth per read."""
 _TRAMPOLINE_STDERR_TAIL = 4096
-# Exit statuses a POSIX shell uses for "command not found" and "found but cannot execute".
+"""The trampoline's own stderr pipe only ever carries a failure of the interpreter itself."""
 _EXIT_NOT_FOUND = 127
+"""The exit status a POSIX shell uses for "command not found"."""
 _EXIT_CANNOT_EXECUTE = 126
-# sys.argv is ["-c", command, *args]. Python ignores SIGPIPE and SIGXFSZ at start-up and exec keeps ignored
-# signals ignored, so they are reset first (as subprocess's restore_signals does).
+"""The exit status a POSIX shell uses for "found but cannot execute"."""
 _TRAMPOLINE = f"""\
 import os, signal, sys
 for name in ("SIGPIPE", "SIGXFSZ"):
@@ -143,17 +146,21 @@ except OSError as exc:
     os.write(2, f"cannot run {{sys.argv[1]!r}}: {{exc.strerror or exc}}\\n".encode(errors="replace"))
     os._exit({_EXIT_NOT_FOUND} if isinstance(exc, FileNotFoundError) else {_EXIT_CANNOT_EXECUTE})
 """
+"""The program a terminal's command is started through, with ``sys.argv`` ``["-c", command, *args]``.
+Python ignores SIGPIPE and SIGXFSZ at start-up and exec keeps ignored signals ignored, so they are reset
+first (as subprocess's restore_signals does)."""
 _TRAMPOLINE_ARGV = (sys.executable, "-I", "-S", "-c", _TRAMPOLINE)
-# Linux's cap on one argv or environment string, NUL included (32 pages); longer ones fail exec with E2BIG.
 _MAX_ARG_STRLEN = 32 * 4096
-# POSIX's minimum ARG_MAX, for a platform whose sysconf does not say.
+"""Linux's cap on one argv or environment string, NUL included (32 pages); longer ones fail exec with
+E2BIG."""
 _DEFAULT_ARG_MAX = 4096
+"""POSIX's minimum ARG_MAX, for a platform whose sysconf does not say."""
 _POINTER_SIZE = 8
-# The retained output is kept in pieces of about this size (see _OutputTail).
 _PIECE_BYTES = 64 * 1024
-# UTF-8 continuation bytes look like 0b10xxxxxx.
+"""The retained output is kept in pieces of about this size (see _OutputTail)."""
 _CONTINUATION_MASK = 0xC0
 _CONTINUATION_BITS = 0x80
+"""A UTF-8 continuation byte is one whose bits under `_CONTINUATION_MASK` are these: 0b10xxxxxx."""
 
 
 def _echo(data: dict[str, Any]) -> dict[str, Any]:
