@@ -71,23 +71,17 @@ MAX_CONFIG_BYTES: Final = 1024 * 1024
 """The largest config file read (a few agents take a few KiB)."""
 
 # -- the schema ------------------------------------------------------------------------------------------
-# Every pattern is anchored and linear: a 1 MiB value costs one pass, never a backtracking blow-up.
 
-_AGENT_NAME: Final = r"\A[A-Za-z0-9][A-Za-z0-9_.-]*\Z"
-_ENV_NAME: Final = r"\A[^=\x00]+\Z"
-_NO_NUL: Final = r"\A[^\x00]*\Z"
-_NO_NUL_NOT_BLANK: Final = r"\A(?=[^\x00]*\Z)\s*\S"
-_NOT_BLANK: Final = r"\S"
-
-AgentName = Annotated[str, msgspec.Meta(pattern=_AGENT_NAME)]
+AgentName = Annotated[str, msgspec.Meta(pattern=r"\A[A-Za-z0-9][A-Za-z0-9_.-]*\Z")]
 """An agent's name: letters, digits, ``_``, ``-`` and ``.``, starting with a letter or digit."""
-EnvName = Annotated[str, msgspec.Meta(pattern=_ENV_NAME)]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"\A[^=\x00]+\Z")]
 """An environment variable's name: what a process can receive (non-empty, no ``=``, no NUL)."""
-Argument = Annotated[str, msgspec.Meta(pattern=_NO_NUL)]
+Argument = Annotated[str, msgspec.Meta(pattern=r"\A[^\x00]*\Z")]
 """A string a process receives (an argument, an environment value): a C string ends at NUL."""
-Program = Annotated[str, msgspec.Meta(pattern=_NO_NUL_NOT_BLANK)]
-"""A program or a directory: a non-blank :data:`Argument`."""
-NonBlank = Annotated[str, msgspec.Meta(pattern=_NOT_BLANK)]
+Program = Annotated[str, msgspec.Meta(pattern=r"\A(?=[^\x00]*\Z)\s*\S")]
+"""A program or a directory: a non-blank :data:`Argument`. (The lookahead keeps the match linear: a
+1 MiB value costs one pass, never a backtracking blow-up.)"""
+NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S")]
 """A string with something in it besides white space."""
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
 """A positive, finite number of seconds."""
@@ -302,8 +296,11 @@ _WHERE: Final = re.compile(r" - at (`key` in )?`(\$[\w.\[\]]*)`\Z")
 """The end of a msgspec error that says where: a path like ``$.agents[...].args[1]`` (``[...]``
 stands for a table key msgspec does not name), after "`key` in" when the key itself was refused."""
 _PATH_STEP: Final = re.compile(r"\.(\w+)|\[(\d+)\]|\[(\.\.\.)\]")
+"""One step of such a path: a field, an array index, or ``[...]``."""
 _ANY_KEY: Final = object()
 """A ``[...]`` step: some key of a table, to be found."""
+_BARE_KEY: Final = re.compile(r"\A[A-Za-z0-9_-]+\Z")
+"""A key TOML writes without quotes."""
 
 
 def _explain(error: str, data: Mapping[str, Any]) -> tuple[str | None, str]:
@@ -379,9 +376,6 @@ def _key_text(keys: list[str | int]) -> str:
         else:
             text += ("." if text else "") + (key if _BARE_KEY.match(key) else json.dumps(key))
     return text
-
-
-_BARE_KEY: Final = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def _schema_place(keys: list[str | int]) -> str:
