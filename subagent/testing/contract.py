@@ -107,14 +107,24 @@ Event = tuple[str, SubagentRunInfo | SubagentRunEndInfo]
 
 @dataclass
 class _Harness:
+    contract: ProviderContract
     service: SubagentService
     provider: str
     events: list[Event]
 
-    def start(self, contract: ProviderContract) -> ServiceRun:
+    def start(self) -> ServiceRun:
+        contract = self.contract
         return self.service.start(
             self.provider, SubagentRequest(prompt=contract.prompt, parent_id=contract.parent_id)
         )
+
+    async def start_working(self) -> ServiceRun:
+        """A run of the ``working`` provider whose turn is under way."""
+        run = self.start()
+        await run.started()
+        if self.contract.turn_under_way is not None:
+            await self.contract.turn_under_way(run.provider_run)
+        return run
 
 
 def _running_task_ids() -> set[int]:
@@ -122,19 +132,24 @@ def _running_task_ids() -> set[int]:
 
 
 @asynccontextmanager
-async def _harness(provider: SubagentProvider) -> AsyncIterator[_Harness]:
-    """An open service with ``provider`` registered, recording its lifecycle events; on exit, nothing of it
-    may be left: no task, no file descriptor, no process."""
-    tasks_before = _running_task_ids()
-    events: list[Event] = []
-    async with assert_no_leaks():
-        async with SubagentService(progress_interval=None) as service:
-            service.register_provider(provider)
-            service.events.on("subagent/start", lambda info: events.append(("start", info)))
-            service.events.on("subagent/end", lambda info: events.append(("end", info)))
-            yield _Harness(service, provider.name, events)
-        left = _running_task_ids() - tasks_before
-        assert not left, f"tasks left running after the service closed: {left}"
+async def _harness(
+    contract: ProviderContract, make: Callable[[], SubagentProvider]
+) -> AsyncIterator[_Harness]:
+    """An open service with a provider from ``make`` registered, recording its lifecycle events, all
+    within the contract's hang guard; on exit, nothing of it may be left: no task, no file descriptor,
+    no process."""
+    with anyio.fail_after(contract.timeout):
+        tasks_before = _running_task_ids()
+        events: list[Event] = []
+        provider = make()
+        async with assert_no_leaks():
+            async with SubagentService(progress_interval=None) as service:
+                service.register_provider(provider)
+                service.events.on("subagent/start", lambda info: events.append(("start", info)))
+                service.events.on("subagent/end", lambda info: events.append(("end", info)))
+                yield _Harness(contract, service, provider.name, events)
+            left = _running_task_ids() - tasks_before
+            assert not left, f"tasks left running after the service closed: {left}"
 
 
 async def _expect_error(code: ErrorCode, awaitable: Awaitable[Any], what: str) -> SubagentError:
@@ -156,19 +171,11 @@ async def _expect_any_error(awaitable: Awaitable[Any], what: str) -> None:
     raise AssertionError(f"{what} returned {outcome!r}, expected a SubagentError")
 
 
-def _start_or_error(harness: _Harness, contract: ProviderContract) -> ServiceRun | SubagentError:
+def _start_or_error(harness: _Harness) -> ServiceRun | SubagentError:
     try:
-        return harness.start(contract)
+        return harness.start()
     except SubagentError as error:
         return error
-
-
-async def _working_run(contract: ProviderContract, harness: _Harness) -> ServiceRun:
-    run = harness.start(contract)
-    await run.started()
-    if contract.turn_under_way is not None:
-        await contract.turn_under_way(run.provider_run)
-    return run
 
 
 def _names(events: list[Event]) -> list[str]:
@@ -180,17 +187,16 @@ def _names(events: list[Event]) -> list[str]:
 
 async def check_start_fires_after_readiness_and_end_after_start(contract: ProviderContract) -> None:
     """``subagent/start`` precedes ``started()`` returning; one ``subagent/end`` follows with the outcome."""
-    with anyio.fail_after(contract.timeout):
-        async with _harness(contract.completing()) as harness:
-            async with harness.start(contract) as run:
-                await run.started()
-                assert _names(harness.events)[:1] == ["start"], (
-                    f"started() returned before subagent/start: {harness.events}"
-                )
-                result = await run.result()
-                assert _names(harness.events) == ["start", "end"], harness.events
-            assert result.stop_reason == "completed", result
-            assert result.output == contract.output, f"output {result.output!r}, expected {contract.output!r}"
+    async with _harness(contract, contract.completing) as harness:
+        async with harness.start() as run:
+            await run.started()
+            assert _names(harness.events)[:1] == ["start"], (
+                f"started() returned before subagent/start: {harness.events}"
+            )
+            result = await run.result()
+            assert _names(harness.events) == ["start", "end"], harness.events
+        assert result.stop_reason == "completed", result
+        assert result.output == contract.output, f"output {result.output!r}, expected {contract.output!r}"
     start, end = harness.events[0][1], harness.events[1][1]
     assert start == SubagentRunInfo(
         id=run.id, provider=harness.provider, parent_id=contract.parent_id, prompt=contract.prompt
@@ -207,18 +213,17 @@ async def check_start_fires_after_readiness_and_end_after_start(contract: Provid
 
 async def check_a_failed_start_emits_neither_start_nor_end(contract: ProviderContract) -> None:
     """A child that never becomes ready is ``START_FAILED``: from ``start`` itself or from ``started()``."""
-    with anyio.fail_after(contract.timeout):
-        async with _harness(contract.failing_start()) as harness:
-            started = _start_or_error(harness, contract)
-            if isinstance(started, SubagentError):
-                code = started.code
-                assert code == ErrorCode.START_FAILED, f"start raised {code}: {started.message}"
-            else:
-                async with started:
-                    await _expect_error(ErrorCode.START_FAILED, started.started(), "started()")
-                # A provider may leave the result unsettled until dispose; after dispose it must have failed.
-                await _expect_any_error(started.result(), "result() of a run that never started")
-            assert harness.events == [], f"a failed start emitted {harness.events}"
+    async with _harness(contract, contract.failing_start) as harness:
+        started = _start_or_error(harness)
+        if isinstance(started, SubagentError):
+            code = started.code
+            assert code == ErrorCode.START_FAILED, f"start raised {code}: {started.message}"
+        else:
+            async with started:
+                await _expect_error(ErrorCode.START_FAILED, started.started(), "started()")
+            # A provider may leave the result unsettled until dispose; after dispose it must have failed.
+            await _expect_any_error(started.result(), "result() of a run that never started")
+        assert harness.events == [], f"a failed start emitted {harness.events}"
     assert harness.events == [], f"a failed start emitted {harness.events}"
 
 
@@ -231,115 +236,106 @@ async def check_started_and_result_give_every_awaiter_the_same_outcome(contract:
             await run.started()
             results.append(await run.result())
 
-    with anyio.fail_after(contract.timeout):
-        async with _harness(contract.completing()) as harness:
-            async with harness.start(contract) as run:
-                async with anyio.create_task_group() as group:
-                    for _ in range(5):
-                        group.start_soon(awaiter, run)
-                first = results[0]
-                assert len(results) == 10
-                assert all(result is first for result in results), "awaiters got different result objects"
-                assert await run.result() is first
-            # After dispose, result() still gives the settled outcome.
+    async with _harness(contract, contract.completing) as harness:
+        async with harness.start() as run:
+            async with anyio.create_task_group() as group:
+                for _ in range(5):
+                    group.start_soon(awaiter, run)
+            first = results[0]
+            assert len(results) == 10
+            assert all(result is first for result in results), "awaiters got different result objects"
             assert await run.result() is first
-            assert first.output == contract.output
+        # After dispose, result() still gives the settled outcome.
+        assert await run.result() is first
+        assert first.output == contract.output
 
 
 async def check_cancel_ends_a_working_turn_cancelled(contract: ProviderContract) -> None:
     """``cancel()`` mid-turn settles ``result()`` as ``cancelled``; ``subagent/end`` says so."""
-    with anyio.fail_after(contract.timeout):
-        async with _harness(contract.working()) as harness, await _working_run(contract, harness) as run:
-            await run.cancel()
-            result = await run.result()
-            assert result.stop_reason == "cancelled", result
-            assert await run.result() is result
-        assert _names(harness.events) == ["start", "end"], harness.events
-        end = harness.events[1][1]
-        assert isinstance(end, SubagentRunEndInfo)
-        assert end.stop_reason == "cancelled", end
+    async with _harness(contract, contract.working) as harness, await harness.start_working() as run:
+        await run.cancel()
+        result = await run.result()
+        assert result.stop_reason == "cancelled", result
+        assert await run.result() is result
+    assert _names(harness.events) == ["start", "end"], harness.events
+    end = harness.events[1][1]
+    assert isinstance(end, SubagentRunEndInfo)
+    assert end.stop_reason == "cancelled", end
 
 
 async def check_dispose_mid_turn_fails_the_result_disposed_and_ends_the_started_run(
     contract: ProviderContract,
 ) -> None:
     """Disposing a working run: ``result()`` raises ``DISPOSED``, the started run still gets its one end."""
-    with anyio.fail_after(contract.timeout):
-        async with _harness(contract.working()) as harness:
-            run = await _working_run(contract, harness)
-            async with anyio.create_task_group() as group:
-                for _ in range(3):  # concurrent disposers all return after the teardown
-                    group.start_soon(run.dispose)
-            await _expect_error(ErrorCode.DISPOSED, run.result(), "result() after dispose mid-turn")
-            await run.dispose()  # idempotent
-            await run.started()  # readiness had succeeded; it stays so
-            assert _names(harness.events) == ["start", "end"], harness.events
-            end = harness.events[1][1]
-            assert isinstance(end, SubagentRunEndInfo)
-            assert end.stop_reason is None, f"the end of a disposed run: {end}"
-            assert end.error, f"the end of a disposed run names no error: {end}"
-            assert harness.service.live_runs == (), harness.service.live_runs
+    async with _harness(contract, contract.working) as harness:
+        run = await harness.start_working()
+        async with anyio.create_task_group() as group:
+            for _ in range(3):  # concurrent disposers all return after the teardown
+                group.start_soon(run.dispose)
+        await _expect_error(ErrorCode.DISPOSED, run.result(), "result() after dispose mid-turn")
+        await run.dispose()  # idempotent
+        await run.started()  # readiness had succeeded; it stays so
+        assert _names(harness.events) == ["start", "end"], harness.events
+        end = harness.events[1][1]
+        assert isinstance(end, SubagentRunEndInfo)
+        assert end.stop_reason is None, f"the end of a disposed run: {end}"
+        assert end.error, f"the end of a disposed run names no error: {end}"
+        assert harness.service.live_runs == (), harness.service.live_runs
 
 
 async def check_dispose_before_readiness_fails_it_disposed_and_emits_nothing(
     contract: ProviderContract,
 ) -> None:
     """A run disposed right after ``start`` never announces itself: ``started()`` raises ``DISPOSED``."""
-    with anyio.fail_after(contract.timeout):
-        async with _harness(contract.working()) as harness:
-            run = harness.start(contract)
-            await run.dispose()
-            await _expect_error(ErrorCode.DISPOSED, run.started(), "started() after dispose before ready")
-            await _expect_error(ErrorCode.DISPOSED, run.result(), "result() after dispose before ready")
-            await run.dispose()
-            assert harness.events == [], f"a run disposed before readiness emitted {harness.events}"
+    async with _harness(contract, contract.working) as harness:
+        run = harness.start()
+        await run.dispose()
+        await _expect_error(ErrorCode.DISPOSED, run.started(), "started() after dispose before ready")
+        await _expect_error(ErrorCode.DISPOSED, run.result(), "result() after dispose before ready")
+        await run.dispose()
+        assert harness.events == [], f"a run disposed before readiness emitted {harness.events}"
 
 
 async def check_dispose_after_the_result_keeps_the_result_and_is_idempotent(
     contract: ProviderContract,
 ) -> None:
     """Disposing a finished run changes nothing it reported, however many times it is disposed."""
-    with anyio.fail_after(contract.timeout):
-        async with _harness(contract.completing()) as harness:
-            run = harness.start(contract)
-            result = await run.result()
-            await run.dispose()
-            await run.dispose()
-            assert await run.result() is result
-            await run.started()
-            assert _names(harness.events) == ["start", "end"], harness.events
+    async with _harness(contract, contract.completing) as harness:
+        run = harness.start()
+        result = await run.result()
+        await run.dispose()
+        await run.dispose()
+        assert await run.result() is result
+        await run.started()
+        assert _names(harness.events) == ["start", "end"], harness.events
 
 
 async def check_closing_the_service_disposes_a_live_run(contract: ProviderContract) -> None:
     """Leaving the service's block with a run still working disposes it: nothing is left behind."""
-    with anyio.fail_after(contract.timeout):
-        async with _harness(contract.working()) as harness:
-            run = await _working_run(contract, harness)
-        await _expect_error(ErrorCode.DISPOSED, run.result(), "result() of a run the service closed on")
-        assert _names(harness.events) == ["start", "end"], harness.events
+    async with _harness(contract, contract.working) as harness:
+        run = await harness.start_working()
+    await _expect_error(ErrorCode.DISPOSED, run.result(), "result() of a run the service closed on")
+    assert _names(harness.events) == ["start", "end"], harness.events
 
 
 async def check_runtime_capabilities_are_present_exactly_when_offered(contract: ProviderContract) -> None:
     """``isinstance(run, SteerableRun / ResumableRun)`` is the truth about the provider's run."""
-    with anyio.fail_after(contract.timeout):
-        async with _harness(contract.completing()) as harness:
-            run = harness.start(contract)
-            for protocol, expected in (
-                (SteerableRun, contract.steerable),
-                (ResumableRun, contract.resumable),
-            ):
-                name = protocol.__name__
-                inner = isinstance(run.provider_run, protocol)
-                assert inner == expected, f"the provider's run is {'' if inner else 'not '}a {name}"
-                assert isinstance(run, protocol) == expected, f"the service's run misreports {name}"
-            await run.result()
-            await run.dispose()
-            if isinstance(run, SteerableRun):
-                await _expect_error(
-                    ErrorCode.DISPOSED, run.send_message("more"), "send_message after dispose"
-                )
-            if isinstance(run, ResumableRun):
-                await _expect_error(ErrorCode.DISPOSED, run.resume("again"), "resume after dispose")
+    async with _harness(contract, contract.completing) as harness:
+        run = harness.start()
+        for protocol, expected in (
+            (SteerableRun, contract.steerable),
+            (ResumableRun, contract.resumable),
+        ):
+            name = protocol.__name__
+            inner = isinstance(run.provider_run, protocol)
+            assert inner == expected, f"the provider's run is {'' if inner else 'not '}a {name}"
+            assert isinstance(run, protocol) == expected, f"the service's run misreports {name}"
+        await run.result()
+        await run.dispose()
+        if isinstance(run, SteerableRun):
+            await _expect_error(ErrorCode.DISPOSED, run.send_message("more"), "send_message after dispose")
+        if isinstance(run, ResumableRun):
+            await _expect_error(ErrorCode.DISPOSED, run.resume("again"), "resume after dispose")
 
 
 CONTRACT_CHECKS: tuple[ContractCheck, ...] = (
