@@ -2,9 +2,9 @@
 first looked up, so importing a package costs only what its caller uses.
 
 The package imports its exports for type checkers in an ``if TYPE_CHECKING:`` block (``__all__``
-makes them re-exports), and hands the same table to `lazy_exports` in the ``else`` branch, where type
-checkers do not look: they see the real names, never a catch-all ``__getattr__`` that would let any
-misspelt name through.
+makes them re-exports), and calls `lazy_exports` in the ``else`` branch, where type checkers do not
+look: they see the real names, never a catch-all ``__getattr__`` that would let any misspelt name
+through.
 """
 
 from __future__ import annotations
@@ -16,15 +16,31 @@ __all__ = ["lazy_exports"]
 
 
 def lazy_exports(
-    package: str, exports: Mapping[str, Sequence[str]]
+    package: str,
+    names: Sequence[str],
+    modules: Mapping[str, Sequence[str]],
+    *,
+    default: str | None = None,
 ) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """The ``__getattr__`` and ``__dir__`` of `package`, exporting the names of ``{module: names}``.
+    """The ``__getattr__`` and ``__dir__`` of `package`, which exports ``names`` (its ``__all__``).
 
-    A name resolved once is stored in the package's namespace, so later lookups do not come back here.
-    Any other name raises `AttributeError`, which is also what lets ``from package import submodule``
-    fall back to importing the submodule.
+    Each name is found in the module that ``modules`` (``{module: names}``) lists it under, or else in
+    ``default``. A name resolved once is stored in the package's namespace, so later lookups do not come
+    back here. Any other name raises `AttributeError`, which is also what lets ``from package import
+    submodule`` fall back to importing the submodule.
+
+    Raises:
+        ValueError: ``modules`` lists a name that is not in ``names``, or a name has no module.
     """
-    home = {name: module for module, names in exports.items() for name in names}
+    home = {name: module for module, listed in modules.items() for name in listed}
+    strays = sorted(set(home) - set(names))
+    if strays:
+        raise ValueError(f"{package}: {', '.join(strays)} not in __all__")
+    for name in names:
+        if name not in home:
+            if default is None:
+                raise ValueError(f"{package}: no module exports {name}")
+            home[name] = default
     namespace = vars(sys.modules[package])
 
     def __getattr__(name: str) -> object:

@@ -9,6 +9,8 @@ first used (PEP 562), and every public name still resolves and is listed by ``di
 from __future__ import annotations
 
 import importlib
+import json
+import math
 import pkgutil
 import subprocess
 import sys
@@ -19,6 +21,7 @@ import pytest
 import subagent
 import subagent.acp
 import subagent.providers
+from subagent._lazy import lazy_exports
 
 SEAM_MODULES = (
     "subagent.service",
@@ -166,3 +169,23 @@ def test_the_json_freezing_helpers_are_still_importable_from_the_seam_vocabulary
         frozen["a"] = 0
     assert frozen["a"] == (1, {"b": 2})
     assert thaw_json(frozen) == {"a": [1, {"b": 2}]}
+
+
+def test_an_export_table_that_disagrees_with_all_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "fake_package", ModuleType("fake_package"))
+
+    with pytest.raises(ValueError, match=r"^fake_package: Stray not in __all__$"):
+        lazy_exports("fake_package", ["Listed"], {"json": ("Listed", "Stray")})
+    with pytest.raises(ValueError, match=r"^fake_package: no module exports Homeless$"):
+        lazy_exports("fake_package", ["Listed", "Homeless"], {"json": ("Listed",)})
+
+
+def test_a_name_no_module_lists_comes_from_the_default_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    package = ModuleType("fake_package")
+    monkeypatch.setitem(sys.modules, "fake_package", package)
+    getattr_, dir_ = lazy_exports("fake_package", ["dumps", "sqrt"], {"math": ("sqrt",)}, default="json")
+
+    assert getattr_("dumps") is json.dumps
+    assert getattr_("sqrt") is math.sqrt
+    assert vars(package)["dumps"] is json.dumps  # stored: the next lookup does not come back
+    assert dir_() == sorted({*vars(package), "dumps", "sqrt"})

@@ -19,6 +19,36 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+__all__ = [
+    "AcpClient",
+    "AcpError",
+    "AcpSession",
+    "AgentCapabilityError",
+    "AgentError",
+    "AgentExitedError",
+    "AgentProcess",
+    "AgentProcessError",
+    "AgentSpawnError",
+    "AllowPolicy",
+    "AuthenticationRequiredError",
+    "CallbackPolicy",
+    "Connection",
+    "ConnectionClosedError",
+    "DenyPolicy",
+    "ExitInfo",
+    "FsSandbox",
+    "PermissionOption",
+    "PermissionPolicy",
+    "PermissionQuestion",
+    "ProtocolError",
+    "ProtocolVersionError",
+    "RequestError",
+    "TurnResult",
+    "final_message",
+    "open_agent_process",
+    "spawn_agent",
+]
+
 if TYPE_CHECKING:
     from subagent.acp.client import AcpClient, AcpSession, TurnResult, final_message, spawn_agent
     from subagent.acp.connection import Connection
@@ -50,22 +80,10 @@ else:
 
     __getattr__, __dir__ = lazy_exports(
         __name__,
+        __all__,
         {
             "subagent.acp.client": ("AcpClient", "AcpSession", "TurnResult", "final_message", "spawn_agent"),
             "subagent.acp.connection": ("Connection",),
-            "subagent.acp.errors": (
-                "AcpError",
-                "AgentCapabilityError",
-                "AgentError",
-                "AgentExitedError",
-                "AgentProcessError",
-                "AgentSpawnError",
-                "AuthenticationRequiredError",
-                "ConnectionClosedError",
-                "ProtocolError",
-                "ProtocolVersionError",
-                "RequestError",
-            ),
             "subagent.acp.handlers": (
                 "AllowPolicy",
                 "CallbackPolicy",
@@ -77,34 +95,5 @@ else:
             ),
             "subagent.acp.process": ("AgentProcess", "ExitInfo", "open_agent_process"),
         },
+        default="subagent.acp.errors",
     )
-
-__all__ = [
-    "AcpClient",
-    "AcpError",
-    "AcpSession",
-    "AgentCapabilityError",
-    "AgentError",
-    "AgentExitedError",
-    "AgentProcess",
-    "AgentProcessError",
-    "AgentSpawnError",
-    "AllowPolicy",
-    "AuthenticationRequiredError",
-    "CallbackPolicy",
-    "Connection",
-    "ConnectionClosedError",
-    "DenyPolicy",
-    "ExitInfo",
-    "FsSandbox",
-    "PermissionOption",
-    "PermissionPolicy",
-    "PermissionQuestion",
-    "ProtocolError",
-    "ProtocolVersionError",
-    "RequestError",
-    "TurnResult",
-    "final_message",
-    "open_agent_process",
-    "spawn_agent",
-]

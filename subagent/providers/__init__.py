@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+__all__ = ["AcpProvider", "ForkProvider", "SpawnProvider"]
+
 if TYPE_CHECKING:
     from subagent.providers.acp import AcpProvider
     from subagent.providers.fork import ForkProvider
@@ -21,11 +23,10 @@ else:
 
     __getattr__, __dir__ = lazy_exports(
         __name__,
+        __all__,
         {
             "subagent.providers.acp": ("AcpProvider",),
             "subagent.providers.fork": ("ForkProvider",),
             "subagent.providers.spawn": ("SpawnProvider",),
         },
     )
-
-__all__ = ["AcpProvider", "ForkProvider", "SpawnProvider"]
