@@ -74,6 +74,7 @@ def _read_prompt_from_stdin() -> str:
 
 
 def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
+    """``subagent run``: one prompt through the agent ``command`` (or ``--agent NAME``); its exit status."""
     _check_output_options(args)
     agent: AgentConfig | None = None
     if args.agent is not None and command is not None:
@@ -133,6 +134,7 @@ def _progress_wanted(args: argparse.Namespace, *, default: bool) -> bool:
 
 
 def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
+    """``subagent demo``: a turn against the bundled stub agent, then the in-process delegation demo."""
     _check_output_options(args)
     if command is not None:
         raise UsageError(
@@ -214,6 +216,7 @@ def _configured_agent(name: str, explicit_config: str | None) -> AgentConfig:
 
 
 def agents_command(args: argparse.Namespace, command: list[str] | None) -> int:
+    """``subagent agents``: list the configured agents (as text, or one JSON object)."""
     if command is not None:
         raise UsageError("agents takes no `-- COMMAND`")
     searched = [Path(args.config)] if args.config is not None else config_search_path()

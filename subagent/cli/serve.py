@@ -81,6 +81,7 @@ def _count(minimum: int) -> Callable[[str], int]:
 
 
 def add_serve_parser(commands: argparse._SubParsersAction[Parser]) -> Parser:
+    """Add ``serve`` and its flags to the command line's ``commands``; return its parser."""
     serve: Parser = commands.add_parser(
         "serve",
         help="serve an in-process agent as an ACP agent on stdin/stdout",
