@@ -61,7 +61,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from types import TracebackType
 from typing import Any, Final, Protocol, TypeVar
 
 import anyio
@@ -476,13 +475,8 @@ class AgentSideConnection:
         await self._connection.__aenter__()
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> bool | None:
-        return await self._connection.__aexit__(exc_type, exc, traceback)
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._connection.__aexit__(*exc_info)
 
     # -- requests ----------------------------------------------------------------------------------------
 
