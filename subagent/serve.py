@@ -68,6 +68,7 @@ import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from subagent._acp_usage import prompt_response_usage
 from subagent._version import __version__
 from subagent.acp import schema
 from subagent.acp.agent import (
@@ -94,7 +95,7 @@ from subagent.runtime.messages import TextDelta, ToolSpec
 from subagent.runtime.tools import Tool, ToolError, ToolInvocation
 from subagent.service import SubagentService
 from subagent.tool import DEFAULT_TOOL_NAME, SubagentTool
-from subagent.types import LINEAGE_META_KEY, SubagentResult, Usage, freeze_json, thaw_json
+from subagent.types import LINEAGE_META_KEY, SubagentResult, freeze_json, thaw_json
 
 __all__ = [
     "AGENT_NAME",
@@ -414,30 +415,11 @@ def _answer(result: SubagentResult | None, turn: PromptTurn) -> schema.PromptRes
             "the agent's turn failed",
             {"stopReason": result.stop_reason, "details": result.error or "no diagnosis"},
         )
-    usage = _usage_json(result.usage)
+    usage = prompt_response_usage(result.usage)
     if usage is None:
         return schema.PromptResponse(stop_reason=stop_reason)
     # `usage` is unstable in ACP, so the schema's PromptResponse has no field for it.
     return msgspec.Raw(schema.encode({"stopReason": stop_reason, "usage": usage}))
-
-
-def _usage_json(usage: Usage | None) -> dict[str, int] | None:
-    """ACP's unstable ``usage`` object, only when its required counts are known."""
-    if usage is None or usage.input_tokens is None or usage.output_tokens is None:
-        return None
-    total = usage.total_tokens
-    wire = {
-        "inputTokens": usage.input_tokens,
-        "outputTokens": usage.output_tokens,
-        "totalTokens": total if total is not None else usage.input_tokens + usage.output_tokens,
-    }
-    optional = {
-        "thoughtTokens": usage.thought_tokens,
-        "cachedReadTokens": usage.cached_read_tokens,
-        "cachedWriteTokens": usage.cached_write_tokens,
-    }
-    wire.update({key: value for key, value in optional.items() if value is not None})
-    return wire
 
 
 def _prompt_text(blocks: Sequence[schema.ContentBlock]) -> str:

@@ -19,6 +19,7 @@ from typing import Final, Literal
 
 import anyio
 
+from subagent._acp_usage import usage_to_acp
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.cli.config import AgentConfig, config_search_path, find_config, load_config
 from subagent.cli.console import Console, is_terminal, print_json, print_stdout, use_color
@@ -33,7 +34,7 @@ from subagent.cli.usage import (
     PromptTooLarge,
     UsageError,
 )
-from subagent.cli.views import EventView, HumanView, RunView, usage_json
+from subagent.cli.views import EventView, HumanView, RunView
 from subagent.providers.acp import prompt_size_error
 
 __all__ = ["DEMO_PROMPT", "MAX_PROMPT_MIB", "agents_command", "demo_command", "run_command"]
@@ -281,7 +282,7 @@ def _execute(spec: TurnSpec) -> int:
                 "output": result.output,
                 "stopReason": result.stop_reason,
                 "error": result.error,
-                "usage": usage_json(result.usage),
+                "usage": usage_to_acp(result.usage),
             }
         )
     elif result.output and outcome.start_error is None:

@@ -21,36 +21,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
+from subagent._acp_usage import usage_to_acp
 from subagent.acp import schema
 from subagent.acp.handlers import PermissionDecision, PermissionOption, PermissionOutcome, PermissionQuestion
 from subagent.cli.console import Console, sanitize
 from subagent.cli.tool_calls import ToolCallState
-from subagent.types import SubagentResult, Usage
+from subagent.types import SubagentResult
 
-__all__ = ["EventView", "HumanView", "RunView", "StartInfo", "usage_json"]
+__all__ = ["EventView", "HumanView", "RunView", "StartInfo"]
 
 _RAW_INPUT_CHARS: Final = 400
 """How much of a tool call's input a permission question shows (as JSON)."""
-
-
-def usage_json(usage: Usage | None) -> dict[str, Any] | None:
-    """A :class:`~subagent.types.Usage` as ACP's camelCase object (with ``usage_update``'s context
-    window and cost), what is known only."""
-    if usage is None:
-        return None
-    fields: dict[str, Any] = {
-        "inputTokens": usage.input_tokens,
-        "outputTokens": usage.output_tokens,
-        "totalTokens": usage.total_tokens,
-        "thoughtTokens": usage.thought_tokens,
-        "cachedReadTokens": usage.cached_read_tokens,
-        "cachedWriteTokens": usage.cached_write_tokens,
-        "contextUsed": usage.context_used,
-        "contextSize": usage.context_size,
-    }
-    if usage.cost is not None:
-        fields["cost"] = {"amount": usage.cost, "currency": usage.cost_currency}
-    return {key: value for key, value in fields.items() if value is not None}
 
 
 def _call_name(call: ToolCallState) -> str:
@@ -319,7 +300,7 @@ class EventView(RunView):
             "end",
             stopReason=result.stop_reason,
             error=result.error,
-            usage=usage_json(result.usage),
+            usage=usage_to_acp(result.usage),
             elapsed=round(elapsed, 3),
         )
 
