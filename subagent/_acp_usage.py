@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from subagent.acp._usage import read_cost, read_count
 from subagent.types import Usage
 
 __all__ = ["prompt_response_usage", "usage_from_acp", "usage_to_acp"]
@@ -37,10 +38,6 @@ COUNT_FIELDS: Final = (
 """Every whole-number field: the token counts, then the context window's snapshot."""
 
 
-def _count(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
 def usage_from_acp(raw: Mapping[str, Any] | None) -> Usage | None:
     """The :class:`Usage` an ACP usage mapping says, or None when it says nothing we can read.
 
@@ -49,12 +46,9 @@ def usage_from_acp(raw: Mapping[str, Any] | None) -> Usage | None:
     """
     if not raw:
         return None
-    fields: dict[str, Any] = {name: _count(raw.get(key)) for key, name in COUNT_FIELDS}
-    cost = raw.get("cost")
-    if isinstance(cost, Mapping):
-        amount, currency = cost.get("amount"), cost.get("currency")
-        if isinstance(amount, int | float) and not isinstance(amount, bool) and isinstance(currency, str):
-            fields["cost"], fields["cost_currency"] = float(amount), currency
+    fields: dict[str, Any] = {name: read_count(raw.get(key)) for key, name in COUNT_FIELDS}
+    if (cost := read_cost(raw.get("cost"))) is not None:
+        fields["cost"], fields["cost_currency"] = cost
     usage = Usage(**fields)
     return None if usage == Usage() else usage
 

@@ -47,15 +47,16 @@ TOKEN_KEYS: Final = (
 )
 """ACP's ``Usage`` names: the keys of token counts in the mapping a turn reports."""
 
-# `_meta.quota.token_count` names (Gemini CLI's snake_case) onto ACP's; ACP's own names are
-# taken there too.
 _TOKEN_COUNT_NAMES: Final = {
     "input_tokens": "inputTokens",
     "output_tokens": "outputTokens",
     "total_tokens": "totalTokens",
     **{key: key for key in TOKEN_KEYS},
 }
+"""``_meta.quota.token_count`` names (Gemini CLI's snake_case) onto ACP's; ACP's own are taken there too."""
+
 _ACP_NAMES: Final = {key: key for key in TOKEN_KEYS}
+"""ACP's names onto themselves: where an agent uses ACP's own names."""
 
 
 class _ResponseProbe(msgspec.Struct):
@@ -68,8 +69,20 @@ class _ResponseProbe(msgspec.Struct):
 _RESPONSE_DECODER: Final = msgspec.json.Decoder(_ResponseProbe)
 
 
-def _count(value: object) -> int | None:
+def read_count(value: object) -> int | None:
+    """``value`` if it is a whole number >= 0 (a count an agent may report), else None."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def read_cost(value: object) -> tuple[float, str] | None:
+    """``(amount, currency)`` from a cost object with a numeric amount and a currency string, else None."""
+    if isinstance(value, schema.Cost):
+        return value.amount, value.currency
+    if isinstance(value, Mapping):
+        amount, currency = value.get("amount"), value.get("currency")
+        if isinstance(amount, int | float) and not isinstance(amount, bool) and isinstance(currency, str):
+            return float(amount), currency
+    return None
 
 
 def _counts(source: object, names: Mapping[str, str]) -> dict[str, int]:
@@ -78,7 +91,7 @@ def _counts(source: object, names: Mapping[str, str]) -> dict[str, int]:
         return {}
     counts: dict[str, int] = {}
     for name, key in names.items():
-        value = _count(source.get(name))
+        value = read_count(source.get(name))
         if value is not None and key not in counts:
             counts[key] = value
     return counts
@@ -108,16 +121,13 @@ class TurnUsage:
     def add_usage_update(self, used: object, size: object, cost: object) -> None:
         """A ``usage_update`` (typed, or as an unknown update's raw fields): the last one wins."""
         context: dict[str, Any] = {}
-        if (value := _count(used)) is not None:
+        if (value := read_count(used)) is not None:
             context["contextUsed"] = value
-        if (value := _count(size)) is not None:
+        if (value := read_count(size)) is not None:
             context["contextSize"] = value
-        if isinstance(cost, schema.Cost):
-            context["cost"] = {"amount": cost.amount, "currency": cost.currency}
-        elif isinstance(cost, dict):
-            amount, currency = cost.get("amount"), cost.get("currency")
-            if isinstance(amount, int | float) and not isinstance(amount, bool) and isinstance(currency, str):
-                context["cost"] = {"amount": amount, "currency": currency[:16]}
+        if (amount_currency := read_cost(cost)) is not None:
+            amount, currency = amount_currency
+            context["cost"] = {"amount": amount, "currency": currency[:16]}
         self._context = context or self._context
 
     def result(self, response: bytes) -> dict[str, Any] | None:
