@@ -3,7 +3,9 @@
 ``subagent.acp`` is a library of its own (an ACP client, an agent side, a child-process owner): using
 it must not load the seam (service, run types, events, providers, runtime, command line). The
 package roots (`subagent`, `subagent.acp`, `subagent.providers`) load a name's module when the name is
-first used (PEP 562), and every public name still resolves and is listed by ``dir()``.
+first used (PEP 562), and every public name still resolves and is listed by ``dir()``. Every exception
+of the ACP package is defined in `subagent.acp.errors`, derives from `AcpError`, and is drawn in the
+module's tree.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import importlib
 import json
 import math
 import pkgutil
+import re
 import subprocess
 import sys
 from types import ModuleType
@@ -22,6 +25,7 @@ import subagent
 import subagent.acp
 import subagent.providers
 from subagent._lazy import lazy_exports
+from subagent.acp import errors
 
 SEAM_MODULES = (
     "subagent.service",
@@ -189,3 +193,35 @@ def test_a_name_no_module_lists_comes_from_the_default_module(monkeypatch: pytes
     assert getattr_("sqrt") is math.sqrt
     assert vars(package)["dumps"] is json.dumps  # stored: the next lookup does not come back
     assert dir_() == sorted({*vars(package), "dumps", "sqrt"})
+
+
+def exceptions_defined_in(module: ModuleType) -> dict[str, type[BaseException]]:
+    return {
+        name: value
+        for name, value in vars(module).items()
+        if isinstance(value, type)
+        and issubclass(value, BaseException)
+        and value.__module__ == module.__name__
+    }
+
+
+def test_every_public_exception_of_the_acp_package_is_in_errors_and_derives_from_acp_error() -> None:
+    elsewhere = [
+        f"{module}.{name}"
+        for module in ACP_MODULES
+        if module != "subagent.acp.errors"
+        for name in exceptions_defined_in(importlib.import_module(module))
+        if not name.startswith("_")  # an internal signal, caught where it is raised
+    ]
+    in_errors = exceptions_defined_in(errors)
+
+    assert elsewhere == []
+    assert [name for name, cls in in_errors.items() if not issubclass(cls, errors.AcpError)] == []
+    assert set(in_errors) <= set(errors.__all__)
+
+
+def test_the_errors_module_draws_every_exception_of_the_tree() -> None:
+    # The tree is the docstring's only indented block: one class a line, after its branch lines.
+    drawn = re.findall(r"^    [│ ]*(?:[├└]── )?(\w+)", errors.__doc__ or "", re.MULTILINE)
+
+    assert sorted(drawn) == sorted(exceptions_defined_in(errors))
