@@ -33,8 +33,8 @@ The server is also a proxy that goes nowhere: point ``HTTPS_PROXY`` / ``HTTP_PRO
 itself is opened (requests then arrive through it, as plain HTTP), any other target is refused with
 403. No other target in that list shows the client tried to reach nothing else.
 
-HTTP/1.1 is parsed by hand, minimally, as in `subagent.testing.chat_server`; every response closes its
-connection.
+HTTP/1.1 is read and written with h11, as in `subagent.testing.chat_server` (bounded head and body, a 400
+for a malformed request); every response closes its connection.
 """
 
 from __future__ import annotations
@@ -45,20 +45,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-import anyio.abc
-from anyio.streams.buffered import BufferedByteReceiveStream
-
-from subagent.testing.chat_server import (
-    _ClientGone,
-    _open_tunnel,
-    _send,
-    _send_json,
-    _send_stream_head,
-    _serve_connection,
-    _wait_for_disconnect,
-    read_request_head,
-)
+from subagent.testing._http import Exchange, HttpRequest, RecordedRequest, StubServer, serve_stub
 
 __all__ = [
     "AnthropicMessagesServer",
@@ -137,16 +124,9 @@ class MessagesError:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class MessagesRequest:
+class MessagesRequest(RecordedRequest):
     """A request as the server received it. ``headers`` has lower-cased names; ``json`` is the parsed
     body, or None when it is not JSON. ``disconnected`` is set when the client hung up on a reply."""
-
-    index: int
-    method: str
-    path: str
-    headers: Mapping[str, str]
-    json: Any
-    disconnected: anyio.Event = field(repr=False)
 
     @property
     def messages(self) -> list[Any]:
@@ -183,17 +163,15 @@ MessagesResponder = Callable[[MessagesRequest], "MessagesReply | MessagesError"]
 """What the server calls for each ``POST /v1/messages`` to decide the answer."""
 
 
-class AnthropicMessagesServer:
+class AnthropicMessagesServer(StubServer):
     """The running stub server: where it listens, what it received. See :func:`serve_anthropic_messages`."""
 
     def __init__(self, responder: MessagesResponder, *, model: str, port: int) -> None:
+        super().__init__(port=port)
         self.responder = responder
         self.model = model
-        self.port = port
         self.requests: list[MessagesRequest] = []
         """Every request received, in arrival order, whatever its route."""
-        self.tunnels: list[str] = []
-        """The target (``host:port``) of every ``CONNECT``: see the module docstring on proxies."""
 
     @property
     def base_url(self) -> str:
@@ -208,64 +186,42 @@ class AnthropicMessagesServer:
     def __repr__(self) -> str:
         return f"AnthropicMessagesServer({self.base_url!r}, requests={len(self.requests)})"
 
-    async def _handle(self, stream: anyio.abc.ByteStream) -> None:
-        await _serve_connection(stream, self._serve_one)
+    def _error_body(self, message: str, error_type: str) -> dict[str, Any]:
+        return _error_body(_ERROR_TYPES.get(error_type, error_type), message)
 
-    async def _serve_one(
-        self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, *, tunnelled: bool = False
-    ) -> None:
-        try:
-            method, target, headers, length = await read_request_head(reader)
-        except (anyio.DelimiterNotFound, ValueError) as exc:
-            await _send_json(stream, 400, _error_body("invalid_request_error", f"bad request: {exc}"))
-            return
-        body = await reader.receive_exactly(length) if length else b""
-        try:
-            payload: Any = json.loads(body) if body else None
-        except ValueError:
-            payload = None
-        request = MessagesRequest(
-            index=len(self.requests),
-            method=method,
-            path=target.split("?", 1)[0],
-            headers=headers,
-            json=payload,
-            disconnected=anyio.Event(),
-        )
+    async def _answer(self, http: HttpRequest, exchange: Exchange) -> None:
+        request = MessagesRequest.received(http, index=len(self.requests), exchange=exchange)
         self.requests.append(request)
-        if method == "CONNECT":
-            self.tunnels.append(target)
-            if tunnelled:
-                await _send_json(
-                    stream, 400, _error_body("invalid_request_error", "no CONNECT inside a tunnel")
-                )
-            elif await _open_tunnel(stream, target, self.port):
-                await self._serve_one(stream, reader, tunnelled=True)
+        if http.method == "CONNECT":
+            await self._connect(http, exchange)
             return
         route = (request.method, request.path)
         if route == ("POST", "/v1/messages/count_tokens"):
-            await _send_json(stream, 200, {"input_tokens": max(1, len(request.text()) // 4)})
+            await exchange.send_json(200, {"input_tokens": max(1, len(request.text()) // 4)})
             return
         if route != ("POST", "/v1/messages"):
-            message = f"no route {method} {request.path}"
-            await _send_json(stream, 404, _error_body("not_found_error", message))
+            message = f"no route {request.method} {request.path}"
+            await exchange.send_json(404, _error_body("not_found_error", message))
             return
+        payload = request.json
         if not isinstance(payload, dict):
-            await _send_json(
-                stream, 400, _error_body("invalid_request_error", "the body is not a JSON object")
+            await exchange.send_json(
+                400, _error_body("invalid_request_error", "the body is not a JSON object")
             )
             return
         reply = self.responder(request)
         model = str(payload.get("model", self.model))
-        try:
-            if isinstance(reply, MessagesError):
-                await _send_json(stream, reply.status, _error_body(reply.error_type, reply.message))
-            elif payload.get("stream") is True:
-                await _stream(stream, reader, reply, request.index, model)
-            else:
-                await _send_json(stream, 200, _message_body(reply, request.index, model))
-        except _ClientGone:
-            request.disconnected.set()
+        if isinstance(reply, MessagesError):
+            await exchange.send_json(reply.status, _error_body(reply.error_type, reply.message))
+        elif payload.get("stream") is True:
+            await exchange.start_stream()
+            for name, data in _stream_events(reply, request.index, model)[: reply.stall_after]:
+                await exchange.send_event(json.dumps(data), name)
+            if reply.stall_after is not None:
+                await exchange.wait_for_disconnect()
+            await exchange.end_stream()
+        else:
+            await exchange.send_json(200, _message_body(reply, request.index, model))
 
 
 @asynccontextmanager
@@ -277,15 +233,16 @@ async def serve_anthropic_messages(
 
     Leaving the block stops the server and closes every connection still open (a stalled one included).
     """
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    server = AnthropicMessagesServer(responder, model=model, port=port)
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, server._handle, tg, name="stub Anthropic server")
-        try:
-            yield server
-        finally:
-            tg.cancel_scope.cancel()
+
+    def make(port: int) -> AnthropicMessagesServer:
+        return AnthropicMessagesServer(responder, model=model, port=port)
+
+    async with serve_stub(make, "stub Anthropic server") as server:
+        yield server
+
+
+_ERROR_TYPES = {"bad_request": "invalid_request_error", "forbidden": "permission_error"}
+"""The Anthropic name of each error type the shared HTTP layer answers with (the others are the same)."""
 
 
 def _error_body(error_type: str, message: str) -> dict[str, Any]:
@@ -372,20 +329,3 @@ def _stream_events(reply: MessagesReply, index: int, model: str) -> list[tuple[s
     events.append(("message_delta", {"type": "message_delta", "delta": end, "usage": _usage(reply)}))
     events.append(("message_stop", {"type": "message_stop"}))
     return events
-
-
-async def _stream(
-    stream: anyio.abc.ByteStream,
-    reader: BufferedByteReceiveStream,
-    reply: MessagesReply,
-    index: int,
-    model: str,
-) -> None:
-    await _send_stream_head(stream)
-    events = _stream_events(reply, index, model)
-    for name, data in events[: reply.stall_after]:
-        payload = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
-        await _send(stream, f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
-    if reply.stall_after is not None:
-        await _wait_for_disconnect(reader)
-    await _send(stream, b"0\r\n\r\n")

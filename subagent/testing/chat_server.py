@@ -41,25 +41,25 @@ The server is also a proxy that goes nowhere: point ``HTTPS_PROXY`` / ``HTTP_PRO
 client that honours them (a real agent, say) has its every ``CONNECT`` listed in ``server.tunnels``; a
 tunnel to the server itself is opened (the client's requests then arrive through it, as plain HTTP),
 any other target is refused with 403. An empty list of other targets shows the client tried to reach
-nothing else. HTTP/1.1 is parsed by hand, minimally: a request line, headers and
-a ``Content-Length`` body; every response carries ``Connection: close`` and the connection is closed
-after it.
+nothing else.
+
+HTTP/1.1 is read and written with h11 (`subagent.testing._http`, shared by the three stub servers): a
+request head is bounded (431 past it), so is a body (413), a malformed request gets a 400; every
+response carries ``Connection: close`` and the connection is closed after it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import Any, Literal
 
 import anyio
-import anyio.abc
-from anyio.streams.buffered import BufferedByteReceiveStream
+
+from subagent.testing._http import Exchange, HttpRequest, StubServer, serve_stub
 
 __all__ = [
     "ChatCompletionsServer",
@@ -76,10 +76,8 @@ __all__ = [
     "serve_chat_completions",
 ]
 
-_MAX_LINE = 64 * 1024
-_MAX_HEADERS = 100
-_MAX_BODY = 64 * 1024 * 1024
-_CREATED = 1_700_000_000  # a fixed timestamp: scripted chunks are the same on every run
+_CREATED = 1_700_000_000
+"""The ``created`` timestamp of every completion: fixed, so scripted chunks are the same on every run."""
 
 FinishReasonText = str | Literal["auto"] | None
 """A finish reason as sent: ``"auto"`` picks ``"tool_calls"`` when the reply has tool calls, else ``"stop"``;
@@ -280,11 +278,7 @@ class ReceivedRequest:
     disconnected: anyio.Event = field(repr=False)
 
 
-class _ClientGone(Exception):
-    """The client closed the connection while we were still answering."""
-
-
-class ChatCompletionsServer:
+class ChatCompletionsServer(StubServer):
     """The running stub server: where it listens and what it received. See :func:`serve_chat_completions`."""
 
     def __init__(
@@ -295,18 +289,16 @@ class ChatCompletionsServer:
         port: int,
         responder: Callable[[ReceivedRequest], ChatReply] | None = None,
     ) -> None:
+        super().__init__(port=port)
         self.script: list[ChatReply] = list(script)
         """The replies, in order; append to it to script more while the server runs."""
         self.model = model
-        self.port = port
         self.responder = responder
         """Answers each request beyond the script, when given."""
         self.requests: list[ReceivedRequest] = []
         """Every chat-completions request received, in arrival order (one per script entry used)."""
         self.unrouted: list[tuple[str, str]] = []
         """``(method, path)`` of every request to a route the server does not know (answered 404)."""
-        self.tunnels: list[str] = []
-        """The target (``host:port``) of every ``CONNECT``: see :func:`serve_chat_completions` on proxies."""
 
     @property
     def base_url(self) -> str:
@@ -317,86 +309,56 @@ class ChatCompletionsServer:
         served, scripted = len(self.requests), len(self.script)
         return f"ChatCompletionsServer({self.base_url!r}, served={served}, scripted={scripted})"
 
-    async def _handle(self, stream: anyio.abc.ByteStream) -> None:
-        await _serve_connection(stream, self._serve_one)
+    def _error_body(self, message: str, error_type: str) -> dict[str, Any]:
+        return openai_error_body(message, error_type)
 
-    async def _serve_one(
-        self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, *, tunnelled: bool = False
-    ) -> None:
-        try:
-            method, target, headers = await _read_head_lines(reader)
-        except (anyio.DelimiterNotFound, ValueError) as exc:
-            await _send_json(
-                stream, 400, {"error": {"message": f"bad request: {exc}", "type": "bad_request"}}
-            )
-            return
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            await _send_json(stream, 411, _error_body("send the body with Content-Length", "length_required"))
-            return
-        try:
-            length = int(headers.get("content-length", "0"))
-            if not 0 <= length <= _MAX_BODY:
-                raise ValueError(length)
-        except ValueError:
-            await _send_json(stream, 400, _error_body("bad Content-Length", "bad_request"))
-            return
-        body = await reader.receive_exactly(length) if length else b""
-        path = target.split("?", 1)[0]
-
+    async def _answer(self, request: HttpRequest, exchange: Exchange) -> None:
+        method, path = request.method, request.path
         if method == "CONNECT":
-            self.tunnels.append(target)
-            if tunnelled:
-                await _send_json(stream, 400, _error_body("no CONNECT inside a tunnel", "bad_request"))
-            elif await _open_tunnel(stream, target, self.port):
-                await self._serve_one(stream, reader, tunnelled=True)
+            await self._connect(request, exchange)
             return
         if method == "GET" and path == "/v1/models":
             listing = {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "stub"}]}
-            await _send_json(stream, 200, listing)
+            await exchange.send_json(200, listing)
             return
         if path != "/v1/chat/completions":
             self.unrouted.append((method, path))
-            await _send_json(stream, 404, _error_body(f"no route {method} {path}", "not_found"))
+            await exchange.send_json(404, openai_error_body(f"no route {method} {path}", "not_found"))
             return
         if method != "POST":
-            await _send_json(
-                stream, 405, _error_body(f"{method} is not allowed here; use POST", "bad_request")
-            )
+            message = f"{method} is not allowed here; use POST"
+            await exchange.send_json(405, openai_error_body(message, "bad_request"))
             return
         try:
-            payload = json.loads(body)
+            payload = json.loads(request.body)
         except ValueError as exc:
-            await _send_json(
-                stream, 400, _error_body(f"the body is not JSON: {exc}", "invalid_request_error")
-            )
+            message = f"the body is not JSON: {exc}"
+            await exchange.send_json(400, openai_error_body(message, "invalid_request_error"))
             return
 
-        request = ReceivedRequest(
+        received = ReceivedRequest(
             index=len(self.requests),
             method=method,
             path=path,
-            headers=headers,
-            body=body,
+            headers=request.headers,
+            body=request.body,
             json=payload,
-            disconnected=anyio.Event(),
+            disconnected=exchange.disconnected,
         )
-        self.requests.append(request)
-        if request.index < len(self.script):
-            reply = self.script[request.index]
+        self.requests.append(received)
+        if received.index < len(self.script):
+            reply = self.script[received.index]
         elif self.responder is not None:
-            reply = self.responder(request)
+            reply = self.responder(received)
         else:
             message = (
-                f"stub chat server: request #{request.index + 1} is beyond the script "
+                f"stub chat server: request #{received.index + 1} is beyond the script "
                 f"({len(self.script)} replies scripted)"
             )
-            await _send_json(stream, 500, _error_body(message, "script_exhausted"))
+            await exchange.send_json(500, openai_error_body(message, "script_exhausted"))
             return
         model = payload.get("model", self.model) if isinstance(payload, dict) else self.model
-        try:
-            await _answer(stream, reader, reply, request.index, str(model), request.headers)
-        except _ClientGone:
-            request.disconnected.set()
+        await _send_reply(exchange, reply, received.index, str(model), received.headers)
 
 
 @asynccontextmanager
@@ -411,159 +373,17 @@ async def serve_chat_completions(
 
     Leaving the block stops the server and closes every connection still open (a stalled one included).
     """
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    server = ChatCompletionsServer(script, model=model, port=port, responder=responder)
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, server._handle, tg, name="stub chat server")
-        try:
-            yield server
-        finally:
-            tg.cancel_scope.cancel()
+
+    def make(port: int) -> ChatCompletionsServer:
+        return ChatCompletionsServer(script, model=model, port=port, responder=responder)
+
+    async with serve_stub(make, "stub chat server") as server:
+        yield server
 
 
-async def _serve_connection(
-    stream: anyio.abc.ByteStream,
-    serve_one: Callable[[anyio.abc.ByteStream, BufferedByteReceiveStream], Awaitable[None]],
-) -> None:
-    """Serve one accepted connection with ``serve_one``, then close it (every stub server's handler)."""
-    async with stream:
-        reader = BufferedByteReceiveStream(stream)
-        # The client going away mid-request or mid-response leaves nothing to answer.
-        with contextlib.suppress(
-            _ClientGone,
-            anyio.EndOfStream,
-            anyio.IncompleteRead,
-            anyio.BrokenResourceError,
-            anyio.ClosedResourceError,
-        ):
-            await serve_one(stream, reader)
-
-
-async def _read_head_lines(reader: BufferedByteReceiveStream) -> tuple[str, str, dict[str, str]]:
-    """An HTTP/1.x request line and headers: (method, target, lower-cased headers, repeats joined).
-    ValueError when malformed (anyio.DelimiterNotFound for an overlong line)."""
-    method, target, version = (await _read_line(reader)).split(" ")
-    if not version.startswith("HTTP/1."):
-        raise ValueError(f"unsupported protocol {version!r}")
-    headers: dict[str, str] = {}
-    for _ in range(_MAX_HEADERS):
-        line = await _read_line(reader)
-        if not line:
-            break
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise ValueError(f"malformed header line {line[:80]!r}")
-        key = name.lower()
-        headers[key] = f"{headers[key]}, {value.strip()}" if key in headers else value.strip()
-    else:
-        raise ValueError(f"more than {_MAX_HEADERS} headers")
-    return method, target, headers
-
-
-async def read_request_head(reader: BufferedByteReceiveStream) -> tuple[str, str, dict[str, str], int]:
-    """An HTTP/1.1 request head: (method, target, lower-cased headers, Content-Length). ValueError (or
-    anyio.DelimiterNotFound, for an overlong line) when it is malformed or the body is chunked."""
-    method, target, headers = await _read_head_lines(reader)
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        raise ValueError("send the body with Content-Length")
-    length = int(headers.get("content-length", "0"))
-    if not 0 <= length <= _MAX_BODY:
-        raise ValueError(f"bad Content-Length {length}")
-    return method, target, headers, length
-
-
-async def _read_line(reader: BufferedByteReceiveStream) -> str:
-    raw = await reader.receive_until(b"\n", _MAX_LINE)
-    return raw.rstrip(b"\r").decode("latin-1")
-
-
-async def _open_tunnel(stream: anyio.abc.ByteStream, target: str, own_port: int) -> bool:
-    """Answer a ``CONNECT``: open the tunnel when ``target`` is this server itself (True), else refuse it."""
-    host, _, port = target.rpartition(":")
-    if host in ("127.0.0.1", "localhost") and port == str(own_port):
-        await _send(stream, b"HTTP/1.1 200 Connection established\r\n\r\n")
-        return True
-    message = f"this stub server tunnels to nowhere but itself, not to {target}"
-    await _send_json(stream, 403, _error_body(message, "forbidden"))
-    return False
-
-
-def _error_body(message: str, error_type: str) -> dict[str, Any]:
+def openai_error_body(message: str, error_type: str) -> dict[str, Any]:
+    """An OpenAI-style error body: ``{"error": {"message", "type", "code": null}}``."""
     return {"error": {"message": message, "type": error_type, "code": None}}
-
-
-def _status_line(status: int) -> bytes:
-    try:
-        reason = HTTPStatus(status).phrase
-    except ValueError:
-        reason = "Unknown"
-    return f"HTTP/1.1 {status} {reason}\r\n".encode("ascii")
-
-
-async def _send(stream: anyio.abc.ByteStream, data: bytes) -> None:
-    try:
-        await stream.send(data)
-    except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-        raise _ClientGone from exc
-
-
-async def _send_json(
-    stream: anyio.abc.ByteStream, status: int, payload: Any, extra_headers: Mapping[str, str] | None = None
-) -> None:
-    await _send_body(stream, status, json.dumps(payload).encode(), "application/json", extra_headers)
-
-
-async def _send_body(
-    stream: anyio.abc.ByteStream,
-    status: int,
-    body: bytes,
-    content_type: str,
-    extra_headers: Mapping[str, str] | None = None,
-) -> None:
-    head = [f"Content-Type: {content_type}", f"Content-Length: {len(body)}", "Connection: close"]
-    head += [f"{name}: {value}" for name, value in (extra_headers or {}).items()]
-    await _send(
-        stream, _status_line(status) + "".join(f"{line}\r\n" for line in head).encode() + b"\r\n" + body
-    )
-
-
-async def _send_stream_head(
-    stream: anyio.abc.ByteStream, content_type: str = "text/event-stream; charset=utf-8"
-) -> None:
-    head = (
-        f"Content-Type: {content_type}\r\n"
-        "Cache-Control: no-cache\r\n"
-        "Transfer-Encoding: chunked\r\n"
-        "Connection: close\r\n\r\n"
-    )
-    await _send(stream, _status_line(200) + head.encode())
-
-
-async def _send_chunk(stream: anyio.abc.ByteStream, payload: bytes) -> None:
-    """One HTTP chunk (an empty payload would end the body, so it is not sent)."""
-    if payload:
-        await _send(stream, f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
-
-
-async def _send_event(stream: anyio.abc.ByteStream, data: str) -> None:
-    """One server-sent event, as one HTTP chunk."""
-    await _send_chunk(stream, f"data: {data}\n\n".encode())
-
-
-async def _wait_for_disconnect(reader: BufferedByteReceiveStream) -> None:
-    """Hang until the client closes its end, discarding anything it still sends; then report it gone."""
-    try:
-        while True:
-            await reader.receive()
-    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-        raise _ClientGone from exc
-
-
-async def _pause_unless_gone(reader: BufferedByteReceiveStream, seconds: float) -> None:
-    """Wait ``seconds``; report the client gone if it hangs up meanwhile (a trickle to nobody ends)."""
-    with anyio.move_on_after(seconds):
-        await _wait_for_disconnect(reader)
 
 
 def _finish_reason(reason: FinishReasonText, tool_calls: Sequence[ToolCallReply]) -> str | None:
@@ -649,13 +469,8 @@ def _completion_body(reply: JsonReply, index: int, model: str) -> dict[str, Any]
     return body
 
 
-async def _answer(
-    stream: anyio.abc.ByteStream,
-    reader: BufferedByteReceiveStream,
-    reply: ChatReply,
-    index: int,
-    model: str,
-    request_headers: Mapping[str, str],
+async def _send_reply(
+    exchange: Exchange, reply: ChatReply, index: int, model: str, request_headers: Mapping[str, str]
 ) -> None:
     if isinstance(reply, ErrorReply):
         headers = dict(reply.headers)
@@ -669,42 +484,42 @@ async def _answer(
         body = (
             reply.body.encode()
             if reply.body is not None
-            else json.dumps(_error_body(reply.message_for(request_headers), reply.error_type)).encode()
+            else json.dumps(openai_error_body(reply.message_for(request_headers), reply.error_type)).encode()
         )
-        await _send_body(stream, reply.status, body, "application/json", headers)
+        await exchange.send_body(reply.status, body, "application/json", headers)
     elif isinstance(reply, JsonReply):
-        await _send_json(stream, 200, _completion_body(reply, index, model))
+        await exchange.send_json(200, _completion_body(reply, index, model))
     elif isinstance(reply, DropConnection):
         if reply.after_headers:
-            await _send_stream_head(stream)
+            await exchange.start_stream()
         # Returning closes the connection: the client gets no (more) response.
     elif isinstance(reply, StallReply):
         if reply.after_headers:
-            await _send_stream_head(stream)
-        await _wait_for_disconnect(reader)
+            await exchange.start_stream()
+        await exchange.wait_for_disconnect()
     elif isinstance(reply, RawStream):
-        await _send_stream_head(stream, reply.content_type)
+        await exchange.start_stream(reply.content_type)
         for piece in reply.pieces:
             if reply.pause:
-                await _pause_unless_gone(reader, reply.pause)
-            await _send_chunk(stream, piece.encode() if isinstance(piece, str) else piece)
-        await _send(stream, b"0\r\n\r\n")
+                await exchange.pause_unless_gone(reply.pause)
+            await exchange.send_chunk(piece.encode() if isinstance(piece, str) else piece)
+        await exchange.end_stream()
     elif isinstance(reply, MalformedChunk):
-        await _send_stream_head(stream)
-        await _send_event(stream, _chunk(index, model, {"role": "assistant", "content": ""}))
+        await exchange.start_stream()
+        await exchange.send_event(_chunk(index, model, {"role": "assistant", "content": ""}))
         for piece in reply.text_before:
-            await _send_event(stream, _chunk(index, model, {"content": piece}))
-        await _send_event(stream, reply.data)
-        await _send_event(stream, "[DONE]")
-        await _send(stream, b"0\r\n\r\n")
+            await exchange.send_event(_chunk(index, model, {"content": piece}))
+        await exchange.send_event(reply.data)
+        await exchange.send_event("[DONE]")
+        await exchange.end_stream()
     else:
-        await _send_stream_head(stream)
+        await exchange.start_stream()
         events = _stream_events(reply, index, model)
         cut = reply.drop_after if reply.drop_after is not None else reply.stall_after
         for event in events[:cut]:
-            await _send_event(stream, event)
+            await exchange.send_event(event)
         if reply.stall_after is not None:
-            await _wait_for_disconnect(reader)
+            await exchange.wait_for_disconnect()
         elif reply.drop_after is None:
-            await _send(stream, b"0\r\n\r\n")
+            await exchange.end_stream()
         # With drop_after, returning closes the connection with the chunked body unterminated.

@@ -24,23 +24,11 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import anyio
-import anyio.abc
-from anyio.streams.buffered import BufferedByteReceiveStream
-
-from subagent.testing.chat_server import (
-    _ClientGone,
-    _open_tunnel,
-    _send,
-    _send_json,
-    _send_stream_head,
-    _serve_connection,
-    _wait_for_disconnect,
-    read_request_head,
-)
+from subagent.testing._http import Exchange, HttpRequest, RecordedRequest, StubServer, serve_stub
+from subagent.testing.chat_server import openai_error_body
 
 __all__ = [
     "FunctionCall",
@@ -88,16 +76,9 @@ class ResponsesReply:
 
 
 @dataclass(frozen=True, slots=True, eq=False)
-class ResponsesRequest:
+class ResponsesRequest(RecordedRequest):
     """A request as received: lower-cased ``headers``, ``json`` body (None when not JSON), and
     ``disconnected``, set when the client hung up on the reply."""
-
-    index: int
-    method: str
-    path: str
-    headers: Mapping[str, str]
-    json: Any
-    disconnected: anyio.Event = field(repr=False)
 
     @property
     def input_items(self) -> list[Any]:
@@ -131,16 +112,14 @@ ResponsesResponder = Callable[[ResponsesRequest], ResponsesReply]
 """What the server calls for each ``POST /v1/responses`` to decide the answer."""
 
 
-class ResponsesServer:
+class ResponsesServer(StubServer):
     """The running stub server: where it listens, what it received. See :func:`serve_responses`."""
 
     def __init__(self, responder: ResponsesResponder, *, port: int) -> None:
+        super().__init__(port=port)
         self.responder = responder
-        self.port = port
         self.requests: list[ResponsesRequest] = []
         """Every request received, in arrival order, whatever its route."""
-        self.tunnels: list[str] = []
-        """The target (``host:port``) of every ``CONNECT``."""
 
     @property
     def base_url(self) -> str:
@@ -150,66 +129,40 @@ class ResponsesServer:
     def __repr__(self) -> str:
         return f"ResponsesServer({self.base_url!r}, requests={len(self.requests)})"
 
-    async def _handle(self, stream: anyio.abc.ByteStream) -> None:
-        await _serve_connection(stream, self._serve_one)
+    def _error_body(self, message: str, error_type: str) -> dict[str, Any]:
+        return openai_error_body(message, error_type)
 
-    async def _serve_one(
-        self, stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, *, tunnelled: bool = False
-    ) -> None:
-        try:
-            method, target, headers, length = await read_request_head(reader)
-        except (anyio.DelimiterNotFound, ValueError) as exc:
-            await _send_json(stream, 400, _error_body(f"bad request: {exc}"))
-            return
-        body = await reader.receive_exactly(length) if length else b""
-        try:
-            payload: Any = json.loads(body) if body else None
-        except ValueError:
-            payload = None
-        request = ResponsesRequest(
-            index=len(self.requests),
-            method=method,
-            path=target.split("?", 1)[0],
-            headers=headers,
-            json=payload,
-            disconnected=anyio.Event(),
-        )
+    async def _answer(self, http: HttpRequest, exchange: Exchange) -> None:
+        request = ResponsesRequest.received(http, index=len(self.requests), exchange=exchange)
         self.requests.append(request)
-        if method == "CONNECT":
-            self.tunnels.append(target)
-            if tunnelled:
-                await _send_json(stream, 400, _error_body("no CONNECT inside a tunnel"))
-            elif await _open_tunnel(stream, target, self.port):
-                await self._serve_one(stream, reader, tunnelled=True)
+        if http.method == "CONNECT":
+            await self._connect(http, exchange)
             return
-        if (method, request.path) != ("POST", "/v1/responses"):
-            await _send_json(stream, 404, _error_body(f"no route {method} {request.path}"))
+        if (request.method, request.path) != ("POST", "/v1/responses"):
+            message = f"no route {request.method} {request.path}"
+            await exchange.send_json(404, openai_error_body(message, "invalid_request_error"))
             return
-        if not isinstance(payload, dict):
-            await _send_json(stream, 400, _error_body("the body is not a JSON object"))
+        if not isinstance(request.json, dict):
+            message = "the body is not a JSON object"
+            await exchange.send_json(400, openai_error_body(message, "invalid_request_error"))
             return
-        try:
-            await _stream(stream, reader, self.responder(request), request.index)
-        except _ClientGone:
-            request.disconnected.set()
+        reply = self.responder(request)
+        await exchange.start_stream()
+        for event in _events(reply, request.index)[: reply.stall_after]:
+            await exchange.send_event(json.dumps(event), event["type"])
+        if reply.stall_after is not None:
+            await exchange.wait_for_disconnect()
+        await exchange.end_stream()
 
 
 @asynccontextmanager
 async def serve_responses(responder: ResponsesResponder) -> AsyncIterator[ResponsesServer]:
     """Serve the Responses API on a free loopback port for the duration of the block, answering each
     ``POST /v1/responses`` with ``responder(request)``. Leaving the block closes every connection."""
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    server = ResponsesServer(responder, port=listener.extra(anyio.abc.SocketAttribute.local_port))
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, server._handle, tg, name="stub Responses server")
-        try:
-            yield server
-        finally:
-            tg.cancel_scope.cancel()
-
-
-def _error_body(message: str) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "invalid_request_error", "code": None}}
+    async with serve_stub(
+        lambda port: ResponsesServer(responder, port=port), "stub Responses server"
+    ) as server:
+        yield server
 
 
 def _events(reply: ResponsesReply, index: int) -> list[dict[str, Any]]:
@@ -252,15 +205,3 @@ def _events(reply: ResponsesReply, index: int) -> list[dict[str, Any]]:
     }
     events.append({"type": "response.completed", "response": {"id": response_id, "usage": usage}})
     return events
-
-
-async def _stream(
-    stream: anyio.abc.ByteStream, reader: BufferedByteReceiveStream, reply: ResponsesReply, index: int
-) -> None:
-    await _send_stream_head(stream)
-    for event in _events(reply, index)[: reply.stall_after]:
-        payload = f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode()
-        await _send(stream, f"{len(payload):x}\r\n".encode() + payload + b"\r\n")
-    if reply.stall_after is not None:
-        await _wait_for_disconnect(reader)
-    await _send(stream, b"0\r\n\r\n")
