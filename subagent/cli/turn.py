@@ -1,7 +1,7 @@
 """One turn through the seam: :func:`drive` starts the agent through
 :class:`~subagent.service.SubagentService` and :class:`~subagent.providers.acp.AcpProvider`, exactly as
 a library caller would, reports the run to a view, and turns every way it can end (a start failure,
-an interrupt, a teardown, a denial the agent gave up on) into an :class:`Outcome`.
+an interrupt, a teardown, a denial the agent gave up on) into an :class:`TurnOutcome`.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import SubagentError, SubagentRequest, SubagentResult
 
-__all__ = ["Outcome", "TurnSpec", "drive"]
+__all__ = ["TurnOutcome", "TurnSpec", "drive"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class TurnSpec:
 
 
 @dataclass(slots=True)
-class Outcome:
+class TurnOutcome:
     """How a turn ended; ``start_error`` when the agent never became ready."""
 
     result: SubagentResult
@@ -131,7 +131,7 @@ class _StartGate(RunView):
         self.inner.log(record, message)
 
 
-async def drive(spec: TurnSpec, view: RunView) -> Outcome:
+async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
     """Run the turn through the service; never raises for a child-level failure or an interrupt."""
     gate = _StartGate(view)
     tool_calls = ToolCalls()
@@ -223,27 +223,27 @@ async def _await_turn(
     view: RunView,
     interrupts: Interrupts,
     announce: Callable[[], None],
-) -> Outcome:
+) -> TurnOutcome:
     try:
         await run.started()
     except SubagentError as exc:
         if interrupts.count:
-            return Outcome(_interrupted_result(acp_run, "interrupted before the agent was ready"))
+            return TurnOutcome(_interrupted_result(acp_run, "interrupted before the agent was ready"))
         message = _start_failure(exc, acp_run, spec)
         view.start_failed(message)
-        return Outcome(SubagentResult(output="", stop_reason="error", error=message), start_error=message)
+        return TurnOutcome(SubagentResult(output="", stop_reason="error", error=message), start_error=message)
     announce()
     try:
         result = await run.result()
     except SubagentError as exc:
         if interrupts.stopped_by is not None:
-            return Outcome(_torn_down_result(acp_run, interrupts.stopped_by))
+            return TurnOutcome(_torn_down_result(acp_run, interrupts.stopped_by))
         logger.debug("the run's result failed", exc_info=True)
-        return Outcome(SubagentResult(output=acp_run.output, stop_reason="error", error=exc.message))
+        return TurnOutcome(SubagentResult(output=acp_run.output, stop_reason="error", error=exc.message))
     if interrupts.stopped_by is not None and result.stop_reason == "error":
         # Torn down at once while the turn ran: the child's death is our doing, not its failure.
-        return Outcome(_torn_down_result(acp_run, interrupts.stopped_by))
-    return Outcome(result)
+        return TurnOutcome(_torn_down_result(acp_run, interrupts.stopped_by))
+    return TurnOutcome(result)
 
 
 def _torn_down_result(acp_run: AcpRun, stopped_by: str) -> SubagentResult:

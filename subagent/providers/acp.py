@@ -63,6 +63,7 @@ import anyio.abc
 import msgspec
 
 from subagent import _structured
+from subagent._acp_usage import usage_from_acp
 from subagent._outcome import DisposeOnExit, Outcome
 from subagent.acp import schema
 from subagent.acp.client import (
@@ -97,7 +98,6 @@ from subagent.types import (
     SubagentError,
     SubagentRequest,
     SubagentResult,
-    Usage,
 )
 
 if TYPE_CHECKING:
@@ -909,7 +909,8 @@ class AcpRun(DisposeOnExit):
         if timed_out and stop == "cancelled":
             stop = "timeout"
             error = f"inactive for more than {timeout:g} s" if timeout is not None else None
-        return SubagentResult(output=turn.output, stop_reason=stop, error=error, usage=_usage(turn.usage))
+        usage = usage_from_acp(turn.usage)
+        return SubagentResult(output=turn.output, stop_reason=stop, error=error, usage=usage)
 
     # -- bookkeeping ---------------------------------------------------------------------------------
 
@@ -997,32 +998,3 @@ def _stderr_suffix(client: AcpClient) -> str:
         return f" ({status})"
     tail = process.stderr_tail().strip()
     return f"; last stderr: {tail[-2000:]}" if tail else ""
-
-
-def _usage(raw: Mapping[str, Any] | None) -> Usage | None:
-    if not raw:
-        return None
-
-    def count(key: str) -> int | None:
-        value = raw.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-    cost_amount: float | None = None
-    cost_currency: str | None = None
-    if isinstance(cost := raw.get("cost"), Mapping):
-        amount, currency = cost.get("amount"), cost.get("currency")
-        if isinstance(amount, int | float) and not isinstance(amount, bool) and isinstance(currency, str):
-            cost_amount, cost_currency = float(amount), currency
-    usage = Usage(
-        input_tokens=count("inputTokens"),
-        output_tokens=count("outputTokens"),
-        total_tokens=count("totalTokens"),
-        thought_tokens=count("thoughtTokens"),
-        cached_read_tokens=count("cachedReadTokens"),
-        cached_write_tokens=count("cachedWriteTokens"),
-        context_used=count("contextUsed"),
-        context_size=count("contextSize"),
-        cost=cost_amount,
-        cost_currency=cost_currency,
-    )
-    return None if usage == Usage() else usage
