@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
@@ -205,3 +207,113 @@ def test_a_raw_streams_pause_and_an_echo_beside_a_verbatim_body_are_refused() ->
         RawStream(["x"], pause=-1)
     with pytest.raises(ValueError, match="echo_headers goes into the message"):
         ErrorReply(401, body="{}", echo_headers=["authorization"])
+
+
+# -- HTTP/1.1 as h11 reads it: bounded, strict, and one bad request costs only its own connection ----------
+
+
+async def _send_raw(port: int, data: bytes) -> bytes:
+    """Send ``data`` on a fresh connection and read the answer until the server closes it: an orderly
+    close, not a reset (which could have cost the answer)."""
+    answer = b""
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(data)
+        with contextlib.suppress(anyio.EndOfStream):
+            while True:
+                answer += await stream.receive()
+    return answer
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"NONSENSE\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\na header line without a colon\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n{}",
+        b"GET /v1/models HTTP/1.1\r\n\r\n",  # HTTP/1.1 without Host
+    ],
+    ids=["request-line", "header-line", "negative-length", "conflicting-lengths", "no-host"],
+)
+async def test_a_malformed_request_gets_a_400_with_an_error_body_and_the_server_serves_the_next(
+    head: bytes,
+) -> None:
+    with anyio.fail_after(WAIT):
+        async with serve_chat_completions([JsonReply(text="ok")]) as server, httpx.AsyncClient() as client:
+            answer = await _send_raw(server.port, head)
+            after = await client.post(f"{server.base_url}/chat/completions", json=BODY)
+    status_and_head, _, body = answer.partition(b"\r\n\r\n")
+    assert status_and_head.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert b"\r\nConnection: close" in status_and_head
+    error = json.loads(body)["error"]
+    assert error["type"] == "bad_request"
+    assert error["message"].startswith("bad request: ")
+    assert after.json()["choices"][0]["message"]["content"] == "ok"
+    assert len(server.requests) == 1  # the malformed one was not recorded
+
+
+async def test_a_request_head_past_64_kib_gets_a_431_before_it_ends() -> None:
+    # The head never ends: the server answers on its size alone, not at a blank line. Four times the
+    # limit: the server drains what it had not read when it answered, and the close is orderly, not a reset.
+    endless = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Padding: " + b"a" * (256 * 1024)
+    with anyio.fail_after(WAIT):
+        async with serve_chat_completions() as server, httpx.AsyncClient() as client:
+            answer = await _send_raw(server.port, endless)
+            after = await client.get(f"{server.base_url}/models")
+    assert answer.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"]["type"] == "request_too_large"
+    assert after.status_code == 200
+
+
+async def test_a_body_declared_past_64_mib_gets_a_413_without_being_read() -> None:
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 67108865\r\n\r\n"
+    with anyio.fail_after(WAIT):
+        async with serve_chat_completions() as server:
+            answer = await _send_raw(server.port, head)  # not one byte of the body is sent
+    assert answer.startswith(b"HTTP/1.1 413 ")
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == {
+        "message": "the body is larger than 67108864 bytes",
+        "type": "request_too_large",
+        "code": None,
+    }
+    assert server.requests == []
+
+
+async def test_a_chunked_request_body_is_read_whole() -> None:
+    async def pieces() -> AsyncIterator[bytes]:
+        encoded = json.dumps(BODY).encode()
+        for start in range(0, len(encoded), 7):
+            yield encoded[start : start + 7]
+
+    with anyio.fail_after(WAIT):
+        async with serve_chat_completions([JsonReply(text="ok")]) as server, httpx.AsyncClient() as client:
+            response = await client.post(f"{server.base_url}/chat/completions", content=pieces())
+    assert response.status_code == 200
+    (request,) = server.requests
+    assert request.headers["transfer-encoding"] == "chunked"
+    assert request.json == BODY
+
+
+async def test_a_client_that_expects_100_continue_gets_it_before_sending_the_body() -> None:
+    body = json.dumps(BODY).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with anyio.fail_after(WAIT):
+        async with (
+            serve_chat_completions([JsonReply(text="ok")]) as server,
+            await anyio.connect_tcp("127.0.0.1", server.port) as stream,
+        ):
+            await stream.send(head)
+            interim = b""
+            while not interim.endswith(b"\r\n\r\n"):
+                interim += await stream.receive()
+            await stream.send(body)
+            answer = b""
+            with contextlib.suppress(anyio.EndOfStream):
+                while True:
+                    answer += await stream.receive()
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert server.requests[0].json == BODY

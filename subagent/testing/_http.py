@@ -53,6 +53,10 @@ EVENT_STREAM = "text/event-stream; charset=utf-8"
 _READ_SIZE = 64 * 1024
 """The most one read from the socket asks for."""
 
+_LINGER_SECONDS = 2.0
+"""How long a connection refused mid-request still takes in what the client sends: closing it with unread
+bytes would reset it, and the client could lose the error answer."""
+
 _QUOTED_INPUT = 200
 """How many characters of the client's own bytes an error message quotes at the most."""
 
@@ -169,6 +173,13 @@ class Exchange:
         with anyio.move_on_after(seconds):
             await self.wait_for_disconnect()
 
+    async def linger(self) -> None:
+        """After an answer sent before the request was read whole: say so (end of our side), then read and
+        discard what the client still sends, until it closes or :data:`_LINGER_SECONDS` pass."""
+        with anyio.move_on_after(_LINGER_SECONDS), contextlib.suppress(ClientGone, anyio.BrokenResourceError):
+            await self._stream.send_eof()
+            await self.wait_for_disconnect()
+
     @property
     def switched(self) -> bool:
         """Whether the answer opened a tunnel: what follows on the connection is no longer this exchange's."""
@@ -198,7 +209,7 @@ class Exchange:
         if declared is not None and int(declared) > MAX_BODY_BYTES:  # h11 checked it is digits
             raise _TooLarge
         if self._h11.they_are_waiting_for_100_continue:
-            await self._send(h11.InformationalResponse(status_code=100, headers=[]))
+            await self._send(h11.InformationalResponse(status_code=100, reason=b"Continue", headers=[]))
         body = bytearray()
         while isinstance(event := await self._next_event(), h11.Data):
             body += event.data
@@ -283,10 +294,12 @@ class StubServer:
             message = f"bad request: {str(exc)[:_QUOTED_INPUT]}"
             error_type = "request_too_large" if exc.error_status_hint == 431 else "bad_request"
             await exchange.send_json(exc.error_status_hint, self._error_body(message, error_type))
+            await exchange.linger()
             return
         except _TooLarge:
             message = f"the body is larger than {MAX_BODY_BYTES} bytes"
             await exchange.send_json(413, self._error_body(message, "request_too_large"))
+            await exchange.linger()
             return
         if request is None:
             return
