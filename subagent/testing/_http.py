@@ -1,4 +1,4 @@
-"""The HTTP/1.1 half of the stub model servers (chat completions, Anthropic Messages, Responses), over h11.
+"""What the stub model servers (chat completions, Anthropic Messages, Responses) share: HTTP/1.1, over h11.
 
 A server subclasses :class:`StubServer` and writes only its routes, :meth:`StubServer._answer`: it gets
 each request parsed (method, target, lower-cased headers, body) and answers through an
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Self, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -36,6 +36,8 @@ __all__ = [
     "Exchange",
     "HttpRequest",
     "RecordedRequest",
+    "RecordingServer",
+    "StreamedText",
     "StubServer",
     "serve_stub",
 ]
@@ -100,6 +102,14 @@ class RecordedRequest:
     json: Any
     disconnected: anyio.Event = field(repr=False)
 
+    @property
+    def tool_names(self) -> list[str]:
+        """The names of the tools the request offers the model (tools without a name are left out)."""
+        tools = self.json.get("tools") if isinstance(self.json, dict) else None
+        if not isinstance(tools, list):
+            return []
+        return [str(tool["name"]) for tool in tools if isinstance(tool, dict) and "name" in tool]
+
     @classmethod
     def received(cls, request: HttpRequest, *, index: int, exchange: Exchange) -> Self:
         """The record of ``request``, the ``index``-th received, answered through ``exchange``."""
@@ -111,6 +121,29 @@ class RecordedRequest:
             request.json_or_none(),
             exchange.disconnected,
         )
+
+
+class StreamedText:
+    """What a streamed reply of the Anthropic and Responses stubs shares: ``text``, given as pieces (one
+    delta event each) or as one string, and ``stall_after``. A mixin for their frozen dataclasses, which
+    call :meth:`_check_text_and_stall` in ``__post_init__``."""
+
+    __slots__ = ()
+    text: str | Sequence[str]
+    stall_after: int | None
+
+    def _check_text_and_stall(self) -> None:
+        if not isinstance(self.text, str):
+            object.__setattr__(self, "text", tuple(self.text))
+        if self.stall_after is not None and self.stall_after < 0:
+            raise ValueError(f"stall_after must be >= 0, got {self.stall_after}")
+
+    @property
+    def text_pieces(self) -> tuple[str, ...]:
+        """The text as streamed, one piece per delta event (none for an empty string)."""
+        if isinstance(self.text, str):
+            return (self.text,) if self.text else ()
+        return tuple(self.text)
 
 
 class _TooLarge(Exception):
@@ -154,6 +187,26 @@ class Exchange:
         """One server-sent event, as one HTTP chunk: ``event: <name>`` when named, then ``data: <data>``."""
         named = f"event: {name}\n" if name is not None else ""
         await self.send_chunk(f"{named}data: {data}\n\n".encode())
+
+    async def send_event_stream(
+        self,
+        events: Sequence[tuple[str | None, str]],
+        *,
+        stall_after: int | None = None,
+        drop_after: int | None = None,
+    ) -> None:
+        """A ``200`` server-sent-event stream of ``(name, data)`` events (see :meth:`send_event`), then its
+        end. ``stall_after=N`` sends the first N events and hangs until the client hangs up;
+        ``drop_after=N`` sends the first N and returns with the body unterminated (closing the connection
+        then cuts it short, as a crashed server does)."""
+        await self.start_stream()
+        cut = drop_after if drop_after is not None else stall_after
+        for name, data in events[:cut]:
+            await self.send_event(data, name)
+        if stall_after is not None:
+            await self.wait_for_disconnect()
+        if drop_after is None:
+            await self.end_stream()
 
     async def end_stream(self) -> None:
         """The last (empty) chunk of a stream. Returning without it leaves the body cut short."""
@@ -257,6 +310,16 @@ class StubServer:
         self.tunnels: list[str] = []
         """The target (``host:port``) of every ``CONNECT``: see :meth:`_connect`."""
 
+    @property
+    def origin(self) -> str:
+        """``http://127.0.0.1:PORT``: where the server listens."""
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The base URL a client of the API is given: the origin, unless the API says otherwise."""
+        return self.origin
+
     async def _answer(self, request: HttpRequest, exchange: Exchange) -> None:
         """Answer one request: the server's routes."""
         raise NotImplementedError
@@ -310,6 +373,34 @@ class StubServer:
             return
         if exchange.switched:
             await self._serve(stream, received=exchange.unread, tunnelled=True)
+
+
+_Request = TypeVar("_Request", bound=RecordedRequest)
+
+
+class RecordingServer(StubServer, Generic[_Request]):
+    """A stub server that records every request it reads, whatever its route, before answering it."""
+
+    def __init__(self, request_type: type[_Request], *, port: int) -> None:
+        super().__init__(port=port)
+        self._request_type = request_type
+        self.requests: list[_Request] = []
+        """Every request received, in arrival order, whatever its route (a ``CONNECT`` too)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base_url!r}, requests={len(self.requests)})"
+
+    async def _route(self, request: _Request, exchange: Exchange) -> None:
+        """Answer one request, recorded already (a ``CONNECT`` is answered before this)."""
+        raise NotImplementedError
+
+    async def _answer(self, request: HttpRequest, exchange: Exchange) -> None:
+        recorded = self._request_type.received(request, index=len(self.requests), exchange=exchange)
+        self.requests.append(recorded)
+        if request.method == "CONNECT":
+            await self._connect(request, exchange)
+        else:
+            await self._route(recorded, exchange)
 
 
 _Server = TypeVar("_Server", bound=StubServer)

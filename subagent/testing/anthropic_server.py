@@ -45,7 +45,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from subagent.testing._http import Exchange, HttpRequest, RecordedRequest, StubServer, serve_stub
+from subagent.testing._http import Exchange, RecordedRequest, RecordingServer, StreamedText, serve_stub
 
 __all__ = [
     "AnthropicMessagesServer",
@@ -75,7 +75,7 @@ class ToolUse:
 
 
 @dataclass(frozen=True, slots=True)
-class MessagesReply:
+class MessagesReply(StreamedText):
     """One assistant message: a text block (``text`` given as pieces, one ``text_delta`` each, or a
     string sent as one), then the tool uses. ``stop_reason`` defaults to ``"tool_use"`` when there are
     tool uses, else ``"end_turn"``. ``stall_after=N`` (streamed only) sends the first N events, then
@@ -89,18 +89,8 @@ class MessagesReply:
     stall_after: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.text, str):
-            object.__setattr__(self, "text", tuple(self.text))
+        self._check_text_and_stall()
         object.__setattr__(self, "tool_uses", tuple(self.tool_uses))
-        if self.stall_after is not None and self.stall_after < 0:
-            raise ValueError(f"stall_after must be >= 0, got {self.stall_after}")
-
-    @property
-    def text_pieces(self) -> tuple[str, ...]:
-        """The text as streamed, one piece per ``text_delta``."""
-        if isinstance(self.text, str):
-            return (self.text,) if self.text else ()
-        return tuple(self.text)
 
     @property
     def effective_stop_reason(self) -> str:
@@ -146,14 +136,6 @@ class MessagesRequest(RecordedRequest):
             return []
         return [block for block in content if isinstance(block, dict) and block.get("type") == "tool_result"]
 
-    @property
-    def tool_names(self) -> list[str]:
-        """The names of the tools the request offers the model."""
-        tools = self.json.get("tools") if isinstance(self.json, dict) else None
-        if not isinstance(tools, list):
-            return []
-        return [str(tool.get("name")) for tool in tools if isinstance(tool, dict)]
-
     def text(self) -> str:
         """Every text of the request (system prompt and messages) joined: for a responder's ``in`` tests."""
         return json.dumps(self.json) if self.json is not None else ""
@@ -163,38 +145,29 @@ MessagesResponder = Callable[[MessagesRequest], "MessagesReply | MessagesError"]
 """What the server calls for each ``POST /v1/messages`` to decide the answer."""
 
 
-class AnthropicMessagesServer(StubServer):
-    """The running stub server: where it listens, what it received. See :func:`serve_anthropic_messages`."""
+class AnthropicMessagesServer(RecordingServer[MessagesRequest]):
+    """The running stub server: where it listens, what it received (:attr:`requests`, every request in
+    arrival order, whatever its route). See :func:`serve_anthropic_messages`."""
 
     def __init__(self, responder: MessagesResponder, *, model: str, port: int) -> None:
-        super().__init__(port=port)
+        super().__init__(MessagesRequest, port=port)
         self.responder = responder
         self.model = model
-        self.requests: list[MessagesRequest] = []
-        """Every request received, in arrival order, whatever its route."""
 
     @property
     def base_url(self) -> str:
         """The value for ``ANTHROPIC_BASE_URL``: ``http://127.0.0.1:PORT`` (the client adds ``/v1/...``)."""
-        return f"http://127.0.0.1:{self.port}"
+        return self.origin
 
     @property
     def message_requests(self) -> list[MessagesRequest]:
         """The ``POST /v1/messages`` requests only."""
         return [r for r in self.requests if r.method == "POST" and r.path == "/v1/messages"]
 
-    def __repr__(self) -> str:
-        return f"AnthropicMessagesServer({self.base_url!r}, requests={len(self.requests)})"
-
     def _error_body(self, message: str, error_type: str) -> dict[str, Any]:
         return _error_body(_ERROR_TYPES.get(error_type, error_type), message)
 
-    async def _answer(self, http: HttpRequest, exchange: Exchange) -> None:
-        request = MessagesRequest.received(http, index=len(self.requests), exchange=exchange)
-        self.requests.append(request)
-        if http.method == "CONNECT":
-            await self._connect(http, exchange)
-            return
+    async def _route(self, request: MessagesRequest, exchange: Exchange) -> None:
         route = (request.method, request.path)
         if route == ("POST", "/v1/messages/count_tokens"):
             await exchange.send_json(200, {"input_tokens": max(1, len(request.text()) // 4)})
@@ -214,12 +187,8 @@ class AnthropicMessagesServer(StubServer):
         if isinstance(reply, MessagesError):
             await exchange.send_json(reply.status, _error_body(reply.error_type, reply.message))
         elif payload.get("stream") is True:
-            await exchange.start_stream()
-            for name, data in _stream_events(reply, request.index, model)[: reply.stall_after]:
-                await exchange.send_event(json.dumps(data), name)
-            if reply.stall_after is not None:
-                await exchange.wait_for_disconnect()
-            await exchange.end_stream()
+            events = [(name, json.dumps(data)) for name, data in _stream_events(reply, request.index, model)]
+            await exchange.send_event_stream(events, stall_after=reply.stall_after)
         else:
             await exchange.send_json(200, _message_body(reply, request.index, model))
 

@@ -303,7 +303,7 @@ class ChatCompletionsServer(StubServer):
     @property
     def base_url(self) -> str:
         """The OpenAI-style base URL: ``http://127.0.0.1:PORT/v1``."""
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{self.origin}/v1"
 
     def __repr__(self) -> str:
         served, scripted = len(self.requests), len(self.script)
@@ -505,21 +505,9 @@ async def _send_reply(
             await exchange.send_chunk(piece.encode() if isinstance(piece, str) else piece)
         await exchange.end_stream()
     elif isinstance(reply, MalformedChunk):
-        await exchange.start_stream()
-        await exchange.send_event(_chunk(index, model, {"role": "assistant", "content": ""}))
-        for piece in reply.text_before:
-            await exchange.send_event(_chunk(index, model, {"content": piece}))
-        await exchange.send_event(reply.data)
-        await exchange.send_event("[DONE]")
-        await exchange.end_stream()
+        role = _chunk(index, model, {"role": "assistant", "content": ""})
+        texts = [_chunk(index, model, {"content": piece}) for piece in reply.text_before]
+        await exchange.send_event_stream([(None, data) for data in (role, *texts, reply.data, "[DONE]")])
     else:
-        await exchange.start_stream()
-        events = _stream_events(reply, index, model)
-        cut = reply.drop_after if reply.drop_after is not None else reply.stall_after
-        for event in events[:cut]:
-            await exchange.send_event(event)
-        if reply.stall_after is not None:
-            await exchange.wait_for_disconnect()
-        elif reply.drop_after is None:
-            await exchange.end_stream()
-        # With drop_after, returning closes the connection with the chunked body unterminated.
+        events = [(None, data) for data in _stream_events(reply, index, model)]
+        await exchange.send_event_stream(events, stall_after=reply.stall_after, drop_after=reply.drop_after)

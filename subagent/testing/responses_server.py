@@ -27,7 +27,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from subagent.testing._http import Exchange, HttpRequest, RecordedRequest, StubServer, serve_stub
+from subagent.testing._http import Exchange, RecordedRequest, RecordingServer, StreamedText, serve_stub
 from subagent.testing.chat_server import openai_error_body
 
 __all__ = [
@@ -50,7 +50,7 @@ class FunctionCall:
 
 
 @dataclass(frozen=True, slots=True)
-class ResponsesReply:
+class ResponsesReply(StreamedText):
     """One response: a text message (``text`` as pieces, one delta each, or a string sent whole), then
     the function calls. ``stall_after=N`` sends the first N events, then hangs until the client hangs up."""
 
@@ -61,18 +61,8 @@ class ResponsesReply:
     stall_after: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.text, str):
-            object.__setattr__(self, "text", tuple(self.text))
+        self._check_text_and_stall()
         object.__setattr__(self, "function_calls", tuple(self.function_calls))
-        if self.stall_after is not None and self.stall_after < 0:
-            raise ValueError(f"stall_after must be >= 0, got {self.stall_after}")
-
-    @property
-    def text_pieces(self) -> tuple[str, ...]:
-        """The text as streamed, one piece per ``response.output_text.delta``."""
-        if isinstance(self.text, str):
-            return (self.text,) if self.text else ()
-        return tuple(self.text)
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -99,45 +89,28 @@ class ResponsesRequest(RecordedRequest):
                 outputs.append(item)
         return outputs
 
-    @property
-    def tool_names(self) -> list[str]:
-        """The names of the tools the request offers (tools without a name are left out)."""
-        tools = self.json.get("tools") if isinstance(self.json, dict) else None
-        if not isinstance(tools, list):
-            return []
-        return [str(tool["name"]) for tool in tools if isinstance(tool, dict) and "name" in tool]
-
 
 ResponsesResponder = Callable[[ResponsesRequest], ResponsesReply]
 """What the server calls for each ``POST /v1/responses`` to decide the answer."""
 
 
-class ResponsesServer(StubServer):
-    """The running stub server: where it listens, what it received. See :func:`serve_responses`."""
+class ResponsesServer(RecordingServer[ResponsesRequest]):
+    """The running stub server: where it listens, what it received (:attr:`requests`, every request in
+    arrival order, whatever its route). See :func:`serve_responses`."""
 
     def __init__(self, responder: ResponsesResponder, *, port: int) -> None:
-        super().__init__(port=port)
+        super().__init__(ResponsesRequest, port=port)
         self.responder = responder
-        self.requests: list[ResponsesRequest] = []
-        """Every request received, in arrival order, whatever its route."""
 
     @property
     def base_url(self) -> str:
         """The provider base URL: ``http://127.0.0.1:PORT/v1``."""
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def __repr__(self) -> str:
-        return f"ResponsesServer({self.base_url!r}, requests={len(self.requests)})"
+        return f"{self.origin}/v1"
 
     def _error_body(self, message: str, error_type: str) -> dict[str, Any]:
         return openai_error_body(message, error_type)
 
-    async def _answer(self, http: HttpRequest, exchange: Exchange) -> None:
-        request = ResponsesRequest.received(http, index=len(self.requests), exchange=exchange)
-        self.requests.append(request)
-        if http.method == "CONNECT":
-            await self._connect(http, exchange)
-            return
+    async def _route(self, request: ResponsesRequest, exchange: Exchange) -> None:
         if (request.method, request.path) != ("POST", "/v1/responses"):
             message = f"no route {request.method} {request.path}"
             await exchange.send_json(404, openai_error_body(message, "invalid_request_error"))
@@ -147,12 +120,8 @@ class ResponsesServer(StubServer):
             await exchange.send_json(400, openai_error_body(message, "invalid_request_error"))
             return
         reply = self.responder(request)
-        await exchange.start_stream()
-        for event in _events(reply, request.index)[: reply.stall_after]:
-            await exchange.send_event(json.dumps(event), event["type"])
-        if reply.stall_after is not None:
-            await exchange.wait_for_disconnect()
-        await exchange.end_stream()
+        events = [(event["type"], json.dumps(event)) for event in _events(reply, request.index)]
+        await exchange.send_event_stream(events, stall_after=reply.stall_after)
 
 
 @asynccontextmanager
