@@ -23,10 +23,11 @@ from subagent.acp.stdio import FdSendStream
 
 __all__ = ["OrderedStdout"]
 
-# Marker lines are tiny; longer lines cannot be markers, so the check costs nothing for big messages.
 _MARKER_MAX_BYTES: Final = 200
+"""The longest a marker line can be: a longer line is no marker, so big messages cost no search."""
 
 Action = Callable[[FdSendStream], Awaitable[None]]
+"""What a marker line stands for: run on stdout when the line's turn to be written comes."""
 
 
 class OrderedStdout(anyio.abc.ByteSendStream):

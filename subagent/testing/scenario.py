@@ -150,15 +150,20 @@ DEFAULT_SCENARIO_PATH: Final = Path(__file__).resolve().parent / "scenarios" / "
 """The scenario the stub agent runs without ``--scenario``: one friendly, complete turn."""
 
 StopReason: TypeAlias = Literal["end_turn", "max_tokens", "max_turn_requests", "refusal", "cancelled"]
+"""A stop reason a ``stop`` step can answer a prompt with (ACP's)."""
 
-# Where a step may run: a prompt turn, a session request (session/new, load, resume), or a handshake
-# request with no session at all (initialize, authenticate).
 _TURN: Final = "turn"
+"""Where a step may run: a prompt turn (``session/prompt``)."""
 _SESSION: Final = "session"
+"""Where a step may run: a session request (``session/new``, ``session/load``, ``session/resume``)."""
 _HANDSHAKE: Final = "handshake"
+"""Where a step may run: a request with no session at all (``initialize``, ``authenticate``)."""
 _ANYWHERE: Final = frozenset({_TURN, _SESSION, _HANDSHAKE})
+"""The ``where`` of a step that runs in any request."""
 _WITH_SESSION: Final = frozenset({_TURN, _SESSION})
+"""The ``where`` of a step that needs a session."""
 _TURN_ONLY: Final = frozenset({_TURN})
+"""The ``where`` of a step that belongs to a prompt turn (it answers it, or waits on it)."""
 
 
 class ScenarioError(ValueError):
@@ -187,7 +192,7 @@ class MessageStep(_Step, tag="message"):
     message_id: str | None = None
 
     def __post_init__(self) -> None:
-        _check_chunks(self.chunks)
+        _check_at_least("chunks", self.chunks, 1)
 
 
 class ThoughtStep(_Step, tag="thought"):
@@ -198,7 +203,7 @@ class ThoughtStep(_Step, tag="thought"):
     chunks: int = 1
 
     def __post_init__(self) -> None:
-        _check_chunks(self.chunks)
+        _check_at_least("chunks", self.chunks, 1)
 
 
 class ToolCallStep(_Step, tag="tool_call"):
@@ -275,8 +280,7 @@ class FloodStep(_Step, tag="flood"):
     text: str = "{i}"
 
     def __post_init__(self) -> None:
-        if self.count < 0:
-            raise ValueError("`count` must not be negative")
+        _check_at_least("count", self.count, 0)
 
 
 # -- asking the client -----------------------------------------------------------------------------------
@@ -285,7 +289,10 @@ _DEFAULT_OPTIONS: Final = (
     {"optionId": "allow", "name": "Allow", "kind": "allow_once"},
     {"optionId": "reject", "name": "Reject", "kind": "reject_once"},
 )
+"""The options of a ``permission`` step that gives none."""
+
 CANCELLED_BRANCH: Final = "cancelled"
+"""The branch a ``permission`` step runs when the client answers the request ``cancelled``."""
 
 
 class PermissionStep(_Step, tag="permission"):
@@ -349,8 +356,7 @@ class SleepStep(_Step, tag="sleep"):
     seconds: float
 
     def __post_init__(self) -> None:
-        if self.seconds < 0:
-            raise ValueError("`seconds` must not be negative")
+        _check_at_least("seconds", self.seconds, 0)
 
 
 class WaitForCancelStep(_Step, tag="wait_for_cancel"):
@@ -392,8 +398,7 @@ class RawStep(_Step, tag="raw"):
     base64: str | None = None
 
     def __post_init__(self) -> None:
-        if (self.text is None) == (self.base64 is None):
-            raise ValueError("give exactly one of `text` and `base64`")
+        _check_exactly_one(self, "text", "base64")
         if self.base64 is not None:
             import binascii  # Rarely needed: imported here to keep the stub agent's startup lean.
 
@@ -419,8 +424,7 @@ class HugeLineStep(_Step, tag="huge_line"):
     json: bool = True
 
     def __post_init__(self) -> None:
-        if self.bytes < 1:
-            raise ValueError("`bytes` must be positive")
+        _check_at_least("bytes", self.bytes, 1)
 
 
 class CloseStdoutStep(_Step, tag="close_stdout"):
@@ -434,10 +438,9 @@ class StderrStep(_Step, tag="stderr"):
     bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if (self.text is None) == (self.bytes is None):
-            raise ValueError("give exactly one of `text` and `bytes`")
-        if self.bytes is not None and self.bytes < 0:
-            raise ValueError("`bytes` must not be negative")
+        _check_exactly_one(self, "text", "bytes")
+        if self.bytes is not None:
+            _check_at_least("bytes", self.bytes, 0)
 
 
 class ExitStep(_Step, tag="exit"):
@@ -512,9 +515,18 @@ STEP_KINDS: Final = tuple(str(cls.__struct_config__.tag) for cls in Step.__args_
 """Every ``"step"`` value, in the order of the `Step` union."""
 
 
-def _check_chunks(chunks: int) -> None:
-    if chunks < 1:
-        raise ValueError("`chunks` must be at least 1")
+def _check_at_least(name: str, value: float, least: int) -> None:
+    """Refuse a field ``name`` whose ``value`` is below ``least``."""
+    if value < least:
+        raise ValueError(
+            f"`{name}` must not be negative" if least == 0 else f"`{name}` must be at least {least}"
+        )
+
+
+def _check_exactly_one(step: _Step, first: str, second: str) -> None:
+    """Refuse a step that gives both, or neither, of two fields that stand for each other."""
+    if (getattr(step, first) is None) == (getattr(step, second) is None):
+        raise ValueError(f"give exactly one of `{first}` and `{second}`")
 
 
 # -- the request configurations --------------------------------------------------------------------------
@@ -603,6 +615,7 @@ _CONTEXT_NAMES: Final = {
     _SESSION: "a session request",
     _HANDSHAKE: "initialize or authenticate (there is no session yet)",
 }
+"""How an error message names each place a step may run."""
 
 
 def _describe(step: Step) -> str:
@@ -623,7 +636,10 @@ def _walk(path: str, steps: Sequence[Step], context: str) -> Iterator[tuple[str,
 # -- reading and writing ---------------------------------------------------------------------------------
 
 _DECODER: Final = msgspec.json.Decoder(Scenario)
+"""Reads a scenario from JSON, strictly (built once: it is not free)."""
+
 _BAD_TAG: Final = re.compile(r"Invalid value '[^']*' - at `[^`]*\.step`$")
+"""msgspec's message for an unknown step kind, which the error then completes with the known kinds."""
 
 
 def _error(source: str, exc: msgspec.ValidationError) -> ScenarioError:

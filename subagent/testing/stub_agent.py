@@ -19,7 +19,7 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import anyio
 import anyio.lowlevel
@@ -51,12 +51,14 @@ from subagent.testing.scenario import (
     HangStep,
     HugeLineStep,
     KillStep,
+    LoadSessionConfig,
     MessageStep,
     NotifyStep,
     PermissionStep,
     PlanStep,
     RawStep,
     ReadFileStep,
+    ResumeSessionConfig,
     Scenario,
     ScenarioError,
     SleepStep,
@@ -78,11 +80,15 @@ __all__ = ["AGENT_NAME", "ScenarioAgent", "main", "serve_scenario"]
 logger = logging.getLogger(__name__)
 
 AGENT_NAME: Final = "subagent-stub-agent"
+"""The ``agentInfo.name`` the stub agent gives in ``initialize`` when the scenario sets no ``agentInfo``."""
 
-# A placeholder for the chunk index in the flood template: a private-use character, so msgspec writes it as
-# plain UTF-8 (never escaped) and it cannot clash with anything a JSON encoder produces around it.
 _INDEX_MARK: Final = "\ue000"
-_FLOOD_BATCH: Final = 1000  # chunks per write: ~100 KiB, a few pipe buffers
+"""A placeholder for the chunk index in the flood template: a private-use character, so msgspec writes it
+as plain UTF-8 (never escaped) and it cannot clash with anything a JSON encoder produces around it."""
+
+_FLOOD_BATCH: Final = 1000
+"""Flood chunks per write: about 100 KiB, a few pipe buffers."""
+
 _GRANDCHILD_CODE: Final = """\
 import os, signal, sys
 if sys.argv[1] == "1":
@@ -92,10 +98,17 @@ os.close(1)
 while True:
     signal.pause()
 """
-_STDERR_FILLER: Final = b"stub agent stderr filler line to make the pipe work hard .................\n"
+"""The grandchild a ``grandchild`` step spawns: says ready, closes stdout, and sleeps (SIGTERM ignored
+when its argument is ``1``)."""
 
-# Keeps grandchild Popen objects alive: they must outlive the step (and never be reaped by us).
+_STDERR_FILLER: Final = b"stub agent stderr filler line to make the pipe work hard .................\n"
+"""One line of the filler a ``stderr`` step writes when given a byte count."""
+
 _grandchildren: list[Any] = []
+"""Keeps grandchild Popen objects alive: they must outlive the step (and never be reaped by us)."""
+
+_Reopening = TypeVar("_Reopening", LoadSessionConfig, ResumeSessionConfig)
+"""The configuration of ``session/load`` or of ``session/resume``."""
 
 
 @dataclass(slots=True)
@@ -124,6 +137,7 @@ class _Context:
 
 
 StepRunner = Callable[[Any, _Context], Coroutine[Any, Any, "_Stop | None"]]
+"""Runs one kind of step; a `_Stop` when the step answered the prompt."""
 
 
 class ScenarioAgent(AgentHandler):
@@ -223,25 +237,29 @@ class ScenarioAgent(AgentHandler):
 
     async def load_session(self, params: schema.LoadSessionRequest, client: ClientPeer) -> msgspec.Raw:
         """Replay the configured updates for the loaded session, then answer."""
-        config = self._scenario.load_session
-        if config is None:
-            raise RequestError.method_not_found(schema.SESSION_LOAD)
-        self._check_authenticated()
-        state = self._sessions.setdefault(params.session_id, _Session())
-        await self._run(config.steps, _Context(client, params.session_id, state=state))
+        config = await self._reopen(
+            self._scenario.load_session, schema.SESSION_LOAD, params.session_id, client
+        )
         for update in config.replay:
             await client.notify(schema.SESSION_UPDATE, {"sessionId": params.session_id, "update": update})
         return _raw({})
 
     async def resume_session(self, params: schema.ResumeSessionRequest, client: ClientPeer) -> msgspec.Raw:
         """Resume the session, without replay."""
-        config = self._scenario.resume_session
-        if config is None:
-            raise RequestError.method_not_found(schema.SESSION_RESUME)
-        self._check_authenticated()
-        state = self._sessions.setdefault(params.session_id, _Session())
-        await self._run(config.steps, _Context(client, params.session_id, state=state))
+        await self._reopen(self._scenario.resume_session, schema.SESSION_RESUME, params.session_id, client)
         return _raw({})
+
+    async def _reopen(
+        self, config: _Reopening | None, method: str, session_id: str, client: ClientPeer
+    ) -> _Reopening:
+        """What loading and resuming share: refuse the method the scenario does not configure, pass the
+        auth gate, run the configured steps for the session (known or not); the configuration."""
+        if config is None:
+            raise RequestError.method_not_found(method)
+        self._check_authenticated()
+        state = self._sessions.setdefault(session_id, _Session())
+        await self._run(config.steps, _Context(client, session_id, state=state))
+        return config
 
     async def set_session_mode(self, params: schema.SetSessionModeRequest, client: ClientPeer) -> msgspec.Raw:
         """Accept a mode the scenario offers."""
