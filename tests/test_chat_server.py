@@ -317,3 +317,16 @@ async def test_a_client_that_expects_100_continue_gets_it_before_sending_the_bod
     assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
     assert server.requests[0].json == BODY
+
+
+async def test_a_head_request_is_answered_with_the_head_alone_and_the_server_serves_the_next() -> None:
+    with anyio.fail_after(WAIT):
+        async with serve_chat_completions([JsonReply(text="ok")]) as server, httpx.AsyncClient() as client:
+            head = await _send_raw(server.port, b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+            after = await client.post(f"{server.base_url}/chat/completions", json=BODY)
+    # Only GET lists the models: a HEAD is an unknown route, answered 404 without the body.
+    assert head.startswith(b"HTTP/1.1 404 Not Found\r\n")
+    assert head.endswith(b"\r\n\r\n")
+    assert b"\r\nContent-Length: 0\r\n" not in head  # the length the body would have had
+    assert after.json()["choices"][0]["message"]["content"] == "ok"
+    assert server.unrouted == [("HEAD", "/v1/models")]

@@ -159,6 +159,7 @@ class Exchange:
         self._h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
         if received:  # an empty receive_data would mean the end of stream to h11
             self._h11.receive_data(received)
+        self._head_only = False  # the answer to a HEAD is its head alone: h11 refuses any byte of body
         self.tunnelled = tunnelled
         """Whether this request came through a tunnel this server opened."""
         self.disconnected = anyio.Event()
@@ -254,6 +255,7 @@ class Exchange:
         head = await self._next_event()
         if not isinstance(head, h11.Request):
             return None
+        self._head_only = head.method == b"HEAD"
         headers: dict[str, str] = {}
         for raw_name, raw_value in head.headers:
             name, value = raw_name.decode("ascii"), raw_value.decode("latin-1")
@@ -293,7 +295,9 @@ class Exchange:
     async def _send(
         self, *events: h11.Response | h11.InformationalResponse | h11.Data | h11.EndOfMessage
     ) -> None:
-        data = b"".join(self._h11.send(event) for event in events)
+        data = b"".join(
+            self._h11.send(event) for event in events if not (self._head_only and isinstance(event, h11.Data))
+        )
         if not data:
             return
         try:
