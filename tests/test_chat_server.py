@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from subagent.testing import (
     ErrorReply,
@@ -330,3 +333,49 @@ async def test_a_head_request_is_answered_with_the_head_alone_and_the_server_ser
     assert b"\r\nContent-Length: 0\r\n" not in head  # the length the body would have had
     assert after.json()["choices"][0]["message"]["content"] == "ok"
     assert server.unrouted == [("HEAD", "/v1/models")]
+
+
+FRAGMENTS = st.sampled_from(
+    [
+        b"GET /v1/models HTTP/1.1\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\n",
+        b"CONNECT api.example.com:443 HTTP/1.1\r\n",
+        b"HEAD / HTTP/1.0\r\n",
+        b"Host: x\r\n",
+        b"Content-Length: 5\r\n",
+        b"Content-Length: 99999999999\r\n",
+        b"Transfer-Encoding: chunked\r\n",
+        b"Expect: 100-continue\r\n",
+        b"\r\n",
+        b"5\r\nhello\r\n0\r\n\r\n",
+        json.dumps(BODY).encode(),
+        b" ",
+        b":",
+        b"\x00",
+        b"\xff",
+    ]
+)
+"""Pieces of requests, well formed or not, for the fuzz test to put together."""
+
+
+@pytest.mark.fuzz
+@given(sent=st.lists(st.one_of(FRAGMENTS, st.binary(max_size=40)), max_size=12).map(b"".join))
+async def test_whatever_a_client_sends_costs_it_at_most_its_connection_and_the_server_serves_the_next(
+    sent: bytes,
+) -> None:
+    answer = b""
+    with anyio.fail_after(WAIT):
+        async with (
+            serve_chat_completions(responder=lambda _: JsonReply(text="ok")) as server,
+            httpx.AsyncClient() as client,
+        ):
+            async with await anyio.connect_tcp("127.0.0.1", server.port) as stream:
+                await stream.send(sent)
+                await stream.send_eof()  # a request still waiting for bytes ends here
+                # A reset is allowed: a server may close on bytes it did not read after answering.
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                    while True:
+                        answer += await stream.receive()
+            after = await client.get(f"{server.base_url}/models")
+    assert answer == b"" or re.match(rb"HTTP/1\.1 [1-5]\d\d ", answer), answer[:200]
+    assert after.status_code == 200
