@@ -1,13 +1,15 @@
 """What the stub model servers (chat completions, Anthropic Messages, Responses) share: HTTP/1.1, over h11.
 
-A server subclasses :class:`StubServer` and writes only its routes, :meth:`StubServer._answer`: it gets
-each request parsed (method, target, lower-cased headers, body) and answers through an
-:class:`Exchange`, which writes a whole body, or a stream of HTTP chunks and server-sent events, and
-can wait for the client to hang up. This module does the rest once for all of them:
+A server subclasses :class:`StubServer` (or :class:`RecordingServer`, which records every request
+first) and writes only its routes: it gets each request parsed (method, target, lower-cased headers,
+body) and answers through an :class:`Exchange`, which writes a whole body, or a stream of HTTP chunks
+and server-sent events, and can wait for the client to hang up. This module does the rest once for all:
 
 * reading a request with h11, bounded: a head past :data:`MAX_HEAD_BYTES` is answered 431, a body past
-  :data:`MAX_BODY_BYTES` 413, anything malformed 400, each with the server's own error body; the
-  connection is then closed, and the server goes on serving others;
+  :data:`MAX_BODY_BYTES` 413, anything malformed 400, each with the server's own error body, and the
+  rest of what the client sends drained before the close (no reset to lose the answer); the server
+  goes on serving others. A chunked body is read whole, ``Expect: 100-continue`` is answered, a
+  ``HEAD`` gets the head of its answer alone;
 * ``CONNECT``, through :meth:`StubServer._connect`: a tunnel to the server itself is opened and the
   requests that come through it are served as plain HTTP; any other target is refused with 403;
 * one request per connection: every response says ``Connection: close`` and the connection is closed
