@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -32,3 +33,17 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Run each `pytest.mark.anyio` test once per backend."""
     backend: str = request.param
     return backend
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Collect garbage right after a hypothesis test.
+
+    When hypothesis stops an example inside an async test, the runner's task dies with an exception
+    nobody retrieves; if the cycle collector frees it later in the middle of `compile()` (pytest
+    rewriting a module the next test imports), CPython 3.11's "never retrieved" logging there can
+    raise `SystemError: AST constructor recursion depth mismatch`. Collecting here frees it at a
+    harmless moment; only hypothesis tests pay for it.
+    """
+    if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+        gc.collect()
