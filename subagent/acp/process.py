@@ -190,7 +190,8 @@ class ExitInfo:
 
     command: tuple[str, ...]
     """The argv the agent was started with."""
-    pid: int
+    pid: int | None
+    """The agent's pid (on the host it ran on); None if a remote transport lost it before learning it."""
     returncode: int
     """The exit status; negative means killed by signal ``-returncode`` (the subprocess convention)."""
     stderr_tail: str
@@ -202,6 +203,8 @@ class ExitInfo:
     status_known: bool = True
     """False if the agent's supervisor died before reporting the exit: ``returncode`` is then
     `UNKNOWN_RETURNCODE`, a placeholder."""
+    via: str | None = None
+    """How a remote transport reached the agent (``"via ssh to build-1"``); None for a local child."""
 
     @property
     def killed_by(self) -> signal.Signals | None:
@@ -225,7 +228,10 @@ class ExitInfo:
         return f"was killed by {name} (signal {-self.returncode})"
 
     def __str__(self) -> str:
-        text = f"agent `{shlex.join(self.command)}` (pid {self.pid}) {self.status}"
+        where = "pid unknown" if self.pid is None else f"pid {self.pid}"
+        if self.via:
+            where += f" {self.via}"
+        text = f"agent `{shlex.join(self.command)}` ({where}) {self.status}"
         if self.teardown_signal is not None:
             if self.killed_by is self.teardown_signal:
                 text += ", sent by teardown"
@@ -483,6 +489,10 @@ class AgentProcess:
         with anyio.move_on_after(self._stderr_settle_timeout):
             await self._stderr_done.wait()
         return self._describe_exit(returncode)
+
+    def describe(self) -> str:
+        """``"pid 123"``: the agent, for messages (`subagent.acp.transport.Channel.describe`)."""
+        return f"pid {self.pid}"
 
     def kill(self) -> None:
         """SIGKILL the agent's whole tree now: with a supervisor, every descendant, those that left the
