@@ -728,6 +728,7 @@ def test_agents_lists_name_command_line_and_source(tmp_path: Path) -> None:
             "command": ["python3", "-m", "subagent.testing.stub_agent"],
             "description": "The stub",
             "fs": True,
+            "transport": "local",
             "source": str(config),
         },
         {
@@ -735,6 +736,7 @@ def test_agents_lists_name_command_line_and_source(tmp_path: Path) -> None:
             "command": ["npx", "-y", "@agentclientprotocol/claude-agent-acp"],
             "description": None,
             "fs": True,
+            "transport": "local",
             "source": str(config),
         },
     ]

@@ -34,7 +34,7 @@ def test_every_key_of_an_agent_is_read_with_its_type(tmp_path: Path) -> None:
         tmp_path,
         '[agents.claude]\ndescription = "Claude"\ncommand = "npx"\nargs = ["-y", "pkg"]\n'
         'env = { LOG = "error" }\ncwd = "work"\npermission = "ask"\ntimeout = 600\nready_timeout = 1.5\n'
-        'auth_method = "login"\nfs = false\n\n[agents.plain]\ncommand = "agent"\n',
+        'auth_method = "login"\nfs = false\ntransport = "local"\n\n[agents.plain]\ncommand = "agent"\n',
     )
     assert agents == {
         "claude": AgentConfig(
@@ -49,6 +49,7 @@ def test_every_key_of_an_agent_is_read_with_its_type(tmp_path: Path) -> None:
             ready_timeout=1.5,
             auth_method="login",
             fs=False,
+            transport="local",
         ),
         "plain": AgentConfig(name="plain", command=("agent",), source=tmp_path / "subagent.toml"),
     }
@@ -80,6 +81,13 @@ BROKEN_KEYS = [
     ("ready_timeout = true", "ready_timeout: must be a positive number of seconds, not a boolean"),
     ('auth_method = ""', "auth_method: must not be empty"),
     ('fs = "no"', "fs: must be true or false, not a string ('no')"),
+    ("transport = 3", 'transport: must be a transport URL, e.g. "ssh://host", not a number (3)'),
+    ('transport = " "', "transport: must not be empty"),
+    ('transport = "build-1"',
+     "transport: not a transport URL: expected 'local', 'ssh://…' or 'ray://…'"),
+    ('transport = "https://me:secret@host"',
+     "transport: unknown transport scheme 'https': expected 'local', 'ssh://…' or 'ray://…'"),
+    ('transport = "ray://head:10001"', "transport: the ray:// transport is not available yet"),
 ]  # fmt: skip
 
 

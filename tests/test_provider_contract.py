@@ -1,7 +1,9 @@
 """The seam's lifecycle contract (`subagent.testing.contract`) over every provider, on asyncio and trio.
 
-Each provider is one parameter: the fake, spawn and fork on a `ScriptedLlm`, and ACP on the stub agent.
-A new provider or transport gets the whole contract by adding one `ProviderContract` here.
+Each provider is one parameter: the fake, spawn and fork on a `ScriptedLlm`, and ACP on the stub agent,
+also through transports written in the tests (`tests.transports`): one relaying a local child, one serving
+an agent in this process over memory streams. A new provider or transport gets the whole contract by
+adding one `ProviderContract` here.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from anyio.abc import TaskGroup
 
 from subagent import SubagentProvider, SubagentRequest, SubagentResult, SubagentRun
+from subagent.acp.transport import LocalTransport
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
@@ -23,6 +26,7 @@ from subagent.runtime import Agent, AgentRegistry, Reply, ScriptedLlm
 from subagent.testing.contract import CONTRACT_CHECKS, ContractCheck, ProviderContract
 from subagent.testing.fakes import FakeProvider, FakeRun, completes, fails_to_start, waits_until_cancelled
 from subagent.testing.pytest_plugin import StubAgentCommand
+from tests.transports import InProcessChannel, InProcessTransport, RelayTransport, ScriptedHandler
 
 pytestmark = pytest.mark.anyio
 
@@ -116,7 +120,51 @@ def acp_contract(stub_agent_command: StubAgentCommand, cwd: Path) -> ProviderCon
     )
 
 
-PROVIDERS = ["fake", "spawn", "fork", pytest.param("acp", marks=pytest.mark.subprocess)]
+def relayed_acp_contract(stub_agent_command: StubAgentCommand, cwd: Path) -> ProviderContract:
+    """ACP on the stub agent, each child opened through a transport of the test's own around the local one."""
+
+    def agent(scenario: dict[str, object]) -> Callable[[], SubagentProvider]:
+        return lambda: AcpProvider(
+            stub_agent_command(scenario), cwd=cwd, transport=RelayTransport(LocalTransport(**FAST))
+        )
+
+    return ProviderContract(
+        completing=agent({"turns": [[{"step": "message", "text": OUTPUT}]]}),
+        working=agent({"turns": [[{"step": "message", "text": "working"}, {"step": "wait_for_cancel"}]]}),
+        failing_start=agent({"initialize": {"steps": [{"step": "exit", "code": 3}]}}),
+        output=OUTPUT,
+        resumable=True,
+        turn_under_way=first_update,
+    )
+
+
+def in_process_acp_contract(cwd: Path) -> ProviderContract:
+    """ACP on an agent served in this process over memory streams: no process, no pipe."""
+
+    def agent(**behaviour: Any) -> Callable[[], SubagentProvider]:
+        def handler(channel: InProcessChannel) -> ScriptedHandler:
+            return ScriptedHandler(channel, **behaviour)
+
+        return lambda: AcpProvider(["in-process-agent"], cwd=cwd, transport=InProcessTransport(handler))
+
+    return ProviderContract(
+        completing=agent(text=OUTPUT),
+        working=agent(text="working", work=True),
+        failing_start=agent(text="", exit_at_initialize=3),
+        output=OUTPUT,
+        resumable=True,
+        turn_under_way=first_update,
+    )
+
+
+PROVIDERS = [
+    "fake",
+    "spawn",
+    "fork",
+    pytest.param("acp", marks=pytest.mark.subprocess),
+    pytest.param("acp-relayed", marks=pytest.mark.subprocess),
+    "acp-in-process",
+]
 
 
 @pytest.fixture(params=PROVIDERS)
@@ -130,6 +178,10 @@ def contract(
         return spawn_contract()
     if name == "fork":
         return fork_contract()
+    if name == "acp-relayed":
+        return relayed_acp_contract(stub_agent_command, tmp_path)
+    if name == "acp-in-process":
+        return in_process_acp_contract(tmp_path)
     return acp_contract(stub_agent_command, tmp_path)
 
 

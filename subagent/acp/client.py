@@ -68,7 +68,7 @@ from subagent.acp.handlers import (
     PermissionQuestion,
     permission_policy,
 )
-from subagent.acp.process import STDIN_CLOSE_TIMEOUT, AgentProcess, open_agent_process
+from subagent.acp.transport import Channel, LocalTransport, Transport
 
 if TYPE_CHECKING:
     from subagent.acp.terminals import TerminalHost
@@ -713,8 +713,9 @@ class AcpClient:
         self._sessions: dict[str, AcpSession] = {}
         self._requests_in_flight = 0
         self._abandoned_requests = False
-        self.process: AgentProcess | None = None
-        """The agent's child process, when :func:`spawn_agent` started it."""
+        self.process: Channel | None = None
+        """The running agent, when :func:`spawn_agent` started it: its channel (locally, the
+        :class:`~subagent.acp.process.AgentProcess`)."""
 
     async def __aenter__(self) -> Self:
         await self.connection.__aenter__()
@@ -986,22 +987,46 @@ async def spawn_agent(
     on_stderr_line: Callable[[str], object] | None = None,
     process_options: Mapping[str, Any] | None = None,
     idle_close_grace: float | None = DEFAULT_IDLE_CLOSE_GRACE,
+    transport: Transport | None = None,
 ) -> AsyncIterator[AcpClient]:
     """Run ``argv`` as an ACP agent we own and yield a connected (not yet initialized) client.
 
-    The client's ``process`` attribute is the :class:`~subagent.acp.process.AgentProcess`.
-    Leaving the block closes the connection and tears the process group down (close stdin, wait,
+    ``transport`` says where the agent runs (:mod:`subagent.acp.transport`); by default a local
+    child process, :class:`~subagent.acp.transport.LocalTransport` with ``process_options`` (the
+    options of :func:`~subagent.acp.process.open_agent_process`), which only that default takes.
+    The client's ``process`` attribute is the transport's channel (locally, the
+    :class:`~subagent.acp.process.AgentProcess`). ``fs`` and ``terminals`` serve the agent on this
+    host, so a transport whose ``local_files`` is False takes neither.
+    Leaving the block closes the connection and tears the agent's tree down (close stdin, wait,
     SIGTERM, wait, SIGKILL, reap), whatever the exit path. The wait after stdin closes is
     ``idle_close_grace`` when the agent is :attr:`~AcpClient.idle` (its turn is over: an agent that
     exits on EOF does so in milliseconds, and one that ignores EOF is not waited on for long), and
-    the process's ``stdin_close_timeout`` otherwise (mid-turn, the agent may need time to stop);
+    the transport's ``stdin_close_timeout`` otherwise (mid-turn, the agent may need time to stop);
     never more than that. None: always the latter.
 
     Raises:
         AgentSpawnError: the command cannot be started (missing, not executable, bad cwd).
+        ValueError: ``process_options`` with a ``transport``, or ``fs``/``terminals`` with a
+            transport whose children do not see this host's files.
     """
-    async with open_agent_process(
-        argv, env=env, cwd=cwd, on_stderr_line=on_stderr_line, **dict(process_options or {})
+    if transport is None:
+        transport = LocalTransport(**dict(process_options or {}))
+    elif process_options:
+        raise ValueError(
+            f"process_options configure the default local transport; configure {transport.name} itself"
+        )
+    if not transport.local_files and (fs is not None or terminals is not None):
+        raise ValueError(
+            f"the agent runs on {transport.name}, where this host's files are not: it can be offered "
+            "no fs sandbox or terminals here"
+        )
+    if isinstance(argv, (str, bytes)):
+        raise TypeError("argv must be a sequence of arguments, not a string: no shell is used")
+    async with transport.open(
+        [os.fspath(arg) for arg in argv],
+        env=env,
+        cwd=None if cwd is None else os.fspath(cwd),
+        on_stderr_line=on_stderr_line,
     ) as process:
         client = AcpClient(
             process.stdout,
@@ -1014,10 +1039,10 @@ async def spawn_agent(
             max_output_chars=max_output_chars,
             on_protocol_error=on_protocol_error,
             exit_diagnosis=lambda closed: _diagnose_exit(process, closed),
-            name=f"acp:{process.pid}",
+            name=f"acp:{transport.name if process.pid is None else process.pid}",
         )
         client.process = process
-        full_grace = float(dict(process_options or {}).get("stdin_close_timeout", STDIN_CLOSE_TIMEOUT))
+        full_grace = transport.stdin_close_timeout
         body_error: BaseException | None = None
         async with anyio.create_task_group() as task_group:
             connection_done = anyio.Event()
@@ -1040,14 +1065,14 @@ async def spawn_agent(
                 client.connection.close()
                 task_group.cancel_scope.cancel()
         if idle_close_grace is not None and client.idle:
-            # Torn down here, before open_agent_process does it with the full grace (it then returns
+            # Torn down here, before the transport does it with the full grace (it then returns
             # this teardown's report).
             await process.aclose(stdin_close_timeout=min(idle_close_grace, full_grace))
         if body_error is not None:
             raise body_error
 
 
-async def _close_on_exit(process: AgentProcess, connection: Connection, connection_done: anyio.Event) -> None:
+async def _close_on_exit(process: Channel, connection: Connection, connection_done: anyio.Event) -> None:
     """Fail pending calls as soon as the agent exits, even if a grandchild holds its stdout open."""
     info = await process.wait_exit()
     with anyio.move_on_after(STDOUT_DRAIN_GRACE):
@@ -1055,13 +1080,13 @@ async def _close_on_exit(process: AgentProcess, connection: Connection, connecti
     connection.close(cause=AgentExitedError(str(info), exit_info=info))
 
 
-async def _diagnose_exit(process: AgentProcess, closed: ConnectionClosedError) -> AgentExitedError:
+async def _diagnose_exit(process: Channel, closed: ConnectionClosedError) -> AgentExitedError:
     with anyio.move_on_after(EXIT_DIAGNOSIS_TIMEOUT):
         info = await process.wait_exit()
         return AgentExitedError(str(info), exit_info=info)
     command = shlex.join(process.command)
     tail = process.stderr_tail().strip()
-    message = f"agent `{command}` (pid {process.pid}) closed its stdout but is still running"
+    message = f"agent `{command}` ({process.describe()}) closed its stdout but is still running"
     if closed.cause is not None:
         message += f" ({closed.cause})"
     if tail:

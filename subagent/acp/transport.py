@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, runtime_checkable
@@ -194,6 +195,9 @@ class LocalTransport:
             yield process
 
 
+_SCHEME = re.compile(r"\A[A-Za-z][A-Za-z0-9+.-]{0,31}\Z")
+"""A URL scheme (RFC 3986), of a sane length: anything else before ``://`` is not a scheme."""
+
 TRANSPORT_SCHEMES: dict[str, str] = {
     "ssh": "subagent.acp.ssh:transport_from_url",
     "ray": "subagent.acp.ray:transport_from_url",
@@ -207,6 +211,8 @@ def transport_from_url(url: str | None) -> Transport:
     """The transport a URL names: ``None`` or ``"local"`` -> `LocalTransport` (default options);
     ``ssh://[user@]host[:port]`` -> the SSH transport; ``ray://ADDRESS`` -> the Ray transport.
 
+    Error messages never quote the URL (it may carry a password): only its scheme.
+
     Raises:
         ValueError: The URL is malformed, its scheme is unknown, or its transport is not available
             in this installation.
@@ -215,19 +221,20 @@ def transport_from_url(url: str | None) -> Transport:
         return LocalTransport()
     if not isinstance(url, str):
         raise TypeError(f"a transport URL is a string, not {type(url).__name__}")
-    schemes = ", ".join(["local", *(f"{scheme}://" for scheme in TRANSPORT_SCHEMES)])
+    forms = ["'local'", *(f"'{scheme}://…'" for scheme in TRANSPORT_SCHEMES)]
+    expected = f"expected {', '.join(forms[:-1])} or {forms[-1]}"
     scheme, separator, _ = url.partition("://")
-    if not separator or not scheme:
-        raise ValueError(f"transport {url!r} is not a URL: expected one of {schemes}")
+    if not separator or not _SCHEME.match(scheme):
+        raise ValueError(f"not a transport URL: {expected}")
     target = TRANSPORT_SCHEMES.get(scheme.lower())
     if target is None:
-        raise ValueError(f"transport {url!r} has an unknown scheme {scheme!r}: expected one of {schemes}")
+        raise ValueError(f"unknown transport scheme {scheme!r}: {expected}")
     module_name, _, function_name = target.partition(":")
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name != module_name:
             raise
-        raise ValueError(f"the {scheme}:// transport is not available yet") from None
+        raise ValueError(f"the {scheme.lower()}:// transport is not available yet") from None
     factory: Callable[[str], Transport] = getattr(module, function_name)
     return factory(url)

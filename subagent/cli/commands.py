@@ -21,6 +21,7 @@ import anyio
 
 from subagent._acp_usage import usage_to_acp
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
+from subagent.acp.transport import Transport, transport_from_url
 from subagent.cli.config import AgentConfig, config_search_path, find_config, load_config
 from subagent.cli.console import Console, is_terminal, print_json, print_stdout, use_color
 from subagent.cli.logs import LOG_HANDLER
@@ -89,10 +90,18 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         agent = _configured_agent(args.agent, args.config)
         command = list(agent.command)
     assert command
+    transport = _transport(args.on, agent)
     cwd = args.cwd or (agent.cwd if agent else None)
-    if cwd is not None and not os.path.isdir(cwd):
+    if cwd is not None:
         where = f"the cwd of agent {agent.name!r} in {agent.source}" if agent and not args.cwd else "--cwd"
-        raise UsageError(f"{where}: {cwd!r} is not a directory")
+        if not transport.local_files:
+            # A directory on the agent's host: it cannot be checked, nor resolved, from here.
+            if not os.path.isabs(cwd):
+                raise UsageError(f"{where}: {cwd!r} must be an absolute path on {transport.name}")
+        elif not os.path.isdir(cwd):
+            raise UsageError(f"{where}: {cwd!r} is not a directory")
+    if args.fs and not transport.local_files:
+        raise UsageError(f"--fs: an agent on {transport.name} cannot be offered this host's files")
     prompt = args.prompt if args.prompt is not None else _read_prompt_from_stdin()
     if not prompt.strip():
         raise UsageError("the prompt is empty: pass -p TEXT or pipe the prompt on stdin")
@@ -121,11 +130,22 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         ready_timeout=agent.ready_timeout if agent else None,
         auth_method=args.auth_method or (agent.auth_method if agent else None),
         fs=args.fs if args.fs is not None else (agent.fs if agent else True),
+        transport=transport,
         json_output=args.json,
         events=args.events,
         progress=_progress_wanted(args, default=is_terminal(sys.stderr)),
     )
     return _execute(spec)
+
+
+def _transport(on: str | None, agent: AgentConfig | None) -> Transport:
+    """Where the agent runs: ``--on URL``, else the configured agent's ``transport``, else here."""
+    url = on if on is not None else (agent.transport if agent else None)
+    try:
+        return transport_from_url(url)
+    except ValueError as exc:
+        # A configured URL was checked when the config was read: this is --on's.
+        raise UsageError(f"--on: {exc}") from None
 
 
 def _progress_wanted(args: argparse.Namespace, *, default: bool) -> bool:
@@ -234,6 +254,7 @@ def agents_command(args: argparse.Namespace, command: list[str] | None) -> int:
                         "command": list(agent.command),
                         "description": agent.description,
                         "fs": agent.fs,
+                        "transport": agent.transport or "local",
                         "source": str(agent.source),
                     }
                     for agent in agents
@@ -253,7 +274,8 @@ def agents_command(args: argparse.Namespace, command: list[str] | None) -> int:
     lines = [f"agents in {path}:"]
     for agent in agents:
         no_fs = "  (fs off: no fs/* offered)" if not agent.fs else ""
-        lines.append(f"  {agent.name:<{width}}  {shlex.join(agent.command)}{no_fs}")
+        where = f"  (on {agent.transport})" if agent.transport not in (None, "local") else ""
+        lines.append(f"  {agent.name:<{width}}  {shlex.join(agent.command)}{where}{no_fs}")
         if agent.description:
             lines.append(f"  {'':<{width}}  {agent.description}")
     print_stdout("\n".join(lines) + "\n")

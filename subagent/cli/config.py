@@ -20,6 +20,7 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     ready_timeout = 120                           # spawn to a ready session, in seconds
     auth_method = "claude-login"                  # used when the agent demands authentication
     fs = false                                    # offer no fs/* to the agent (default: true)
+    transport = "ssh://build-1"                   # where it runs (default: "local"); see below
 
 The schema is written as typed structs (:class:`ConfigFile`, :class:`AgentTable`) that msgspec checks
 every key against: an unknown key, a value of the wrong type or an out-of-range number is a
@@ -30,6 +31,11 @@ empty or has ``=`` or NUL in it (values are never repeated in the message: they 
 A file that is not TOML, is nested too deeply to parse (hundreds of levels), or is larger than
 1 MiB is a :class:`ConfigError` too. Options given on the command line override the file's
 defaults.
+
+``transport`` is a URL for :func:`subagent.acp.transport.transport_from_url` (``local``,
+``ssh://[user@]host[:port]``): the agent then runs there, ``command`` and ``cwd`` name a program
+and a directory on that host, and a remote agent is offered no fs and no terminals (it reads and
+writes files itself). A URL that names no available transport is a :class:`ConfigError` for its key.
 """
 
 from __future__ import annotations
@@ -104,6 +110,7 @@ class AgentTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ready_timeout: Seconds | None = None
     auth_method: NonBlank | None = None
     fs: bool = True
+    transport: NonBlank | None = None
 
 
 Agents = dict[AgentName, AgentTable]
@@ -134,6 +141,7 @@ _EXPECTED: Final[Mapping[str, str]] = {
     "agents.*.ready_timeout": "a positive number of seconds",
     "agents.*.auth_method": "a string",
     "agents.*.fs": "true or false",
+    "agents.*.transport": 'a transport URL, e.g. "ssh://host"',
 }
 """What each key must be, by its place in the schema (``*`` any table key, ``[]`` any array item):
 the words of an error message, where msgspec's own would name Python types."""
@@ -179,6 +187,8 @@ class AgentConfig:
     fs: bool = True
     """Whether the client offers the agent its file system (``fs/read_text_file`` and
     ``fs/write_text_file``); ``fs = false`` is a workaround for an agent whose use of it is broken."""
+    transport: str | None = None
+    """Where the agent runs, as a transport URL (checked); None: locally."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,6 +280,9 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
     except msgspec.ValidationError as exc:
         key, message = _explain(str(exc), data)
         raise ConfigError(location, message, key=key) from None
+    for name, table in tables.items():
+        if table.transport is not None:
+            _check_transport(location, name, table.transport)
     directory = location.resolve().parent
     agents = {
         name: AgentConfig(
@@ -284,10 +297,22 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
             ready_timeout=table.ready_timeout,
             auth_method=table.auth_method,
             fs=table.fs,
+            transport=table.transport,
         )
         for name, table in tables.items()
     }
     return Config(path=location, agents=agents)
+
+
+def _check_transport(location: Path, agent: str, url: str) -> None:
+    """Raise ConfigError for a transport URL that names no transport available here."""
+    # Imported only for a file that names a transport: the process layer is not needed to read one.
+    from subagent.acp.transport import transport_from_url
+
+    try:
+        transport_from_url(url)
+    except ValueError as exc:
+        raise ConfigError(location, str(exc), key=_key_text(["agents", agent, "transport"])) from None
 
 
 # -- error messages --------------------------------------------------------------------------------------

@@ -78,7 +78,8 @@ $XDG_CONFIG_HOME/subagent/config.toml (~/.config/subagent/config.toml). Example:
   timeout = 600               # inactivity timeout, seconds
   cwd = "~/src/project"       # relative to the config file's directory
 
-Other keys: description, ready_timeout, auth_method, fs (false: --no-fs).
+Other keys: description, ready_timeout, auth_method, fs (false: --no-fs),
+transport (where it runs, as --on takes it: "ssh://HOST").
 Run `{PROG} COMMAND --help` for more.
 """
 
@@ -194,6 +195,13 @@ def _build_parser() -> tuple[Parser, dict[str, Parser]]:
         "cwd). --no-fs offers none, so the agent reads and writes files itself: a workaround for agents "
         "whose use of it is broken, such as Gemini CLI 0.61.0, which cannot create a new file through a "
         "client that offers it (default: the agent's `fs` in the config, else on)",
+    )
+    run.add_argument(
+        "--on",
+        metavar="URL",
+        help="where the agent runs: local (default), ssh://[USER@]HOST[:PORT] or ray://ADDRESS; "
+        "COMMAND and --cwd are then a program and an absolute directory there, and a remote agent is "
+        "offered no fs (default: the agent's `transport` in the config, else local)",
     )
     _add_turn_options(run, demo=False)
     _add_verbose(run)

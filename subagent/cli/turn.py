@@ -18,6 +18,7 @@ import anyio
 
 from subagent.acp import schema
 from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
+from subagent.acp.transport import Transport
 from subagent.cli.console import sanitize
 from subagent.cli.interrupts import Interrupts
 from subagent.cli.permission import AnswerSource, PermissionMode, permission_policy
@@ -48,6 +49,8 @@ class TurnSpec:
     ready_timeout: float | None = None
     auth_method: str | None = None
     fs: bool = True
+    transport: Transport | None = None
+    """Where the agent runs (None: a local child process)."""
     json_output: bool = False
     events: bool = False
     progress: bool = False
@@ -146,6 +149,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
             ),
             auth_method=spec.auth_method,
             fs=spec.fs,
+            transport=spec.transport,
             ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
         )
     except (ValueError, TypeError) as exc:

@@ -90,6 +90,7 @@ from subagent.acp.errors import (
 )
 from subagent.acp.handlers import FsSandbox, PermissionCallback, PermissionPolicy
 from subagent.acp.process import ExitInfo
+from subagent.acp.transport import LocalTransport, Transport, transport_from_url
 from subagent.types import (
     LINEAGE_META_KEY,
     ErrorCode,
@@ -208,12 +209,19 @@ class AcpProvider:
         on_stderr_line: called with each line the agent writes to stderr, as it arrives (the last
             64 KiB are kept for error messages either way).
         process_options: teardown timings and other options of
-            :func:`~subagent.acp.process.open_agent_process`.
+            :func:`~subagent.acp.process.open_agent_process`, for the local transport only.
+        transport: where each child runs: a :class:`~subagent.acp.transport.Transport`, or a URL
+            for :func:`~subagent.acp.transport.transport_from_url` (``"local"``,
+            ``"ssh://[user@]host[:port]"``...). Default: a local child process. ``cwd`` (default:
+            ours) is a path on the host the child runs on. A transport whose ``local_files`` is
+            False runs the child where this host's files are not: its agent is offered no fs and
+            no terminals (``fs``, ``fs_roots`` and ``terminal`` are ignored) and reads and writes
+            files itself, where it runs.
         idle_close_grace: how long a child whose turn is over gets to exit after its stdin closes,
             before SIGTERM (default :data:`~subagent.acp.client.DEFAULT_IDLE_CLOSE_GRACE`, 0.3 s):
             agents that exit on EOF are gone well within it, and one that ignores EOF (both Codex
             adapters) costs no more. A child disposed mid-turn gets the full
-            ``stdin_close_timeout`` of ``process_options`` (2 s by default). None: always the full one.
+            ``stdin_close_timeout`` of the transport (2 s by default). None: always the full one.
         max_concurrent: how many children may exist at once (None: no limit). Runs past it wait
             for a slot, first come first served; see the module docstring.
         max_line_bytes: the longest message (one JSON line) sent to or accepted from the agent.
@@ -225,8 +233,11 @@ class AcpProvider:
     Raises:
         ValueError: ``command`` is empty or a string, or an argument, the cwd or an environment
             value contains a NUL character, or an environment name is empty or contains ``=`` or
-            NUL (none of them could reach the child intact); a limit is out of range.
-        TypeError: an argument, environment name or value is not a string.
+            NUL (none of them could reach the child intact); a limit is out of range; the
+            transport URL is malformed or names no available transport; ``process_options`` are
+            given with a transport other than the local one.
+        TypeError: an argument, environment name or value is not a string; ``transport`` is
+            neither a URL nor a transport.
     """
 
     inherits_parent_context = False
@@ -254,6 +265,7 @@ class AcpProvider:
         max_concurrent: int | None = DEFAULT_MAX_CONCURRENT,
         max_kept_updates: int | None = DEFAULT_MAX_KEPT_UPDATES,
         max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
+        transport: Transport | str | None = None,
     ) -> None:
         if isinstance(command, str) or not command:
             raise ValueError("command must be a non-empty argv list, e.g. ['npx', 'some-acp-agent']")
@@ -288,6 +300,8 @@ class AcpProvider:
         self.max_output_chars = max_output_chars
         self.on_stderr_line = on_stderr_line
         self.process_options = dict(process_options or {})
+        self.transport = _resolve_transport(transport, self.process_options)
+        """Where each child runs (see :mod:`subagent.acp.transport`)."""
         self.idle_close_grace = idle_close_grace
         self.capabilities = SubagentCapabilities(output_schema=structured_output)
         self._max_concurrent = max_concurrent
@@ -295,7 +309,8 @@ class AcpProvider:
         self._queue: deque[AcpRun] = deque()  # runs waiting for a slot, in arrival order
 
     def __repr__(self) -> str:
-        return f"AcpProvider(name={self.name!r}, command={shlex.join(self.command)!r})"
+        where = "" if isinstance(self.transport, LocalTransport) else f", transport={self.transport.name!r}"
+        return f"AcpProvider(name={self.name!r}, command={shlex.join(self.command)!r}{where})"
 
     @property
     def max_concurrent(self) -> int | None:
@@ -446,12 +461,14 @@ class AcpRun(DisposeOnExit):
 
     @property
     def pid(self) -> int | None:
-        """The agent process's pid (also its process group id), once it was spawned."""
+        """The pid of the local process running the agent, once it was spawned: the agent's own
+        (also its process group id) with the local transport; what the transport spawned here
+        otherwise (the ``ssh`` client), or None where it spawned nothing here."""
         client = self._client
         return None if client is None or client.process is None else client.process.pid
 
     def kill(self) -> None:
-        """SIGKILL the agent's whole process tree at once (see `AgentProcess.kill`), if it has one yet.
+        """Kill the agent's whole process tree at once (see `Channel.kill`), if it has one yet.
 
         An emergency stop: `cancel()` and `dispose()` stay the way to end a run; a `dispose()` already
         waiting out its grace returns as soon as it sees the tree gone.
@@ -652,12 +669,13 @@ class AcpRun(DisposeOnExit):
                 f"agent `{self.command_line}` was not started: its cwd {cwd!r} has a NUL character"
             )
             return
-        fs = FsSandbox(provider.fs_roots or [cwd])
+        # A child that does not see this host's files is served neither files nor terminals here.
+        sandbox = FsSandbox(provider.fs_roots or [cwd]) if provider.transport.local_files else None
         terminals: TerminalHost | None = None
-        if provider.terminal:
+        if provider.terminal and sandbox is not None:
             from subagent.acp.terminals import TerminalHost
 
-            terminals = TerminalHost(sandbox=fs, cwd=cwd)
+            terminals = TerminalHost(sandbox=sandbox, cwd=cwd)
             await terminals.__aenter__()
         try:
             async with spawn_agent(
@@ -665,13 +683,13 @@ class AcpRun(DisposeOnExit):
                 env=provider.env,
                 cwd=cwd,
                 permission=provider.permission,
-                fs=fs if provider.fs else None,
+                fs=sandbox if provider.fs else None,
                 terminals=terminals,
                 max_line_bytes=provider.max_line_bytes,
                 max_kept_updates=provider.max_kept_updates,
                 max_output_chars=provider.max_output_chars,
                 on_stderr_line=provider.on_stderr_line,
-                process_options=provider.process_options,
+                transport=provider.transport,
                 idle_close_grace=provider.idle_close_grace,
             ) as client:
                 self._client = client
@@ -945,6 +963,18 @@ async def _watch_idle(session: AcpSession, timeout: float, on_timeout: Any) -> N
             await on_timeout()
             return
         await anyio.sleep(remaining)
+
+
+def _resolve_transport(transport: Transport | str | None, process_options: Mapping[str, Any]) -> Transport:
+    """The provider's transport: ``process_options`` configure the local one (the default)."""
+    if transport is None or transport == "local":
+        return LocalTransport(**process_options)
+    resolved = transport_from_url(transport) if isinstance(transport, str) else transport
+    if not isinstance(resolved, Transport):
+        raise TypeError(f"transport must be a URL or a Transport, not {type(transport).__name__}")
+    if process_options:
+        raise ValueError(f"process_options configure the local transport; configure {resolved.name} itself")
+    return resolved
 
 
 def _check_limit(name: str, value: object, *, minimum: int, optional: bool = True) -> None:
