@@ -6,6 +6,8 @@ Layers, each usable without the ones above it:
 * :mod:`subagent.acp.errors`: every exception of this package, in one tree;
 * :mod:`subagent.acp.connection`: JSON-RPC 2.0 over any anyio byte-stream pair, knowing no ACP method;
 * :mod:`subagent.acp.process`: a child agent process we own, from spawn to reaped process group;
+* :mod:`subagent.acp.transport`: where an agent runs: a transport opens a channel to it (locally,
+  the process above; ``transport_from_url`` names others, such as ``ssh://host``);
 * :mod:`subagent.acp.client`: the typed client session (:class:`AcpClient`, :func:`spawn_agent`);
 * :mod:`subagent.acp.handlers`: what the client serves to the agent (fs sandbox, permission policies);
 * :mod:`subagent.acp.agent`: the other side, for writing an agent;
@@ -32,21 +34,25 @@ __all__ = [
     "AllowPolicy",
     "AuthenticationRequiredError",
     "CallbackPolicy",
+    "Channel",
     "Connection",
     "ConnectionClosedError",
     "DenyPolicy",
     "ExitInfo",
     "FsSandbox",
+    "LocalTransport",
     "PermissionOption",
     "PermissionPolicy",
     "PermissionQuestion",
     "ProtocolError",
     "ProtocolVersionError",
     "RequestError",
+    "Transport",
     "TurnResult",
     "final_message",
     "open_agent_process",
     "spawn_agent",
+    "transport_from_url",
 ]
 
 if TYPE_CHECKING:
@@ -75,6 +81,7 @@ if TYPE_CHECKING:
         PermissionQuestion,
     )
     from subagent.acp.process import AgentProcess, ExitInfo, open_agent_process
+    from subagent.acp.transport import Channel, LocalTransport, Transport, transport_from_url
 else:
     from subagent._lazy import lazy_exports
 
@@ -94,6 +101,7 @@ else:
                 "PermissionQuestion",
             ),
             "subagent.acp.process": ("AgentProcess", "ExitInfo", "open_agent_process"),
+            "subagent.acp.transport": ("Channel", "LocalTransport", "Transport", "transport_from_url"),
         },
         default="subagent.acp.errors",
     )
