@@ -1,0 +1,364 @@
+"""The SSH transport against a real ``sshd`` on loopback (tests/sshd.py starts it with a throwaway key).
+
+Each test runs real processes on asyncio and trio: the local ssh client under our supervisor, sshd's
+session, the remote supervisor and the agent. "Nothing left" is asserted by `assert_no_leaks_over_ssh`
+(the remote agent carries the leak tag in its environment, passed explicitly: ours is not forwarded)
+and, where the point is teardown, on the reported pids themselves. Waits are for events, under
+``anyio.fail_after`` as hang guards only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
+
+from subagent.acp import schema
+from subagent.acp.client import TurnResult, spawn_agent
+from subagent.acp.errors import AgentSpawnError
+from subagent.acp.process import UNKNOWN_RETURNCODE, TeardownStep, supervision_available
+from subagent.acp.ssh import SshTransport, transport_from_url
+from subagent.acp.transport import Channel, Transport
+from subagent.acp.transport import transport_from_url as any_transport_from_url
+from subagent.testing import stub_agent_argv
+from subagent.testing.leaks import LEAK_TAG_VARIABLE, process_is_gone
+from tests.sshd import SshServer, assert_no_leaks_over_ssh, running_sshd
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.subprocess,
+    pytest.mark.skipif(not supervision_available(), reason="the supervisor needs Linux"),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+PROCS = ROOT / "fixtures" / "procs"
+SCENARIOS = ROOT / "fixtures" / "scenarios"
+WAIT = 30  # seconds: a hang guard on one step, never a statement about speed
+HOME = os.path.expanduser("~")
+SHORT_GRACE = 0.5  # for a teardown step the agent ignores: it always runs out, and decides nothing
+
+
+@pytest.fixture(scope="module")
+def sshd() -> Iterator[SshServer]:
+    """One loopback sshd for the module (it starts in milliseconds, and is gone after the module)."""
+    with running_sshd() as server:
+        yield server
+
+
+@pytest.fixture
+def transport(sshd: SshServer) -> SshTransport:
+    return SshTransport(sshd.host, config_file=sshd.config_file, stdin_close_timeout=SHORT_GRACE)
+
+
+def fixture_argv(name: str, *args: str) -> list[str]:
+    """``fixtures/procs/<name>`` run by this interpreter (loopback: the remote host is this one)."""
+    return [sys.executable, str(PROCS / name), *args]
+
+
+async def read_line(channel: Channel) -> bytes:
+    with anyio.fail_after(WAIT):
+        return await BufferedByteReceiveStream(channel.stdout).receive_until(b"\n", 64 * 1024)
+
+
+def running(pid: int) -> bool:
+    return not process_is_gone(pid)
+
+
+async def wait_gone(pids: list[int]) -> list[int]:
+    """Wait (bounded) until none of ``pids`` runs; those still running then."""
+    with anyio.move_on_after(WAIT):
+        while True:
+            if not any(running(pid) for pid in pids):
+                break
+            await anyio.sleep(0.02)  # A poll interval: the wait is bounded above.
+    return [pid for pid in pids if running(pid)]
+
+
+def texts(result: TurnResult) -> list[str]:
+    return [
+        update.content.text
+        for update in result.updates
+        if isinstance(update, schema.AgentMessageChunk) and isinstance(update.content, schema.TextContent)
+    ]
+
+
+# -- a whole turn -----------------------------------------------------------------------------------------
+
+
+async def test_a_stub_agent_turn_over_ssh_streams_the_reply_and_asks_the_local_permission_policy(
+    sshd: SshServer, transport: SshTransport, tmp_path: Path
+) -> None:
+    async with (
+        assert_no_leaks_over_ssh(sshd) as tag,
+        spawn_agent(
+            stub_agent_argv(SCENARIOS / "full_turn.json"),
+            env={LEAK_TAG_VARIABLE: tag},
+            transport=transport,
+            permission="allow",
+        ) as client,
+    ):
+        assert isinstance(client.process, Channel)
+        assert client.process.describe().endswith(f"via ssh to {sshd.host}")
+        with anyio.fail_after(WAIT):
+            await client.initialize()
+            session = await client.new_session(tmp_path)
+            result = await session.prompt("edit main.py")
+    assert result.stop_reason == "end_turn"
+    assert "".join(texts(result)) == "Looking at the code.Done: main.py is edited."
+    assert result.output == "Done: main.py is edited."
+
+
+# -- what reaches the remote agent ------------------------------------------------------------------------
+
+
+async def test_env_and_cwd_reach_the_remote_agent_over_its_login_environment_and_never_a_command_line(
+    sshd: SshServer, transport: SshTransport, tmp_path: Path
+) -> None:
+    secret = "s3cret 'single' \"double\" $HOME `tick` ;|&\n line two \\ é"
+    async with assert_no_leaks_over_ssh(sshd) as tag:
+        env = {"AGENT_TOKEN": secret, "EMPTY": "", LEAK_TAG_VARIABLE: tag}
+        async with transport.open(
+            fixture_argv("prints_env_and_cwd.py", "AGENT_TOKEN", "EMPTY", "HOME", "UNSET"),
+            env=env,
+            cwd=str(tmp_path),
+        ) as channel:
+            report = json.loads(await read_line(channel))
+            with anyio.fail_after(WAIT):
+                info = await channel.wait_exit()
+    assert report == {
+        "cwd": str(tmp_path),
+        # HOME comes from the remote login, not from us: the variables given are set over it.
+        "env": {"AGENT_TOKEN": secret, "EMPTY": "", "HOME": HOME, "UNSET": None},
+    }
+    assert (info.returncode, info.status_known, info.via) == (0, True, f"via ssh to {sshd.host}")
+    # Neither the argv of ssh here nor the remote command line carries the agent's argv or environment.
+    ssh_argv = " ".join(transport.ssh_argv())
+    for value in ("s3cret", "AGENT_TOKEN", "prints_env_and_cwd", str(tmp_path)):
+        assert value not in ssh_argv
+
+
+async def test_the_remote_exit_status_and_stderr_are_reported_and_the_supervisor_reports_are_not_shown(
+    sshd: SshServer, transport: SshTransport
+) -> None:
+    seen: list[str] = []
+    async with (
+        assert_no_leaks_over_ssh(sshd) as tag,
+        transport.open(
+            # Lines that look like the supervisor's reports, without the per-run marker.
+            fixture_argv("exit_with_status.py", "3", "pid 1", "exit 0", "", "boom"),
+            env={LEAK_TAG_VARIABLE: tag},
+            on_stderr_line=seen.append,
+        ) as channel,
+    ):
+        with anyio.fail_after(WAIT):
+            info = await channel.wait_exit()
+        remote_pid = channel.remote_pid
+    assert (info.returncode, info.status_known, info.pid) == (3, True, remote_pid)
+    assert info.stderr_tail == "pid 1\nexit 0\n\nboom\n"
+    assert seen == ["pid 1", "exit 0", "", "boom"]
+    assert str(info).endswith(
+        f"(pid {remote_pid} via ssh to {sshd.host}) exited with status 3; last stderr: pid 1 | exit 0 | boom"
+    )
+
+
+async def test_a_report_after_a_partial_stderr_line_is_still_read_and_the_partial_line_kept(
+    sshd: SshServer, transport: SshTransport
+) -> None:
+    script = "import sys; sys.stderr.write('no newline at the end'); sys.stderr.flush(); sys.exit(4)"
+    async with (
+        assert_no_leaks_over_ssh(sshd) as tag,
+        transport.open([sys.executable, "-c", script], env={LEAK_TAG_VARIABLE: tag}) as channel,
+    ):
+        with anyio.fail_after(WAIT):
+            info = await channel.wait_exit()
+    assert (info.returncode, info.status_known) == (4, True)
+    assert info.stderr_tail == "no newline at the end\n"
+
+
+# -- teardown on every exit path --------------------------------------------------------------------------
+
+
+async def test_a_dropped_connection_kills_the_remote_agent_and_every_descendant_that_left_its_group(
+    sshd: SshServer, transport: SshTransport
+) -> None:
+    async with assert_no_leaks_over_ssh(sshd) as tag:
+        async with transport.open(
+            # Agent and helpers ignore SIGTERM and stdin EOF: only the remote supervisor's SIGKILL ends them.
+            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm"),
+            env={LEAK_TAG_VARIABLE: tag},
+        ) as channel:
+            pids = [int(pid) for pid in (await read_line(channel)).split()]
+            assert pids[0] == channel.remote_pid
+            assert all(running(pid) for pid in pids)
+            assert channel.pid is not None
+            os.kill(channel.pid, signal.SIGKILL)  # the local ssh client: the connection drops
+            with anyio.fail_after(WAIT):
+                info = await channel.wait_exit()
+            assert (info.status_known, info.returncode, info.pid) == (False, UNKNOWN_RETURNCODE, pids[0])
+            assert info.via is not None
+            assert "connection lost" in info.via
+            assert await wait_gone(pids) == []
+        report = await channel.aclose()
+        assert report.steps == (TeardownStep.CLOSE_STDIN,)  # ssh was gone already
+
+
+async def test_teardown_of_an_agent_that_ignores_stdin_eof_ends_its_whole_remote_tree(
+    sshd: SshServer, transport: SshTransport
+) -> None:
+    async with assert_no_leaks_over_ssh(sshd) as tag:
+        async with transport.open(
+            fixture_argv("escaping_descendants.py", "ignore-sigterm", "obey-sigterm"),
+            env={LEAK_TAG_VARIABLE: tag},
+        ) as channel:
+            pids = [int(pid) for pid in (await read_line(channel)).split()]
+        # ssh outlived the grace after stdin closed (the agent ignores EOF): SIGTERM ended it, and the
+        # connection with it.
+        report = await channel.aclose()
+        assert report.steps == (TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM)
+        assert await wait_gone(pids) == []
+
+
+async def test_an_agent_that_exits_at_stdin_eof_is_torn_down_gracefully_with_its_status(
+    sshd: SshServer, transport: SshTransport
+) -> None:
+    async with (
+        assert_no_leaks_over_ssh(sshd) as tag,
+        transport.open(fixture_argv("echo_lines.py"), env={LEAK_TAG_VARIABLE: tag}) as channel,
+    ):
+        await channel.stdin.send(b"hello over ssh\n")
+        assert await read_line(channel) == b"hello over ssh"
+        report = await channel.aclose(stdin_close_timeout=WAIT)
+    assert report.graceful
+    info = channel.exit_info()
+    assert info is not None
+    assert (info.returncode, info.status_known) == (0, True)
+
+
+# -- failures to start: typed, quick, with ssh's reason ---------------------------------------------------
+
+
+async def test_a_refused_connection_is_a_spawn_error_quoting_ssh(sshd: SshServer) -> None:
+    closed_port = SshTransport("127.0.0.1", port=1, config_file=sshd.config_file)
+    async with assert_no_leaks_over_ssh(sshd):
+        with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as caught:
+            async with closed_port.open(["true"]):
+                pytest.fail("the agent started")
+    assert caught.value.command == ("true",)
+    assert caught.value.reason == (
+        "ssh to 127.0.0.1 failed: ssh: connect to host 127.0.0.1 port 1: Connection refused"
+    )
+
+
+async def test_a_refused_login_is_a_spawn_error_quoting_ssh_and_never_prompts(sshd: SshServer) -> None:
+    stranger = SshTransport(sshd.host, user="nobody", config_file=sshd.config_file)
+    async with assert_no_leaks_over_ssh(sshd):
+        with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as caught:
+            async with stranger.open(["true"], env={"TOKEN": "never-shown"}):
+                pytest.fail("the agent started")
+    assert caught.value.reason.startswith(f"ssh to {sshd.host} failed: ")
+    assert "Permission denied (publickey)" in caught.value.reason
+    assert "never-shown" not in str(caught.value)
+
+
+async def test_a_missing_remote_program_or_directory_is_a_spawn_error_naming_the_host(
+    sshd: SshServer, transport: SshTransport, tmp_path: Path
+) -> None:
+    async with assert_no_leaks_over_ssh(sshd):
+        with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as missing_program:
+            async with transport.open([str(tmp_path / "no-such-agent")]):
+                pytest.fail("the agent started")
+        with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as missing_directory:
+            async with transport.open(["true"], cwd=str(tmp_path / "no-such-dir")):
+                pytest.fail("the agent started")
+    assert missing_program.value.reason == f"exec failed on {sshd.host}: No such file or directory"
+    assert missing_directory.value.reason == (
+        f"working directory {str(tmp_path / 'no-such-dir')!r} on {sshd.host}: No such file or directory"
+    )
+
+
+async def test_a_missing_ssh_client_is_a_spawn_error_about_the_agent() -> None:
+    nowhere = SshTransport("example.invalid", ssh="/nonexistent/ssh")
+    with pytest.raises(AgentSpawnError) as caught:
+        async with nowhere.open(["agent", "--acp"]):
+            pytest.fail("the agent started")
+    assert caught.value.command == ("agent", "--acp")
+    assert caught.value.reason == "cannot run ssh: '/nonexistent/ssh' does not exist"
+
+
+async def test_what_exec_cannot_carry_is_refused_before_ssh_runs_without_quoting_the_value() -> None:
+    transport = SshTransport("example.invalid", ssh="/nonexistent/ssh")
+    with pytest.raises(AgentSpawnError) as caught:
+        async with transport.open(["agent"], env={"TOKEN": "secret\0value"}):
+            pytest.fail("the agent started")
+    assert caught.value.reason == "the value of environment variable 'TOKEN' contains a NUL character"
+    assert "secret" not in str(caught.value)
+
+
+# -- naming and options -----------------------------------------------------------------------------------
+
+
+def test_an_ssh_url_names_user_host_and_port_and_the_registry_builds_it() -> None:
+    transport = transport_from_url("ssh://builder@build-1.example:2222")
+    assert (transport.host, transport.user, transport.port) == ("build-1.example", "builder", 2222)
+    assert transport.name == "ssh://builder@build-1.example:2222"
+    assert transport.local_files is False
+    via_registry = any_transport_from_url("ssh://build-1")
+    assert isinstance(via_registry, SshTransport)
+    assert isinstance(via_registry, Transport)
+    assert (via_registry.host, via_registry.user, via_registry.port) == ("build-1", None, None)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ssh://:22",
+        "ssh://u:hunter2@host",
+        "ssh://host/path",
+        "ssh://host:99999",
+        "ssh://host?x=1",
+        "http://h",
+    ],
+)
+def test_a_malformed_ssh_url_is_refused_without_quoting_it(url: str) -> None:
+    with pytest.raises(ValueError, match="ssh") as caught:
+        transport_from_url(url)
+    assert url not in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+@pytest.mark.parametrize("host", ["-oProxyCommand=touch x", "", "host name", "host;rm"])
+def test_a_host_that_ssh_could_read_as_an_option_or_that_is_no_name_is_refused(host: str) -> None:
+    with pytest.raises(ValueError, match="not a host name"):
+        SshTransport(host)
+
+
+def test_batch_mode_and_no_forwarding_come_first_and_given_options_before_the_defaults() -> None:
+    transport = SshTransport("h", user="u", port=2200, ssh_options=["-o", "ConnectTimeout=3"])
+    argv = transport.ssh_argv()
+    assert argv[:12] == [
+        "ssh",
+        "-T",
+        "-e",
+        "none",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ForwardAgent=no",
+        "-o",
+        "ForwardX11=no",
+        "-o",
+        "ClearAllForwardings=yes",
+    ]
+    assert argv[12:-3] == ["-l", "u", "-p", "2200", "-o", "ConnectTimeout=3", "-o", "ConnectTimeout=10"]
+    assert argv[-3:-1] == ["--", "h"]
+    # One line, no "!": any login shell, csh included, runs it as written.
+    assert "\n" not in argv[-1]
+    assert "!" not in argv[-1]
