@@ -45,6 +45,11 @@ ended it: a crash, a failed start, a cancel, a dispose). A child idle between tu
 so code that awaits every result before disposing any run cannot wait on itself; ``resume()``
 queues for a slot again before its turn. A run cancelled or disposed while it waits never spawns a
 child. ``ready_timeout`` starts at the spawn, so time spent queued never counts against it.
+
+Where children run: the provider's ``transport`` (:mod:`subagent.acp.transport`; a local child
+process by default) opens each one; its exit diagnosis, ``run.pid`` and ``run.kill()`` go through
+the transport's channel. A transport whose children do not see this host's files
+(``local_files`` False) gets no fs and no terminals offered to its agents.
 """
 
 from __future__ import annotations
