@@ -4,15 +4,17 @@
 ``sshd_config`` (127.0.0.1 on a free port, that host key, the client key as the only authorized key, no
 password, no keyboard-interactive, no PAM, ``StrictModes no``) and runs ``sshd -D`` as a child of ours,
 logging to a file there. It yields an `SshServer` whose ``config_file`` is a client ``ssh_config``
-(``ssh -F``) for the host alias `HOST_ALIAS`: the port, our user, the client key, a ``known_hosts`` holding
-the host key (``StrictHostKeyChecking yes``) and ``BatchMode yes``. On exit it stops ``sshd``, reaps it and
-removes the directory.
+(``ssh -F``) with two hosts: `HOST_ALIAS`, the listener, and `INETD_HOST_ALIAS`, a ``sshd -i`` that the
+ssh client starts for its one connection (``ProxyCommand``); both with our user, the client key, a
+``known_hosts`` holding the host key (``StrictHostKeyChecking yes``) and ``BatchMode yes``. On exit it
+stops ``sshd``, reaps it and removes the directory.
 
 Why a child and not a daemon: an orphan is re-parented to init, and in some containers init never reaps,
 so a daemonized ``sshd`` would stay a zombie for good. A child of ours is reaped by us; but it is also our
-descendant, so `subagent.testing.leaks.assert_no_leaks` would count it: the SSH tests use
+descendant, so `subagent.testing.leaks.assert_no_leaks` would count it: tests against the listener use
 `assert_no_leaks_over_ssh`, which leaves the listener itself out (and nothing else: its sessions, and the
-processes they run, are leaks once a test is over).
+processes they run, are leaks once a test is over); tests that must use `assert_no_leaks` itself (the
+contract suite) use `INETD_HOST_ALIAS` with ``running_sshd(listen=False)``.
 
 As root, ``sshd`` insists on its privilege separation directory (``/run/sshd``, which Debian's service
 creates at start); `running_sshd` creates it when missing and removes it again. Where no ``sshd`` is
@@ -42,6 +44,7 @@ from subagent.testing.leaks import LEAK_TAG_VARIABLE, ProcessInfo, leaked_proces
 
 __all__ = [
     "HOST_ALIAS",
+    "INETD_HOST_ALIAS",
     "REQUIRE_SSH_VARIABLE",
     "SshServer",
     "assert_no_leaks_over_ssh",
@@ -51,6 +54,11 @@ __all__ = [
 
 HOST_ALIAS = "subagent-test-sshd"
 """The host name the client config gives the loopback server."""
+INETD_HOST_ALIAS = "subagent-test-sshd-inetd"
+"""A host name the client config reaches through a ``sshd -i`` of its own (``ProxyCommand``): the server,
+a child of the ssh client, serves that one connection, so everything of the run, "remote" side
+included, is a descendant of ours until the run is over (what `assert_no_leaks` wants)."""
+_HOST_KEY_ALIAS = "subagent-test-sshd-key"
 REQUIRE_SSH_VARIABLE = "SUBAGENT_REQUIRE_SSH"
 """Set (CI sets it): a missing ``sshd`` or ``ssh`` fails the SSH tests instead of skipping them."""
 START_TIMEOUT = 20.0
@@ -70,16 +78,19 @@ class SshServer:
     """A running loopback ``sshd`` and what a client needs to log in to it."""
 
     host: str
-    """The host alias `config_file` defines."""
+    """The host alias `config_file` defines for the listener."""
+    inetd_host: str
+    """The host alias `config_file` defines for a ``sshd -i`` per connection (see `INETD_HOST_ALIAS`)."""
     config_file: Path
-    """A client ``ssh_config`` (``ssh -F``) for `host`: port, user, key, known host key, BatchMode."""
+    """A client ``ssh_config`` (``ssh -F``) for `host` and `inetd_host`: port or proxy command, user, key,
+    known host key, BatchMode."""
     port: int
     user: str
     directory: Path
     """The temporary directory holding keys, configs, pid file and log."""
     log_file: Path
-    pid: int
-    """The listener's pid: a child of this process."""
+    pid: int | None
+    """The listener's pid (a child of this process), or None if `running_sshd` was asked not to listen."""
 
     def log(self) -> str:
         """What ``sshd`` has logged so far."""
@@ -120,7 +131,7 @@ def _keygen(path: Path) -> None:
     )
 
 
-def _write_configs(directory: Path, port: int, user: str) -> tuple[Path, Path]:
+def _write_configs(sshd: str, directory: Path, port: int, user: str) -> tuple[Path, Path]:
     """The server's sshd_config and the client's ssh_config in ``directory``; the keys are there already."""
     server_config = directory / "sshd_config"
     server_config.write_text(
@@ -144,12 +155,16 @@ def _write_configs(directory: Path, port: int, user: str) -> tuple[Path, Path]:
         "MaxStartups 100\n"
     )
     host_key = (directory / "host_key.pub").read_text().split()
-    (directory / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}\n")
+    (directory / "known_hosts").write_text(f"{_HOST_KEY_ALIAS} {host_key[0]} {host_key[1]}\n")
     client_config = directory / "ssh_config"
     client_config.write_text(
         f"Host {HOST_ALIAS}\n"
         "  HostName 127.0.0.1\n"
         f"  Port {port}\n"
+        f"Host {INETD_HOST_ALIAS}\n"
+        f"  ProxyCommand {sshd} -i -f {server_config} -E {directory / 'sshd.log'}\n"
+        "Host *\n"
+        f"  HostKeyAlias {_HOST_KEY_ALIAS}\n"
         f"  User {user}\n"
         f"  IdentityFile {directory / 'client_key'}\n"
         "  IdentitiesOnly yes\n"
@@ -187,9 +202,10 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @contextlib.contextmanager
-def running_sshd() -> Iterator[SshServer]:
+def running_sshd(*, listen: bool = True) -> Iterator[SshServer]:
     """Run a throwaway ``sshd`` on 127.0.0.1 for our own user; stop it and remove its files on exit.
 
+    ``listen=False``: start no listener; only `SshServer.inetd_host` can be reached then.
     Skips (or fails, under `REQUIRE_SSH_VARIABLE`) where OpenSSH is not installed.
     """
     sshd, _ = sshd_or_skip()
@@ -208,7 +224,9 @@ def running_sshd() -> Iterator[SshServer]:
         # A port picked free can be taken before sshd binds it: then sshd exits, and another is tried.
         for attempt in range(3):
             port = _free_port()
-            server_config, client_config = _write_configs(directory, port, user)
+            server_config, client_config = _write_configs(sshd, directory, port, user)
+            if not listen:
+                break
             process = subprocess.Popen(
                 # sshd re-executes itself, so it must be named by its absolute path.
                 [sshd, "-D", "-f", str(server_config), "-E", str(log_file)],
@@ -225,15 +243,16 @@ def running_sshd() -> Iterator[SshServer]:
                 process = None
                 if attempt == 2:
                     raise
-        assert process is not None
+        assert process is not None or not listen
         yield SshServer(
             host=HOST_ALIAS,
+            inetd_host=INETD_HOST_ALIAS,
             config_file=client_config,
             port=port,
             user=user,
             directory=directory,
             log_file=log_file,
-            pid=process.pid,
+            pid=None if process is None else process.pid,
         )
     finally:
         if process is not None:
