@@ -29,8 +29,8 @@ from subagent.acp.ssh import SshTransport, transport_from_url
 from subagent.acp.transport import Channel, Transport
 from subagent.acp.transport import transport_from_url as any_transport_from_url
 from subagent.testing import stub_agent_argv
-from subagent.testing.leaks import LEAK_TAG_VARIABLE, process_is_gone
-from tests.sshd import SshServer, assert_no_leaks_over_ssh, running_sshd
+from subagent.testing.leaks import LEAK_TAG_VARIABLE, process_info, process_is_gone
+from tests.sshd import REQUIRE_SSH_VARIABLE, SshServer, assert_no_leaks_over_ssh, running_sshd, sshd_or_skip
 
 pytestmark = [
     pytest.mark.anyio,
@@ -183,6 +183,37 @@ async def test_a_report_after_a_partial_stderr_line_is_still_read_and_the_partia
     assert info.stderr_tail == "no newline at the end\n"
 
 
+async def test_the_report_marker_is_nowhere_the_agent_can_read_it(
+    sshd: SshServer, transport: SshTransport
+) -> None:
+    # What a process of the same user can read of the agent and of its parent, the remote supervisor.
+    script = (
+        "import os, sys\n"
+        "def read(path):\n"
+        "    try:\n"
+        "        with open(path, 'rb') as file:\n"
+        "            return file.read()\n"
+        "    except OSError:\n"
+        "        return b''\n"
+        "pids = ('self', str(os.getppid()))\n"
+        "views = [read(f'/proc/{pid}/{name}') for pid in pids for name in ('environ', 'cmdline')]\n"
+        "print(' '.join(view.hex() for view in views))\n"
+    )
+    async with (
+        assert_no_leaks_over_ssh(sshd) as tag,
+        transport.open([sys.executable, "-c", script], env={LEAK_TAG_VARIABLE: tag}) as channel,
+    ):
+        views = [bytes.fromhex(view) for view in (await read_line(channel)).decode().split()]
+        marker = channel._report_prefix.strip().encode()
+    own_environ, own_cmdline, parent_environ, parent_cmdline = views
+    assert tag.encode() in own_environ
+    assert own_cmdline.startswith(os.fsencode(sys.executable))
+    assert b"read_request" in parent_cmdline  # the parent is the remote loader turned supervisor
+    assert tag.encode() in parent_environ
+    assert len(marker) == 32
+    assert all(marker not in view for view in views)
+
+
 # -- teardown on every exit path --------------------------------------------------------------------------
 
 
@@ -203,8 +234,9 @@ async def test_a_dropped_connection_kills_the_remote_agent_and_every_descendant_
             with anyio.fail_after(WAIT):
                 info = await channel.wait_exit()
             assert (info.status_known, info.returncode, info.pid) == (False, UNKNOWN_RETURNCODE, pids[0])
-            assert info.via is not None
-            assert "connection lost" in info.via
+            assert (
+                info.via == f"via ssh to {sshd.host}, connection lost: ssh was killed by SIGKILL (signal 9)"
+            )
             assert await wait_gone(pids) == []
         report = await channel.aclose()
         assert report.steps == (TeardownStep.CLOSE_STDIN,)  # ssh was gone already
@@ -362,3 +394,32 @@ def test_batch_mode_and_no_forwarding_come_first_and_given_options_before_the_de
     # One line, no "!": any login shell, csh included, runs it as written.
     assert "\n" not in argv[-1]
     assert "!" not in argv[-1]
+
+
+# -- the fixture itself -----------------------------------------------------------------------------------
+
+
+def test_the_sshd_fixture_leaves_no_process_and_no_file() -> None:
+    privsep_dir_existed = Path("/run/sshd").exists()
+    with running_sshd() as server:
+        assert server.pid is not None
+        assert running(server.pid)
+        directory = server.directory
+        assert (directory / "ssh_config").is_file()
+    assert process_info(server.pid) is None  # reaped: not even a zombie
+    assert not directory.exists()
+    assert Path("/run/sshd").exists() == privsep_dir_existed
+
+
+@pytest.mark.parametrize("required", [False, True])
+def test_without_openssh_the_tests_skip_unless_ci_requires_them(
+    monkeypatch: pytest.MonkeyPatch, required: bool
+) -> None:
+    monkeypatch.setattr("tests.sshd.find_program", lambda name: None)
+    if required:
+        monkeypatch.setenv(REQUIRE_SSH_VARIABLE, "1")
+    else:
+        monkeypatch.delenv(REQUIRE_SSH_VARIABLE, raising=False)
+    outcome = pytest.fail.Exception if required else pytest.skip.Exception
+    with pytest.raises(outcome, match="OpenSSH"):
+        sshd_or_skip()

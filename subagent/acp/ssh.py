@@ -40,7 +40,7 @@ Teardown
     on; the remote supervisor guarantees it.
 
 Limits
-    The remote host must be Linux (the supervisor reads ``/proc``) with ``python3`` 3.8 or later, and
+    The remote host must be Linux (the supervisor reads ``/proc``) with ``python3`` 3.9 or later, and
     the login shell must run ``exec PROGRAM ARGS`` (any POSIX shell does). Output of the login shell's
     start-up files on stdout would reach the client ahead of the agent's. The client serves no ``fs/*``
     or ``terminal/*`` requests for a remote child (`SshTransport.local_files` is False).
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import json
 import os
 import re
@@ -165,6 +166,11 @@ _HOST_PATTERN = re.compile(r"[A-Za-z0-9_.:%\[\]-]+")
 _USER_PATTERN = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@+-]*")
 
 
+@functools.cache
+def _supervisor_source() -> str:
+    return _SUPERVISOR_SOURCE_PATH.read_text(encoding="utf-8")
+
+
 def _encode_request(request: Mapping[str, object]) -> bytes:
     body = json.dumps(request, ensure_ascii=True, separators=(",", ":")).encode()
     return b"%d\n" % len(body) + body
@@ -278,7 +284,7 @@ class SshTransport:
             "source": _STAGE_SUPERVISE,
             "marker": marker,
             "argv": list(command),
-            "supervisor": _SUPERVISOR_SOURCE_PATH.read_text(),
+            "supervisor": _supervisor_source(),
         }
         return _encode_request(place) + _encode_request(supervise)
 
@@ -460,9 +466,10 @@ class SshChannel:
     async def _start(self, requests: bytes, timeout: float) -> None:
         """Send the requests and wait for the agent's pid; raise AgentSpawnError if it did not start."""
         local = self._local
-        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await local.stdin.send(requests)
         with anyio.move_on_after(timeout):
+            # Within the bound too: ssh reads its stdin only once connected.
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await local.stdin.send(requests)  # If ssh is gone, its exit says why, below.
             await _first_of(self._started.wait, local.wait_exit)
         if self.remote_pid is not None:
             return
@@ -485,12 +492,10 @@ class SshChannel:
         local = self._local.exit_info()
         if local is None:
             return None
-        return self._describe(UNKNOWN_RETURNCODE, status_known=False, ssh_status=local.returncode)
+        return self._describe(UNKNOWN_RETURNCODE, status_known=False, lost=f"ssh {local.status}")
 
-    def _describe(self, returncode: int, *, status_known: bool, ssh_status: int | None = None) -> ExitInfo:
-        via = self.via
-        if ssh_status is not None:
-            via += f", the connection lost (ssh {'failed' if ssh_status == 255 else 'ended'})"
+    def _describe(self, returncode: int, *, status_known: bool, lost: str | None = None) -> ExitInfo:
+        via = self.via if lost is None else f"{self.via}, connection lost: {lost}"
         return ExitInfo(
             command=self.command,
             pid=self.remote_pid,
