@@ -17,7 +17,7 @@ from subagent.acp import schema
 from subagent.acp.client import AcpClient, AcpSession, TurnResult, spawn_agent
 from subagent.acp.errors import AgentExitedError, MalformedMessageError, MessageTooLargeError, ProtocolError
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
-from subagent.acp.process import TeardownStep
+from subagent.acp.process import AgentProcess, TeardownStep
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks, process_is_gone
 
@@ -258,7 +258,7 @@ async def test_a_50_mib_stderr_flood_deadlocks_nothing_and_leaves_a_bounded_tail
     async with agent(argv) as client:
         with anyio.fail_after(60):
             result = await (await session_of(client, tmp_path)).prompt("go")
-        assert client.process is not None
+        assert isinstance(client.process, AgentProcess)  # a local child: its raw tail and byte count
         tail = client.process.stderr_tail_raw()
         total = client.process.stderr_bytes_total
     assert result.output == "after the flood"

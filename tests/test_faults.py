@@ -53,7 +53,7 @@ from subagent.acp.errors import (
     UnexpectedResponseError,
 )
 from subagent.acp.handlers import PermissionQuestion
-from subagent.acp.process import TeardownStep
+from subagent.acp.process import AgentProcess, TeardownStep
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks, process_is_gone
@@ -445,7 +445,7 @@ async def test_stdout_eof_without_exit_during_initialize_is_a_typed_error_at_onc
         }
     )
     async with assert_no_leaks(), spawn_agent(argv, process_options=teardown_options(argv)) as client:
-        assert client.process is not None
+        assert isinstance(client.process, AgentProcess)  # a local child: its pid is known
         with anyio.fail_after(WAIT), pytest.raises(AgentExitedError) as caught:
             await client.initialize()
         report = await client.process.aclose()
