@@ -122,3 +122,14 @@ def test_a_key_whose_text_looks_like_an_error_path_is_still_refused(tmp_path: Pa
     # The key's own text ends like msgspec's "- at `$.agents`": the message keeps it, never a traceback.
     message = error_of(tmp_path, '["x - at `$.agents"]\n')
     assert "unknown field `x - at `$.agents`" in message
+
+
+def test_an_agent_on_another_host_keeps_its_transport_url(tmp_path: Path) -> None:
+    agents = load(tmp_path, '[agents.far]\ncommand = "codex-acp"\ntransport = "ssh://builder@build-1:2222"\n')
+    assert agents["far"].transport == "ssh://builder@build-1:2222"
+
+
+def test_a_transport_url_with_a_password_is_refused_without_repeating_it(tmp_path: Path) -> None:
+    message = error_of(tmp_path, '[agents.far]\ncommand = "x"\ntransport = "ssh://me:hunter22@build-1"\n')
+    assert message.startswith("agents.far.transport: ")
+    assert "hunter22" not in message
