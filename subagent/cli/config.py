@@ -34,8 +34,9 @@ defaults.
 
 ``transport`` is a URL for :func:`subagent.acp.transport.transport_from_url` (``local``,
 ``ssh://[user@]host[:port]``): the agent then runs there, ``command`` and ``cwd`` name a program
-and a directory on that host, and a remote agent is offered no fs and no terminals (it reads and
-writes files itself). A URL that names no available transport is a :class:`ConfigError` for its key.
+and a directory on that host (``cwd`` then absolute, and taken as written), and a remote agent is
+offered no fs and no terminals (it reads and writes files itself). A URL that names no available
+transport is a :class:`ConfigError` for its key.
 """
 
 from __future__ import annotations
@@ -280,9 +281,7 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
     except msgspec.ValidationError as exc:
         key, message = _explain(str(exc), data)
         raise ConfigError(location, message, key=key) from None
-    for name, table in tables.items():
-        if table.transport is not None:
-            _check_transport(location, name, table.transport)
+    remote = {name for name, table in tables.items() if _is_remote(location, name, table)}
     directory = location.resolve().parent
     agents = {
         name: AgentConfig(
@@ -291,7 +290,7 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
             source=location,
             description=table.description,
             env=table.env,
-            cwd=None if table.cwd is None else os.path.normpath(directory / os.path.expanduser(table.cwd)),
+            cwd=_agent_cwd(table.cwd, directory, remote=name in remote),
             permission=table.permission,
             timeout=table.timeout,
             ready_timeout=table.ready_timeout,
@@ -304,15 +303,33 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
     return Config(path=location, agents=agents)
 
 
-def _check_transport(location: Path, agent: str, url: str) -> None:
-    """Raise ConfigError for a transport URL that names no transport available here."""
+def _is_remote(location: Path, agent: str, table: AgentTable) -> bool:
+    """Whether the agent runs where this host's files are not; ConfigError for a transport URL that
+    names no transport available here, and for a remote agent's cwd that is not absolute."""
+    if table.transport is None:
+        return False
     # Imported only for a file that names a transport: the process layer is not needed to read one.
     from subagent.acp.transport import transport_from_url
 
     try:
-        transport_from_url(url)
+        remote = not transport_from_url(table.transport).local_files
     except ValueError as exc:
         raise ConfigError(location, str(exc), key=_key_text(["agents", agent, "transport"])) from None
+    if remote and table.cwd is not None and not os.path.isabs(table.cwd):
+        raise ConfigError(
+            location,
+            "must be an absolute path on the agent's host (its transport runs it elsewhere)",
+            key=_key_text(["agents", agent, "cwd"]),
+        )
+    return remote
+
+
+def _agent_cwd(cwd: str | None, directory: Path, *, remote: bool) -> str | None:
+    """A local agent's cwd resolved against the file's directory (``~`` expanded); a remote one's as
+    written (an absolute path on its host)."""
+    if cwd is None or remote:
+        return cwd
+    return os.path.normpath(directory / os.path.expanduser(cwd))
 
 
 # -- error messages --------------------------------------------------------------------------------------
