@@ -121,7 +121,8 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
     spec = TurnSpec(
         command=command,
         prompt=prompt,
-        cwd=os.path.abspath(cwd or os.getcwd()),
+        # A directory elsewhere is taken as written: its symlinks are there, not here.
+        cwd=cwd if cwd and not transport.local_files else os.path.abspath(cwd or os.getcwd()),
         env=dict(agent.env) if agent and agent.env else None,
         permission=permission,
         permission_timeout=args.permission_timeout,
