@@ -242,6 +242,31 @@ async def test_a_dropped_connection_kills_the_remote_agent_and_every_descendant_
         assert report.steps == (TeardownStep.CLOSE_STDIN,)  # ssh was gone already
 
 
+async def test_when_our_process_is_sigkilled_its_remote_agent_and_every_escaped_helper_are_gone(
+    sshd: SshServer, anyio_backend_name: str
+) -> None:
+    async with assert_no_leaks_over_ssh(sshd) as tag:
+        parent = await anyio.open_process(
+            fixture_argv(
+                "ssh_parent_of_escapees.py", anyio_backend_name, sshd.host, str(sshd.config_file), tag
+            ),
+            stdin=None,
+            stderr=None,
+        )
+        async with parent:
+            assert parent.stdout is not None
+            with anyio.fail_after(WAIT):
+                line = await BufferedByteReceiveStream(parent.stdout).receive_until(b"\n", 4096)
+            ssh_pid, *remote_pids = map(int, line.split())
+            assert all(running(pid) for pid in [ssh_pid, *remote_pids])
+            parent.kill()
+            with anyio.fail_after(WAIT):
+                assert await parent.wait() == -signal.SIGKILL
+        # Our supervisor of ssh sees its parent gone and ends ssh; sshd's session ends with the connection,
+        # and the remote supervisor sees that and ends the agent's tree.
+        assert await wait_gone([ssh_pid, *remote_pids]) == []
+
+
 async def test_teardown_of_an_agent_that_ignores_stdin_eof_ends_its_whole_remote_tree(
     sshd: SshServer, transport: SshTransport
 ) -> None:
