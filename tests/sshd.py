@@ -172,7 +172,6 @@ def _write_configs(sshd: str, directory: Path, port: int, user: str) -> tuple[Pa
         "  GlobalKnownHostsFile /dev/null\n"
         "  StrictHostKeyChecking yes\n"
         "  BatchMode yes\n"
-        "  LogLevel ERROR\n"
     )
     return server_config, client_config
 

@@ -267,6 +267,39 @@ async def test_when_our_process_is_sigkilled_its_remote_agent_and_every_escaped_
         assert await wait_gone([ssh_pid, *remote_pids]) == []
 
 
+async def test_a_link_gone_silent_ends_the_run_as_a_lost_connection_and_the_remote_tree_then_ends(
+    sshd: SshServer,
+) -> None:
+    # The server side stops answering (its session process stopped), as when a network is cut.
+    keepalive = ["-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=3"]
+    transport = SshTransport(sshd.host, config_file=sshd.config_file, ssh_options=keepalive)
+    async with assert_no_leaks_over_ssh(sshd) as tag:
+        async with transport.open(
+            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm"),
+            env={LEAK_TAG_VARIABLE: tag},
+        ) as channel:
+            pids = [int(pid) for pid in (await read_line(channel)).split()]
+            agent = process_info(pids[0])
+            assert agent is not None
+            remote_supervisor = process_info(agent.ppid)
+            assert remote_supervisor is not None
+            session = process_info(remote_supervisor.ppid)  # sshd's process for this connection
+            assert session is not None
+            assert session.comm == "sshd"
+            os.kill(session.pid, signal.SIGSTOP)
+            try:
+                with anyio.fail_after(WAIT):
+                    info = await channel.wait_exit()
+            finally:
+                os.kill(session.pid, signal.SIGCONT)
+            assert (info.status_known, info.via) == (
+                False,
+                f"via ssh to {sshd.host}, connection lost: ssh exited with status 255",
+            )
+            assert "Timeout, server" in info.stderr_tail
+        assert await wait_gone(pids) == []
+
+
 async def test_teardown_of_an_agent_that_ignores_stdin_eof_ends_its_whole_remote_tree(
     sshd: SshServer, transport: SshTransport
 ) -> None:
@@ -414,7 +447,10 @@ def test_batch_mode_and_no_forwarding_come_first_and_given_options_before_the_de
         "-o",
         "ClearAllForwardings=yes",
     ]
-    assert argv[12:-3] == ["-l", "u", "-p", "2200", "-o", "ConnectTimeout=3", "-o", "ConnectTimeout=10"]
+    assert argv[12:-3] == [
+        *["-l", "u", "-p", "2200", "-o", "ConnectTimeout=3"],
+        *["-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3"],
+    ]
     assert argv[-3:-1] == ["--", "h"]
     # One line, no "!": any login shell, csh included, runs it as written.
     assert "\n" not in argv[-1]

@@ -77,6 +77,8 @@ from subagent.acp.process import (
 
 __all__ = [
     "CONNECT_TIMEOUT",
+    "SERVER_ALIVE_COUNT_MAX",
+    "SERVER_ALIVE_INTERVAL",
     "START_TIMEOUT",
     "SshChannel",
     "SshTransport",
@@ -86,6 +88,12 @@ __all__ = [
 CONNECT_TIMEOUT = 10
 """ssh's ``ConnectTimeout`` (seconds) unless ``ssh_options`` set one: an unreachable host fails then,
 rather than after the kernel's TCP retries (minutes)."""
+SERVER_ALIVE_INTERVAL = 15
+"""ssh's ``ServerAliveInterval`` (seconds) unless ``ssh_options`` set one; with `SERVER_ALIVE_COUNT_MAX`,
+a link that went silent (a host gone, a network cut) ends the run within about 45 s, as a lost
+connection, rather than after TCP's own timeout (hours)."""
+SERVER_ALIVE_COUNT_MAX = 3
+"""ssh's ``ServerAliveCountMax`` unless ``ssh_options`` set one."""
 START_TIMEOUT = 60.0
 """A hang guard on the agent starting: connecting, logging in, and the remote supervisor reporting the
 agent's pid (about 0.3 s on loopback)."""
@@ -267,7 +275,13 @@ class SshTransport:
             argv += ["-l", self.user]
         if self.port is not None:
             argv += ["-p", str(self.port)]
-        argv += [*self.ssh_options, "-o", f"ConnectTimeout={CONNECT_TIMEOUT}"]
+        argv += self.ssh_options
+        for option in (
+            f"ConnectTimeout={CONNECT_TIMEOUT}",
+            f"ServerAliveInterval={SERVER_ALIVE_INTERVAL}",
+            f"ServerAliveCountMax={SERVER_ALIVE_COUNT_MAX}",
+        ):
+            argv += ["-o", option]
         return [*argv, "--", self.host, self.remote_command()]
 
     def _requests(
