@@ -430,24 +430,22 @@ def test_a_host_that_ssh_could_read_as_an_option_or_that_is_no_name_is_refused(h
         SshTransport(host)
 
 
-def test_batch_mode_and_no_forwarding_come_first_and_given_options_before_the_defaults() -> None:
+def test_no_prompt_no_forwarding_no_shared_connection_come_first_and_given_options_before_defaults() -> None:
     transport = SshTransport("h", user="u", port=2200, ssh_options=["-o", "ConnectTimeout=3"])
     argv = transport.ssh_argv()
-    assert argv[:12] == [
-        "ssh",
-        "-T",
-        "-e",
-        "none",
-        "-o",
+    forced = [
         "BatchMode=yes",
-        "-o",
         "ForwardAgent=no",
-        "-o",
         "ForwardX11=no",
-        "-o",
         "ClearAllForwardings=yes",
+        "ControlMaster=no",
+        "ControlPath=none",
+        "RemoteCommand=none",
+        "PermitLocalCommand=no",
     ]
-    assert argv[12:-3] == [
+    assert argv[:4] == ["ssh", "-T", "-e", "none"]
+    assert argv[4:20] == [part for option in forced for part in ("-o", option)]
+    assert argv[20:-3] == [
         *["-l", "u", "-p", "2200", "-o", "ConnectTimeout=3"],
         *["-o", "ConnectTimeout=10", "-o", "ServerAliveInterval=15", "-o", "ServerAliveCountMax=3"],
     ]

@@ -170,6 +170,23 @@ command = [os.fsencode(arg) for arg in request["argv"]]
 sys.exit(RemoteSupervisor(command, status_fd, os.getppid()).run())
 """
 
+_FORCED_OPTIONS = (
+    # Never a prompt: keys or an ssh-agent only.
+    "BatchMode=yes",
+    # Nothing of ours reaches the child: not our ssh-agent, display or ports.
+    "ForwardAgent=no",
+    "ForwardX11=no",
+    "ClearAllForwardings=yes",
+    # One connection per agent. The remote supervisor watches its connection's own sshd process, which a
+    # shared (multiplexed) connection would outlive; and a master's end would end every agent on it.
+    "ControlMaster=no",
+    "ControlPath=none",
+    # The command is ours, and nothing runs here but ssh.
+    "RemoteCommand=none",
+    "PermitLocalCommand=no",
+)
+"""ssh options placed before all others (ssh takes the first value of each), so none can be undone."""
+
 _HOST_PATTERN = re.compile(r"[A-Za-z0-9_.:%\[\]-]+")
 _USER_PATTERN = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@+-]*")
 
@@ -193,8 +210,8 @@ class SshTransport:
         port: The port; None: ssh's choice.
         ssh_options: More ssh arguments (``["-o", "ProxyJump=bastion"]``, ``["-i", KEYFILE]``), placed
             before the defaults this transport adds, so an ``-o`` given here wins (ssh takes the first
-            value of each option). ``BatchMode=yes`` and no forwarding of agent, X11 or ports are placed
-            first and cannot be undone.
+            value of each option). ``BatchMode=yes``, no forwarding of agent, X11 or ports, and no
+            connection sharing (``ControlMaster``) are placed first and cannot be undone.
         config_file: An ssh config file (``ssh -F``), read instead of ``~/.ssh/config`` and the system's.
         ssh: The ssh client to run.
         remote_python: The Python 3 interpreter on the remote host, by name or path.
@@ -266,8 +283,8 @@ class SshTransport:
     def ssh_argv(self) -> list[str]:
         """The local ssh client's argv."""
         argv = [self.ssh, "-T", "-e", "none"]
-        # First, so they cannot be overridden: no prompt, and nothing of ours forwarded to the child.
-        for option in ("BatchMode=yes", "ForwardAgent=no", "ForwardX11=no", "ClearAllForwardings=yes"):
+        # First, so that neither ssh_options nor a config file can override them (see _FORCED_OPTIONS).
+        for option in _FORCED_OPTIONS:
             argv += ["-o", option]
         if self.config_file is not None:
             argv += ["-F", self.config_file]
