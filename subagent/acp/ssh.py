@@ -44,6 +44,12 @@ Limits
     the login shell must run ``exec PROGRAM ARGS`` (any POSIX shell does). Output of the login shell's
     start-up files on stdout would reach the client ahead of the agent's. The client serves no ``fs/*``
     or ``terminal/*`` requests for a remote child (`SshTransport.local_files` is False).
+
+    A link that goes silent (a network cut, not a closed connection) ends the run here within
+    `SERVER_ALIVE_INTERVAL` x `SERVER_ALIVE_COUNT_MAX`; the remote side learns of it only when sshd
+    does: ``ClientAliveInterval`` in the server's config, else TCP keepalive (hours). Until then the
+    remote tree lives on. Connection sharing (``ControlMaster``) is off, so each agent pays for its own
+    connection (about 0.25 s on loopback).
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "SERVER_ALIVE_COUNT_MAX",
     "SERVER_ALIVE_INTERVAL",
+    "SSH_CONNECTION_FAILED",
     "START_TIMEOUT",
     "SshChannel",
     "SshTransport",
@@ -102,10 +109,6 @@ SSH_CONNECTION_FAILED = 255
 
 _SUPERVISOR_SOURCE_PATH = Path(__file__).with_name("_supervisor.py")
 
-# The loader, the remote command line's program. It reads one request (its length in decimal, at most 17
-# digits, and a newline, then that many bytes of JSON) from fd 0 without reading a byte past it, and runs
-# the request's source with the request and the reader at hand. Shipped as exec() of its repr: one line,
-# with no "!" (csh would expand it).
 _LOADER = """\
 import os, sys
 def read_exactly(count):
@@ -129,9 +132,11 @@ def run_request(request):
                              "read_request": read_request, "run_request": run_request})
 run_request(read_request())
 """
+"""The remote command line's program. It reads one request (its length in decimal, at most 17 digits, and
+a newline, then that many bytes of JSON) from fd 0 without reading a byte past it, and runs the request's
+source with the request and the reader at hand. Shipped as exec() of its repr: one line, with no "!" (csh
+would expand it)."""
 
-# Stage 1: working directory and environment, then stage 2 (re-executing the interpreter if the
-# environment changes: the supervisor passes on its process's own initial environment, /proc/self/environ).
 _STAGE_PLACE = """\
 import os, sys
 def fail(text):
@@ -156,8 +161,10 @@ if request["env"]:
     os.execve(python, [python, "-I", "-S", "-c", request["loader"]], env)
 run_request(read_request())
 """
+"""Stage 1: the working directory and the environment, then stage 2. A new environment needs the
+interpreter re-executed: the supervisor hands the agent its process's initial environment
+(``/proc/self/environ``), which ``os.environ`` does not change."""
 
-# Stage 2: the supervisor, its reports written to stderr behind the marker.
 _STAGE_SUPERVISE = """\
 import os, sys
 supervisor_module = {"__name__": "_subagent_supervisor"}
@@ -169,6 +176,8 @@ status_fd = os.dup(2)
 command = [os.fsencode(arg) for arg in request["argv"]]
 sys.exit(RemoteSupervisor(command, status_fd, os.getppid()).run())
 """
+"""Stage 2: our supervisor, in this process (its parent is sshd's process for the connection), its
+reports written to stderr behind the marker."""
 
 _FORCED_OPTIONS = (
     # Never a prompt: keys or an ssh-agent only.
