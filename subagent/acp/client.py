@@ -1,8 +1,9 @@
 """The typed ACP client: a session with an agent, over a JSON-RPC connection or a child process.
 
 Layers: :class:`AcpClient` speaks ACP over any pair of anyio byte streams (so it is tested in
-memory); :func:`spawn_agent` runs an agent command as a child process we own and connects a client
-to its stdin/stdout. Neither knows about the seam; the ACP provider builds on them.
+memory); :func:`spawn_agent` runs an agent command as a child process we own (or, through another
+:mod:`~subagent.acp.transport`, on another host) and connects a client to its stdin/stdout.
+Neither knows about the seam; the ACP provider builds on them.
 
 What the client guarantees:
 
