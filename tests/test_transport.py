@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import string
 import sys
 import types
 from pathlib import Path
@@ -10,6 +11,8 @@ from typing import Any
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentService
 from subagent.acp import AgentProcess, ExitInfo
@@ -331,3 +334,40 @@ async def test_kill_goes_through_the_channel(tmp_path: Path) -> None:
     assert result.stop_reason == "error"
     assert acp_run.exit_info is not None
     assert acp_run.exit_info.returncode == -9
+
+
+# -- any text as a URL --------------------------------------------------------------------------------
+
+_SECRET = st.text(alphabet=string.ascii_letters + string.digits, min_size=12, max_size=24)
+
+
+@pytest.mark.fuzz
+@given(
+    scheme=st.sampled_from(["ssh", "SSH", "ray", "http", "local", "s+sh", "", "1x"]),
+    user=st.text(max_size=8),
+    secret=_SECRET,
+    rest=st.text(max_size=40),
+)
+def test_any_text_is_a_transport_or_a_value_error_that_does_not_repeat_a_password(
+    scheme: str, user: str, secret: str, rest: str
+) -> None:
+    url = f"{scheme}://{user}:{secret}@{rest}"
+    refusal = ""
+    try:
+        transport = transport_from_url(url)
+    except ValueError as exc:
+        refusal = str(exc)
+    else:
+        assert isinstance(transport, Transport)
+        assert secret not in transport.name
+    assert secret not in refusal
+
+
+@pytest.mark.fuzz
+@given(url=st.text(max_size=80))
+def test_any_text_at_all_is_a_transport_or_a_value_error(url: str) -> None:
+    try:
+        transport = transport_from_url(url)
+    except ValueError:
+        return
+    assert isinstance(transport, Transport)
