@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import sys
 from collections.abc import Iterator
@@ -42,7 +43,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROCS = ROOT / "fixtures" / "procs"
 SCENARIOS = ROOT / "fixtures" / "scenarios"
 WAIT = 30  # seconds: a hang guard on one step, never a statement about speed
-HOME = os.path.expanduser("~")
+HOME = pwd.getpwuid(os.getuid()).pw_dir
+"""The remote login's HOME: from the password database, as sshd sets it (ours may differ)."""
 SHORT_GRACE = 0.5  # for a teardown step the agent ignores: it always runs out, and decides nothing
 
 
