@@ -12,7 +12,8 @@ import json
 import os
 import statistics
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ __all__ = [
     "open_fd_count",
     "peak_rss_bytes",
     "rss_bytes",
+    "settle_descendants",
     "snapshot",
     "stub_command",
     "verdict",
@@ -136,6 +138,20 @@ def live_descendants() -> list[int]:
             found.append(pid)
         pending.extend((child, child_state, pid) for child, child_state in children.get(pid, []))
     return sorted(found)
+
+
+def settle_descendants(keep: Collection[int] = (), *, timeout: float = 20.0) -> list[int]:
+    """Wait until no descendant is left but those in ``keep``; return the others still alive then.
+
+    A child's own children may end just after it (a remote agent's side of a closed ssh connection ends
+    on its own): ``timeout`` is a hang guard, never a statement about speed.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        others = [pid for pid in live_descendants() if pid not in keep]
+        if not others or time.monotonic() >= deadline:
+            return others
+        time.sleep(0.02)  # A poll interval: the wait is bounded by the deadline.
 
 
 @dataclass(frozen=True, slots=True)
