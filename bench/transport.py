@@ -21,6 +21,8 @@ medians, and the SSH ones are also given as ratios to local measured in the same
    differences, and of the asking turns themselves.
 4. **Start-up**: ``start()`` to ``started()``: spawn (over SSH: connect, log in, start the remote
    supervisor), ``initialize`` and ``session/new`` answered. Median and p90 of ``2 x --repeat`` runs.
+   Beside it, SSH's own share: ``ssh`` with the transport's options running ``exit 0`` (connect, key
+   exchange, log in, the login shell), as often.
 
 Only the streaming figure has a target (PASS/MISS); the others are figures. Where OpenSSH (``sshd``,
 ``ssh``, ``ssh-keygen``) is not installed, the script says that SSH is skipped and measures local
@@ -113,6 +115,14 @@ async def startup_run(command: list[str], cwd: str, transport: Transport | None)
     return ready
 
 
+async def login_run(transport: SshTransport) -> float:
+    """The floor of start-up over SSH: ssh as the transport runs it (same options), whose remote command
+    only exits: connect, key exchange, log in, the login shell, close."""
+    began = time.perf_counter()
+    await anyio.run_process([*transport.ssh_argv()[:-1], "exit 0"], check=True)
+    return time.perf_counter() - began
+
+
 async def ping_run(
     command: list[str], cwd: str, transport: Transport | None, turns: int
 ) -> tuple[list[float], list[float]]:
@@ -167,7 +177,7 @@ def ssh_missing() -> str | None:
 
 
 @contextlib.contextmanager
-def ssh_variant() -> Iterator[tuple[Transport, int | None] | None]:
+def ssh_variant() -> Iterator[SshTransport | None]:
     """The SSH transport to a loopback sshd started here and the listener's pid, or None (SSH skipped)."""
     reason = ssh_missing()
     if reason is not None:
@@ -176,7 +186,7 @@ def ssh_variant() -> Iterator[tuple[Transport, int | None] | None]:
     from tests.sshd import running_sshd
 
     with running_sshd() as server:
-        yield SshTransport(server.host, config_file=server.config_file), server.pid
+        yield SshTransport(server.host, config_file=server.config_file)
         # Every run was disposed; the far side of each connection ends on its own right after (sshd's
         # session, the remote supervisor): wait for it while the listener still reaps its sessions.
         left = settle_descendants({server.pid} if server.pid is not None else set())
@@ -238,7 +248,7 @@ def measure(chunks: int, repeat: int, turns: int, backend: str) -> int:
                 raise BenchBroken(f"{REQUIRE_SSH_VARIABLE} is set, and SSH cannot be measured: {reason}")
             print(f"SKIP  ssh: {reason}; measuring local only")
         else:
-            variants["ssh"] = ssh[0]
+            variants["ssh"] = ssh
 
         def run(job: Callable[[], Awaitable[T]]) -> T:
             return anyio.run(job, backend=backend)
@@ -249,6 +259,7 @@ def measure(chunks: int, repeat: int, turns: int, backend: str) -> int:
         plain: dict[str, list[float]] = {name: [] for name in variants}
         asking: dict[str, list[float]] = {name: [] for name in variants}
         question: dict[str, list[float]] = {name: [] for name in variants}
+        login: list[float] = []
         for _ in range(repeat):
             for name, transport in variants.items():
                 turn_s, span_s = run(partial(flood_run, flood, work, transport, chunks))
@@ -262,6 +273,8 @@ def measure(chunks: int, repeat: int, turns: int, backend: str) -> int:
             for _ in range(2):
                 for name, transport in variants.items():
                     ready[name].append(run(partial(startup_run, pong, work, transport)))
+                if ssh is not None:
+                    login.append(run(partial(login_run, ssh)))
     left = live_descendants()
     if left:
         raise BenchBroken(f"processes left behind: {left}")
@@ -290,6 +303,8 @@ def measure(chunks: int, repeat: int, turns: int, backend: str) -> int:
     print("4. start-up: start() -> started() (spawn, initialize, session/new)")
     for name in variants:
         print(f"  {name:<6} {spread(ready[name])}")
+    if login:
+        print(f"  ssh login alone (ssh HOST 'exit 0'): {spread(login)}")
     if "ssh" not in variants:
         print(f"SKIP  a {chunks:,}-chunk turn over ssh <= {SSH_TARGET:g}x local: SSH not measured")
         return 0
