@@ -198,7 +198,8 @@ def ssh_variant() -> Iterator[SshTransport | None]:
 
 
 def ms(seconds: float) -> str:
-    return f"{seconds * 1000:.1f} ms"
+    # Round trips are fractions of a millisecond: two decimals there, one above.
+    return f"{seconds * 1000:.2f} ms" if seconds < 0.01 else f"{seconds * 1000:.1f} ms"
 
 
 def spread(samples: list[float]) -> str:
