@@ -547,7 +547,10 @@ async def test_a_sigkilled_supervisor_hangs_nothing_and_the_agent_s_status_is_re
         info = proc.exit_info()
         assert info is not None
         assert (info.returncode, info.status_known, info.killed_by) == (UNKNOWN_RETURNCODE, False, None)
-        assert info.status == "ended with an unknown status (its supervisor died before reporting it)"
+        assert (info.status, info.via) == (
+            "ended with an unknown status",
+            "via a supervisor that died before reporting its exit",
+        )
         assert not running(proc.pid)
 
 

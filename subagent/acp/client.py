@@ -69,7 +69,7 @@ from subagent.acp.handlers import (
     PermissionQuestion,
     permission_policy,
 )
-from subagent.acp.transport import Channel, LocalTransport, Transport
+from subagent.acp.transport import Channel, LocalTransport, Transport, check_command
 
 if TYPE_CHECKING:
     from subagent.acp.terminals import TerminalHost
@@ -1006,9 +1006,11 @@ async def spawn_agent(
     never more than that. None: always the latter.
 
     Raises:
-        AgentSpawnError: the command cannot be started (missing, not executable, bad cwd).
-        ValueError: ``process_options`` with a ``transport``, or ``fs``/``terminals`` with a
-            transport whose children do not see this host's files.
+        AgentSpawnError: the command cannot be started (missing, not executable, bad cwd), or
+            holds what exec cannot carry (:func:`~subagent.acp.transport.check_command`).
+        TypeError: ``argv`` is a single string.
+        ValueError: ``argv`` is empty, ``process_options`` with a ``transport``, or
+            ``fs``/``terminals`` with a transport whose children do not see this host's files.
     """
     if transport is None:
         transport = LocalTransport(**dict(process_options or {}))
@@ -1021,12 +1023,11 @@ async def spawn_agent(
             f"the agent runs on {transport.name}, where this host's files are not: it can be offered "
             "no fs sandbox or terminals here"
         )
-    if isinstance(argv, (str, bytes)):
-        raise TypeError("argv must be a sequence of arguments, not a string: no shell is used")
+    transport_cwd = None if cwd is None else os.fspath(cwd)
     async with transport.open(
-        [os.fspath(arg) for arg in argv],
+        check_command(argv, env, transport_cwd),
         env=env,
-        cwd=None if cwd is None else os.fspath(cwd),
+        cwd=transport_cwd,
         on_stderr_line=on_stderr_line,
     ) as process:
         client = AcpClient(

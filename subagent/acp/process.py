@@ -84,12 +84,14 @@ __all__ = [
     "STDERR_SETTLE_TIMEOUT",
     "STDERR_TAIL_BYTES",
     "STDIN_CLOSE_TIMEOUT",
+    "SUPERVISOR_DIED",
     "SUPERVISOR_START_TIMEOUT",
     "UNKNOWN_RETURNCODE",
     "AgentProcess",
     "ExitInfo",
     "TeardownReport",
     "TeardownStep",
+    "check_command",
     "open_agent_process",
     "supervision_available",
 ]
@@ -129,8 +131,11 @@ _DIAGNOSIS_STDERR_CHARS = 600
 SUPERVISOR_START_TIMEOUT = 30.0
 """A hang guard only: the supervisor reports the agent's pid about 14 ms after it was spawned."""
 UNKNOWN_RETURNCODE = 255
-"""The returncode of an agent whose supervisor died before reporting its exit (asyncio's choice for a child
-whose status was lost); ExitInfo.status_known is False then."""
+"""The returncode of an agent whose exit status never reached us: its supervisor died before reporting
+it, or the connection to it was lost (asyncio's choice for a child whose status was lost);
+ExitInfo.status_known is False then."""
+SUPERVISOR_DIED = "via a supervisor that died before reporting its exit"
+"""`ExitInfo.via` of a local agent whose status is unknown because its supervisor died first."""
 _SUPERVISOR_DIR = os.path.dirname(os.path.abspath(__file__))
 _SUPERVISOR_PATH = os.path.join(_SUPERVISOR_DIR, "_supervisor.py")
 _SUPERVISOR_COMMAND = (
@@ -201,10 +206,14 @@ class ExitInfo:
     teardown_signal: signal.Signals | None = None
     """The last signal teardown sent to the group while this child was still alive, if any."""
     status_known: bool = True
-    """False if the agent's supervisor died before reporting the exit: ``returncode`` is then
-    `UNKNOWN_RETURNCODE`, a placeholder."""
+    """False if the exit status never reached us (the agent's supervisor died before reporting it, or
+    the connection to a remote agent was lost): ``returncode`` is then `UNKNOWN_RETURNCODE`, a
+    placeholder, and `via` says why."""
     via: str | None = None
-    """How a remote transport reached the agent (``"via ssh to build-1"``); None for a local child."""
+    """How the agent was reached, when that needs saying: a remote transport's route (``"via ssh to
+    build-1"``, plus ``", connection lost: ..."`` when that is why the status is unknown), or a local
+    supervisor that died before reporting the exit (`SUPERVISOR_DIED`); None for a local child whose
+    status is known."""
 
     @property
     def killed_by(self) -> signal.Signals | None:
@@ -218,9 +227,10 @@ class ExitInfo:
 
     @property
     def status(self) -> str:
-        """The exit status in words: ``"exited with status 3"`` or ``"was killed by SIGSEGV (signal 11)"``."""
+        """The exit status in words: ``"exited with status 3"``, ``"was killed by SIGSEGV (signal 11)"``,
+        or ``"ended with an unknown status"`` (`via` says why)."""
         if not self.status_known:
-            return "ended with an unknown status (its supervisor died before reporting it)"
+            return "ended with an unknown status"
         if self.returncode >= 0:
             return f"exited with status {self.returncode}"
         killer = self.killed_by
@@ -474,6 +484,7 @@ class AgentProcess:
             stderr_bytes_total=self._stderr_bytes_total,
             teardown_signal=self._teardown_signal,
             status_known=self._exit_status_known,
+            via=None if self._exit_status_known else SUPERVISOR_DIED,
         )
 
     async def wait_exit(self) -> ExitInfo:
@@ -819,10 +830,24 @@ def _exec_cannot_carry(text: str) -> str | None:
     return None
 
 
-def _refuse_malformed(command: tuple[str, ...], env: Mapping[str, str] | None, cwd: str | None) -> None:
-    """Raise AgentSpawnError for what exec cannot carry: a NUL or an unencodable character anywhere, a
-    variable name that is empty or holds ``=``. The reason names the argument or the variable, never a value
-    (values may be secrets), so subprocess never gets to raise ValueError."""
+def check_command(
+    argv: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None, cwd: str | None
+) -> tuple[str, ...]:
+    """``argv`` as a tuple of strings, once it is known that exec can carry it, ``env`` and ``cwd``:
+    the check every transport applies before it starts anything (`subagent.acp.transport`).
+
+    Raises:
+        TypeError: ``argv`` is a single string (no shell is used, so it would not be split).
+        ValueError: ``argv`` is empty.
+        AgentSpawnError: A NUL or an unencodable character anywhere, or a variable name that is
+            empty or holds ``=``. The reason names the argument or the variable, never a value
+            (values may be secrets), so subprocess never gets to raise ValueError.
+    """
+    if isinstance(argv, (str, bytes)):
+        raise TypeError("argv must be a sequence of arguments, not a string: no shell is used")
+    command = tuple(os.fspath(arg) for arg in argv)
+    if not command:
+        raise ValueError("argv must name a program")
     for index, arg in enumerate(command):
         if problem := _exec_cannot_carry(arg):
             what = "the program name" if index == 0 else f"argument {index}"
@@ -839,6 +864,7 @@ def _refuse_malformed(command: tuple[str, ...], env: Mapping[str, str] | None, c
             raise AgentSpawnError(command, f"environment variable name {shown + '…'!r} contains '='")
         if problem := _exec_cannot_carry(value):
             raise AgentSpawnError(command, f"the value of environment variable {name!r} {problem}")
+    return command
 
 
 def _spawn_environment(env: Mapping[str, str] | None, *, inherit_env: bool) -> dict[str, str] | None:
@@ -1017,15 +1043,10 @@ async def open_agent_process(
     delivered once it completes. After the block, the `AgentProcess` still answers `AgentProcess.exit_info`,
     the stderr tail and `AgentProcess.teardown_report`.
     """
-    if isinstance(argv, (str, bytes)):
-        raise TypeError("argv must be a sequence of arguments, not a string: no shell is used")
-    command = tuple(os.fspath(arg) for arg in argv)
-    if not command:
-        raise ValueError("argv must name a program")
+    spawn_cwd = None if cwd is None else os.fspath(cwd)
+    command = check_command(argv, env, spawn_cwd)
     if stderr_tail_bytes < 0:
         raise ValueError("stderr_tail_bytes must not be negative")
-    spawn_cwd = None if cwd is None else os.fspath(cwd)
-    _refuse_malformed(command, env, spawn_cwd)
     spawn_env = _spawn_environment(env, inherit_env=inherit_env)
     _check_executable(command, spawn_env, spawn_cwd)
     # A caller that is already cancelled gets no child at all.

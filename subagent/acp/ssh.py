@@ -77,9 +77,9 @@ from subagent.acp.process import (
     AgentProcess,
     ExitInfo,
     TeardownReport,
-    _refuse_malformed,
     open_agent_process,
 )
+from subagent.acp.transport import check_command
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -348,12 +348,7 @@ class SshTransport:
                 or an argument, ``cwd`` or ``env`` entry holds what exec cannot carry. No environment
                 value is ever quoted.
         """
-        if isinstance(argv, (str, bytes)):
-            raise TypeError("argv must be a sequence of arguments, not a string: no shell is used")
-        command = tuple(os.fspath(arg) for arg in argv)
-        if not command:
-            raise ValueError("argv must name a program")
-        _refuse_malformed(command, env, cwd)
+        command = check_command(argv, env, cwd)
         marker = secrets.token_hex(16)
         channel = SshChannel(self, command, marker, on_stderr_line, cwd)
         try:

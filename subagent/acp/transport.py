@@ -11,6 +11,9 @@ transports put the child on another host; `transport_from_url` builds one from a
 ``ssh://[user@]host[:port]``, ``ray://ADDRESS``), as the CLI's ``--on`` and the TOML config's
 ``transport`` give it.
 
+Every transport's ``open`` first applies `check_command` (from `subagent.acp.process`, re-exported
+here) to ``argv``, ``env`` and ``cwd``, so a command is refused the same way wherever it would run.
+
 Files and terminals
     The client serves the agent's ``fs/*`` and ``terminal/*`` requests on *this* host. A transport whose
     `Transport.local_files` is False runs the child where our paths mean nothing, so the client then
@@ -32,6 +35,7 @@ from subagent.acp.process import (
     STDIN_CLOSE_TIMEOUT,
     ExitInfo,
     TeardownReport,
+    check_command,
     open_agent_process,
 )
 
@@ -40,6 +44,7 @@ __all__ = [
     "Channel",
     "LocalTransport",
     "Transport",
+    "check_command",
     "transport_from_url",
 ]
 
@@ -144,8 +149,11 @@ class Transport(Protocol):
                 it must not block or raise.
 
         Raises:
-            AgentSpawnError: The agent could not be started (``__aenter__``); the reason never quotes
-                an environment value.
+            TypeError: ``argv`` is a single string (`check_command`).
+            ValueError: ``argv`` is empty (`check_command`).
+            AgentSpawnError: The agent could not be started (``__aenter__``), or `check_command`
+                refused an argument, ``cwd`` or ``env`` entry; the reason never quotes an environment
+                value.
 
         An exception from the block propagates unchanged after teardown.
         """
