@@ -66,7 +66,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 STUB = [sys.executable, "-m", "subagent.testing.stub_agent"]
 REQUIRE_SSH_VARIABLE = "SUBAGENT_REQUIRE_SSH"
-"""Set: a missing OpenSSH fails the benchmark instead of skipping its SSH half (as it does the SSH tests)."""
+"""Set: a missing OpenSSH fails the benchmark instead of skipping its SSH half (the SSH tests read it too)."""
 PONG = "pong"
 SSH_TARGET = 3.0
 """Issue 13: a 100,000-chunk turn over SSH within this many times the local one."""
@@ -178,7 +178,8 @@ def ssh_missing() -> str | None:
 
 @contextlib.contextmanager
 def ssh_variant() -> Iterator[SshTransport | None]:
-    """The SSH transport to a loopback sshd started here and the listener's pid, or None (SSH skipped)."""
+    """The SSH transport to a loopback sshd started here, or None (SSH skipped); on a normal exit, fails
+    if a process of the SSH runs is left (the listener itself excepted, stopped afterwards)."""
     reason = ssh_missing()
     if reason is not None:
         yield None
