@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from subagent.acp.client import AcpSession
 from subagent.providers.acp import AcpProvider
 
 __all__ = [
@@ -187,3 +188,26 @@ def verdict(met: bool, target: str, figure: str) -> str:
 if __name__ == "__main__":
     # `make bench` runs every bench/*.py: this module only holds helpers.
     print("helpers of the other benchmarks; nothing to measure here")
+
+
+class PromptClock:
+    """Notes when the provider's run calls ``AcpSession.prompt``, so that its turn is timed from
+    the same point as the client path's (the run sends its prompt on its own task, as soon as the
+    session is ready, which may be before ``started()`` returns to us)."""
+
+    def __init__(self) -> None:
+        self.sent_at: float | None = None
+        self._original = AcpSession.prompt
+
+    def __enter__(self) -> PromptClock:
+        original = self._original
+
+        async def timed_prompt(session: AcpSession, *args: Any, **kwargs: Any) -> Any:
+            self.sent_at = time.perf_counter()
+            return await original(session, *args, **kwargs)
+
+        AcpSession.prompt = timed_prompt  # type: ignore[method-assign,assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        AcpSession.prompt = self._original  # type: ignore[method-assign]

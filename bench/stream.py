@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import anyio
-from _common import verdict
+from _common import PromptClock, verdict
 
-from subagent.acp.client import AcpSession, spawn_agent
+from subagent.acp.client import spawn_agent
 from subagent.providers.acp import AcpProvider
 from subagent.service import SubagentService
 from subagent.types import SubagentRequest
@@ -90,36 +90,13 @@ async def ours_ready(argv: list[str], cwd: str) -> float:
 # -- the whole provider path: SubagentService + AcpProvider --------------------------------------------------
 
 
-class _PromptClock:
-    """Notes when the provider's run calls ``AcpSession.prompt``, so that its turn is timed from
-    the same point as the client path's (the run sends its prompt on its own task, as soon as the
-    session is ready, which may be before ``started()`` returns to us)."""
-
-    def __init__(self) -> None:
-        self.sent_at: float | None = None
-        self._original = AcpSession.prompt
-
-    def __enter__(self) -> _PromptClock:
-        original = self._original
-
-        async def timed_prompt(session: AcpSession, *args: Any, **kwargs: Any) -> Any:
-            self.sent_at = time.perf_counter()
-            return await original(session, *args, **kwargs)
-
-        AcpSession.prompt = timed_prompt  # type: ignore[method-assign,assignment]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        AcpSession.prompt = self._original  # type: ignore[method-assign]
-
-
 async def provider_turn(argv: list[str], cwd: str, chunks: int, spans: list[float]) -> float:
     """One run through the service: the turn is timed from the prompt to ``result()``, as the
     client path's is; start -> dispose goes into ``spans``."""
     provider = AcpProvider(argv, name="stub", cwd=cwd)
     async with SubagentService(progress_interval=None) as service:
         service.register_provider(provider)
-        with _PromptClock() as clock:
+        with PromptClock() as clock:
             began = time.perf_counter()
             run = service.start("stub", SubagentRequest(prompt="go"))
             await run.started()

@@ -48,8 +48,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
-from _common import BenchBroken, live_descendants, median_p90_max, settle_descendants, verdict, write_scenario
-from stream import _PromptClock
+from _common import (
+    BenchBroken,
+    PromptClock,
+    live_descendants,
+    median_p90_max,
+    settle_descendants,
+    verdict,
+    write_scenario,
+)
 
 from subagent.acp.handlers import PermissionQuestion
 from subagent.acp.process import supervision_available
@@ -85,7 +92,7 @@ async def flood_run(
     """One run streaming ``chunks`` updates: (prompt -> result, start -> dispose)."""
     async with SubagentService(progress_interval=None) as service:
         service.register_provider(provider(command, cwd, transport))
-        with _PromptClock() as clock:
+        with PromptClock() as clock:
             began = time.perf_counter()
             run = service.start("stub", SubagentRequest(prompt="go"))
             await run.started()
