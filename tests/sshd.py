@@ -32,7 +32,6 @@ import socket
 import subprocess
 import tempfile
 import time
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from subagent.testing.leaks import LEAK_TAG_VARIABLE, ProcessInfo, leaked_processes, open_fds
+from subagent.testing.leaks import (
+    ProcessInfo,
+    assert_same_fds,
+    leak_tag,
+    leaked_processes,
+    open_fds,
+)
 
 __all__ = [
     "HOST_ALIAS",
@@ -276,17 +281,9 @@ async def assert_no_leaks_over_ssh(server: SshServer) -> AsyncIterator[str]:
     and agents end on their own once the connection is closed), then checks that this process has as many
     open file descriptors as on entry.
     """
-    tag = uuid.uuid4().hex
-    previous = os.environ.get(LEAK_TAG_VARIABLE)
-    os.environ[LEAK_TAG_VARIABLE] = tag
-    fds_before = open_fds()
-    try:
+    with leak_tag() as tag:
+        fds_before = open_fds()
         yield tag
-    finally:
-        if previous is None:
-            del os.environ[LEAK_TAG_VARIABLE]
-        else:
-            os.environ[LEAK_TAG_VARIABLE] = previous
     with anyio.move_on_after(LEAK_SETTLE_TIMEOUT):
         while True:
             if not _leaked_except(server, tag):
@@ -294,7 +291,4 @@ async def assert_no_leaks_over_ssh(server: SshServer) -> AsyncIterator[str]:
             await anyio.sleep(0.02)  # A poll interval; the wait is bounded above.
     leaked = _leaked_except(server, tag)
     assert not leaked, f"processes left behind: {leaked}"
-    fds_after = open_fds()
-    opened = {fd: target for fd, target in fds_after.items() if fds_before.get(fd) != target}
-    closed = {fd: target for fd, target in fds_before.items() if fds_after.get(fd) != target}
-    assert len(fds_after) == len(fds_before), f"file descriptors opened {opened}, closed {closed}"
+    assert_same_fds(fds_before)

@@ -21,7 +21,7 @@ import os
 import shutil
 import sys
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -31,6 +31,8 @@ __all__ = [
     "LEAK_TAG_VARIABLE",
     "ProcessInfo",
     "assert_no_leaks",
+    "assert_same_fds",
+    "leak_tag",
     "leaked_processes",
     "live_group_members",
     "open_fd_count",
@@ -151,6 +153,30 @@ async def _warm_up_subprocess_machinery() -> None:
     await anyio.run_process([program] if program else [sys.executable, "-c", ""])
 
 
+@contextlib.contextmanager
+def leak_tag() -> Iterator[str]:
+    """A fresh leak tag, set as `LEAK_TAG_VARIABLE` in ``os.environ`` for the block (restored after), so
+    processes spawned with the inherited (or merged) environment carry it, orphaned or not."""
+    tag = uuid.uuid4().hex
+    previous = os.environ.get(LEAK_TAG_VARIABLE)
+    os.environ[LEAK_TAG_VARIABLE] = tag
+    try:
+        yield tag
+    finally:
+        if previous is None:
+            del os.environ[LEAK_TAG_VARIABLE]
+        else:
+            os.environ[LEAK_TAG_VARIABLE] = previous
+
+
+def assert_same_fds(before: dict[int, str]) -> None:
+    """Assert this process has as many open file descriptors as `open_fds` gave ``before``."""
+    after = open_fds()
+    opened = {fd: target for fd, target in after.items() if before.get(fd) != target}
+    closed = {fd: target for fd, target in before.items() if after.get(fd) != target}
+    assert len(after) == len(before), f"file descriptors opened {opened}, closed {closed}"
+
+
 @asynccontextmanager
 async def assert_no_leaks() -> AsyncIterator[str]:
     """Check that the block leaves no file descriptor open and no process running; yields the leak tag.
@@ -160,20 +186,9 @@ async def assert_no_leaks() -> AsyncIterator[str]:
     found while it is our descendant.
     """
     await _warm_up_subprocess_machinery()
-    tag = uuid.uuid4().hex
-    previous = os.environ.get(LEAK_TAG_VARIABLE)
-    os.environ[LEAK_TAG_VARIABLE] = tag
-    fds_before = open_fds()
-    try:
+    with leak_tag() as tag:
+        fds_before = open_fds()
         yield tag
-    finally:
-        if previous is None:
-            del os.environ[LEAK_TAG_VARIABLE]
-        else:
-            os.environ[LEAK_TAG_VARIABLE] = previous
-    fds_after = open_fds()
-    opened = {fd: target for fd, target in fds_after.items() if fds_before.get(fd) != target}
-    closed = {fd: target for fd, target in fds_before.items() if fds_after.get(fd) != target}
-    assert len(fds_after) == len(fds_before), f"file descriptors opened {opened}, closed {closed}"
+    assert_same_fds(fds_before)
     leaked = leaked_processes(tag)
     assert not leaked, f"processes left behind: {leaked}"
