@@ -17,8 +17,9 @@ processes they run, are leaks once a test is over); tests that must use `assert_
 contract suite) use `INETD_HOST_ALIAS` with ``running_sshd(listen=False)``.
 
 As root, ``sshd`` insists on its privilege separation directory (``/run/sshd``, which Debian's service
-creates at start); `running_sshd` creates it when missing and removes it again. Where no ``sshd`` is
-installed the tests that need one are skipped, or fail when ``SUBAGENT_REQUIRE_SSH`` is set (CI sets it).
+creates at start); `running_sshd` creates it when missing and leaves it (every sshd on the host needs it).
+Where no ``sshd`` is installed the tests that need one are skipped, or fail when ``SUBAGENT_REQUIRE_SSH``
+is set (CI sets it).
 """
 
 from __future__ import annotations
@@ -214,10 +215,12 @@ def running_sshd(*, listen: bool = True) -> Iterator[SshServer]:
     """
     sshd, _ = sshd_or_skip()
     user = pwd.getpwuid(os.getuid()).pw_name
-    created_privsep_dir = False
-    if os.geteuid() == 0 and not _PRIVSEP_DIR.exists():
-        _PRIVSEP_DIR.mkdir(mode=0o755)
-        created_privsep_dir = True
+    if os.geteuid() == 0:
+        # sshd as root needs its privilege-separation directory for every connection. It is OpenSSH's own
+        # runtime directory (made at boot where the package's service runs), so it stays: removing it would
+        # break every other sshd on this host, a second test session's included (seen: its connections
+        # were reset during key exchange).
+        _PRIVSEP_DIR.mkdir(mode=0o755, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="subagent-sshd-"))
     process: subprocess.Popen[bytes] | None = None
     try:
@@ -262,9 +265,6 @@ def running_sshd(*, listen: bool = True) -> Iterator[SshServer]:
         if process is not None:
             _stop(process)
         shutil.rmtree(directory, ignore_errors=True)
-        if created_privsep_dir:
-            with contextlib.suppress(OSError):
-                _PRIVSEP_DIR.rmdir()
 
 
 def _leaked_except(server: SshServer, tag: str) -> list[ProcessInfo]:
