@@ -587,6 +587,52 @@ async def test_a_cancel_the_remote_agent_honours_ends_the_turn_cancelled(
     assert (results[0].stop_reason, results[0].output) == ("cancelled", "working")
 
 
+# -- hangs, ended by timeouts ----------------------------------------------------------------------------
+
+READY_TIMEOUT = 3.0
+"""Long enough for the stub agent's start-up and its first stderr line on a loaded machine (it hangs in
+initialize: the timeout always runs out, so its length decides no outcome)."""
+SILENCE_TIMEOUT = 1.0
+"""The turn's inactivity timeout: the agent, already running, sends its first chunk well within it."""
+
+
+async def test_a_remote_child_that_never_answers_initialize_fails_the_start_after_the_ready_timeout(
+    sshd: SshServer, stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    argv = stub_agent_command(
+        {"initialize": {"steps": [{"step": "stderr", "text": "loading model...\n"}, {"step": "hang"}]}}
+    )
+    async with open_ssh_service(sshd) as (service, lifecycle, tag):
+        service.register_provider(ssh_provider(argv, tmp_path, sshd, tag, ready_timeout=READY_TIMEOUT))
+        async with service.start("acp", SubagentRequest(prompt="go")) as run:
+            with anyio.fail_after(WAIT), pytest.raises(SubagentError) as caught:
+                await run.started()
+        ssh_pid = child_pid(run)
+    assert process_is_gone(ssh_pid)
+    assert caught.value.code is ErrorCode.START_FAILED
+    assert caught.value.message == (
+        f"agent `{shlex.join(argv)}` was not ready within {READY_TIMEOUT:g} s; last stderr: loading model..."
+    )
+    assert lifecycle.names == []
+
+
+async def test_silence_past_the_timeout_ends_a_remote_turn_with_timeout_and_keeps_the_output(
+    sshd: SshServer, stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    argv = stub_agent_command(
+        {"turns": [[{"step": "message", "text": "thinking"}, {"step": "wait_for_cancel"}]]}
+    )
+    async with open_ssh_service(sshd) as (service, lifecycle, tag):
+        service.register_provider(ssh_provider(argv, tmp_path, sshd, tag))
+        async with service.start("acp", SubagentRequest(prompt="go", timeout=SILENCE_TIMEOUT)) as run:
+            with anyio.fail_after(WAIT):
+                result = await run.result()
+    assert result == SubagentResult(
+        output="thinking", stop_reason="timeout", error=f"inactive for more than {SILENCE_TIMEOUT:g} s"
+    )
+    assert lifecycle.names == ["start", "end"]
+
+
 # -- teardown of what will not go ------------------------------------------------------------------------
 
 
