@@ -453,28 +453,7 @@ async def test_a_50_mib_stderr_flood_over_ssh_deadlocks_nothing_and_leaves_a_bou
 # -- the caller cancelled --------------------------------------------------------------------------------
 
 
-EXIT_REPORT_LOST = pytest.mark.xfail(
-    reason=(
-        "a known gap: the remote exit report travels on ssh's stderr, and the local stderr drain "
-        "(open_agent_process's background task) is cancelled with a cancelled caller, before teardown "
-        "ends; so an agent that exits on stdin EOF during the teardown of a cancelled caller is reported "
-        "with an unknown status ('connection lost: ssh exited with status 0'). Not run: it fails each time"
-    ),
-    run=False,
-    strict=True,
-)
-
-
-def cancel_phases() -> list[Any]:
-    """test_faults' cancel phases, those whose remote exit status is lost marked as such."""
-    lost = {"during initialize", "during session/new"}
-    return [
-        pytest.param(phase, id=phase, marks=[EXIT_REPORT_LOST] if phase in lost else [])
-        for phase in CANCEL_PHASES
-    ]
-
-
-@pytest.mark.parametrize("phase", cancel_phases())
+@pytest.mark.parametrize("phase", list(CANCEL_PHASES))
 async def test_cancelling_the_caller_at_any_phase_disposes_the_remote_run_and_leaves_nothing_anywhere(
     sshd: SshServer, stub_agent_command: StubAgentCommand, tmp_path: Path, phase: str
 ) -> None:

@@ -400,6 +400,7 @@ class AgentProcess:
         self._stderr_partial_line = b""
         self._stderr_bytes_total = 0
         self._stderr_done = anyio.Event()
+        self._stderr_scope: anyio.CancelScope | None = None
         self._exited = anyio.Event()
         self._teardown_signal: signal.Signals | None = None
         self._teardown_lock = anyio.Lock()
@@ -534,8 +535,20 @@ class AgentProcess:
 
     def _start_background_tasks(self, task_group: anyio.abc.TaskGroup) -> None:
         """Start draining stderr and watching for exit. Synchronous: no cancellation can arrive in between."""
-        task_group.start_soon(self._drain_stderr, name=f"drain stderr of agent pid {self.pid}")
+        task_group.start_soon(self._drain_stderr_shielded, name=f"drain stderr of agent pid {self.pid}")
         task_group.start_soon(self._watch_exit, name=f"watch exit of agent pid {self.pid}")
+
+    async def _drain_stderr_shielded(self) -> None:
+        # Shielded, so that a caller cancelled mid-run still has what the agent writes while it is torn down
+        # (a crash's last lines; over SSH, the remote supervisor's exit report); `_stop_stderr_drain` ends it
+        # once teardown is over.
+        with anyio.CancelScope(shield=True) as scope:
+            self._stderr_scope = scope
+            await self._drain_stderr()
+
+    def _stop_stderr_drain(self) -> None:
+        if self._stderr_scope is not None:
+            self._stderr_scope.cancel()
 
     async def _drain_stderr(self) -> None:
         try:
@@ -1081,8 +1094,11 @@ async def open_agent_process(
                 body_error = exc
             finally:
                 # Teardown runs while stderr is still drained; only then are the background tasks stopped.
-                await agent.aclose()
-                task_group.cancel_scope.cancel()
+                try:
+                    await agent.aclose()
+                finally:
+                    agent._stop_stderr_drain()
+                    task_group.cancel_scope.cancel()
     finally:
         # A no-op after the teardown above; it matters only if the task group itself failed to start.
         await agent.aclose()
