@@ -12,7 +12,8 @@ the summary:
 * stdout carries only the answer (or, with ``--json``, exactly one JSON object); progress,
   ``--events`` lines, permission prompts and diagnostics go to stderr;
 * the first Ctrl-C cancels the turn (``session/cancel``, then the provider's grace and teardown),
-  a second one SIGKILLs the agent's whole process tree at once, even mid-teardown; SIGTERM and
+  a second one SIGKILLs the agent's whole process tree at once, even mid-teardown (on another host:
+  SIGTERM, then SIGKILL a second later, from its supervisor there); SIGTERM and
   SIGHUP tear it down at once too (a graceful, bounded teardown).
 
 The package, one job per module::

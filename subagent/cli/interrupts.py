@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 class Interrupts:
     """Turns signals into actions on the run: the first SIGINT cancels the turn; SIGTERM/SIGHUP
     tear the agent down (dispose: a bounded, graceful teardown); a second SIGINT, or any signal
-    once a teardown is under way, also SIGKILLs the agent's whole process tree at once, so a
+    once a teardown is under way, also kills the agent's whole process tree at once (SIGKILL; on
+    another host, SIGTERM then SIGKILL a second later, from its supervisor there), so a
     teardown waiting out a grace period ends now. Signals before the run exists are kept for it."""
 
     SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

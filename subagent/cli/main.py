@@ -59,7 +59,8 @@ interrupts:
   Ctrl-C once cancels the turn (session/cancel; an agent that ignores it is torn down after
   a grace of a few seconds) and exits 1 with stop reason "cancelled". Ctrl-C again kills
   the agent and every process it started at once (SIGKILL, no grace; exit 1), even while
-  a teardown is waiting for it. SIGTERM and SIGHUP tear it down at once too.
+  a teardown is waiting for it; an agent --on another host gets SIGTERM, then SIGKILL
+  a second later, from its supervisor there. SIGTERM and SIGHUP tear it down at once too.
 
 examples:
   {PROG} run -p "Summarise README.md" -- npx @agentclientprotocol/claude-agent-acp
