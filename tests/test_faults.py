@@ -758,34 +758,38 @@ CANCEL_PHASES = {
 }
 
 
-@pytest.mark.parametrize("phase", list(CANCEL_PHASES), ids=list(CANCEL_PHASES))
-async def test_cancelling_the_caller_at_any_phase_disposes_the_run_and_leaves_no_child_task_or_fd(
-    stub_agent_command: StubAgentCommand, tmp_path: Path, phase: str
-) -> None:
-    spec = CANCEL_PHASES[phase]
-    argv = stub_agent_command(spec.scenario)
-    caller = anyio.CancelScope()
+@dataclass
+class PhaseCaller:
+    """The caller of one `CANCEL_PHASES` case, whatever the transport: it cancels itself where the phase
+    says (give the provider `on_stderr_line` and `permission`), and `drive` follows the run to there."""
 
-    def cancel_at_the_cancel_point(line: str) -> None:
+    phase: str
+    caller: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    run: ServiceRun | None = None
+    child: AcpRun | None = None
+
+    @property
+    def spec(self) -> CancelPhase:
+        return CANCEL_PHASES[self.phase]
+
+    def on_stderr_line(self, line: str) -> None:
         if line == CANCEL_POINT:
-            caller.cancel()
+            self.caller.cancel()
 
-    async def cancel_while_deciding(question: PermissionQuestion) -> str | None:
-        caller.cancel()
+    async def permission(self, question: PermissionQuestion) -> str | None:
+        self.caller.cancel()
         await anyio.sleep_forever()
         return "allow"
 
-    provider = acp_provider(
-        argv, tmp_path, on_stderr_line=cancel_at_the_cancel_point, permission=cancel_while_deciding
-    )
-    async with open_service(provider) as (service, lifecycle):
-        tasks_before = running_task_ids()
-        with anyio.fail_after(WAIT), caller:
-            if phase == "while waiting for started, before the child exists":
-                caller.cancel()
+    async def drive(self, service: SubagentService, wait: float = WAIT) -> tuple[ServiceRun, AcpRun]:
+        """Start the run and follow it until the caller is cancelled at the phase; the run and its child."""
+        with anyio.fail_after(wait), self.caller:
+            if self.phase == "while waiting for started, before the child exists":
+                self.caller.cancel()
             async with service.start("acp", SubagentRequest(prompt="go")) as run:
-                child = acp_run(run)
-                if phase == "mid-stream":
+                self.run, self.child = run, acp_run(run)
+                child = self.child
+                if self.phase == "mid-stream":
                     # The caller follows the stream and gives up after two chunks.
                     send, receive = anyio.create_memory_object_stream[schema.SessionUpdate](math.inf)
                     stop_following = child.on_update(send.send_nowait)
@@ -795,19 +799,56 @@ async def test_cancelling_the_caller_at_any_phase_disposes_the_run_and_leaves_no
                             async for _ in receive:
                                 received += 1
                                 if received == 2:
-                                    caller.cancel()
+                                    self.caller.cancel()
                     finally:
                         stop_following()
-                elif phase == "during result":
-                    child.on_update(lambda update: caller.cancel() if len(child.updates) == 2 else None)
+                elif self.phase == "during result":
+                    child.on_update(lambda update: self.caller.cancel() if len(child.updates) == 2 else None)
                     await run.result()
-                elif spec.ready:
+                elif self.spec.ready:
                     await run.result()
                 else:
                     await run.started()
-        assert caller.cancelled_caught
+        assert self.caller.cancelled_caught
+        assert self.run is not None
+        assert self.child is not None
+        assert self.run.state is RunState.DISPOSED
+        return self.run, self.child
+
+    def check_disposed(self, error: SubagentError, pid: int | None, lifecycle: Lifecycle) -> None:
+        """The run's result error and its lifecycle events say it was disposed, and when."""
+        run = self.run
+        assert run is not None
+        assert error.code is ErrorCode.DISPOSED
+        if self.spec.ready:
+            assert error.message == f"run {run.id!r} was disposed before its turn ended"
+            assert lifecycle.names == ["start", "end"]
+            assert lifecycle.ends()[run.id] == SubagentRunEndInfo(
+                id=run.id,
+                provider="acp",
+                stop_reason=None,
+                last_assistant_message=None,
+                error=f"run {run.id!r} was disposed before its turn ended",
+            )
+        else:
+            when = "before its agent was spawned" if pid is None else "before the agent was ready"
+            assert error.message == f"run {run.id!r} was disposed {when}"
+            assert lifecycle.names == []
+
+
+@pytest.mark.parametrize("phase", list(CANCEL_PHASES), ids=list(CANCEL_PHASES))
+async def test_cancelling_the_caller_at_any_phase_disposes_the_run_and_leaves_no_child_task_or_fd(
+    stub_agent_command: StubAgentCommand, tmp_path: Path, phase: str
+) -> None:
+    caller = PhaseCaller(phase)
+    argv = stub_agent_command(caller.spec.scenario)
+    provider = acp_provider(
+        argv, tmp_path, on_stderr_line=caller.on_stderr_line, permission=caller.permission
+    )
+    async with open_service(provider) as (service, lifecycle):
+        tasks_before = running_task_ids()
+        run, child = await caller.drive(service)
         assert running_task_ids() == tasks_before  # nothing of the run outlives the block
-        assert run.state is RunState.DISPOSED
         pid = child.pid
         if phase == "while waiting for started, before the child exists":
             assert pid is None  # disposed before the spawn: no child ever existed
@@ -815,24 +856,10 @@ async def test_cancelling_the_caller_at_any_phase_disposes_the_run_and_leaves_no
             assert pid is not None
             assert process_is_gone(pid)
             assert child.exit_info is not None
-            assert child.exit_info.returncode == spec.returncode
+            assert child.exit_info.returncode == caller.spec.returncode
         with pytest.raises(SubagentError) as result_error:
             await run.result()
-    assert result_error.value.code is ErrorCode.DISPOSED
-    if spec.ready:
-        assert result_error.value.message == f"run {run.id!r} was disposed before its turn ended"
-        assert lifecycle.names == ["start", "end"]
-        assert lifecycle.ends()[run.id] == SubagentRunEndInfo(
-            id=run.id,
-            provider="acp",
-            stop_reason=None,
-            last_assistant_message=None,
-            error=f"run {run.id!r} was disposed before its turn ended",
-        )
-    else:
-        when = "before its agent was spawned" if pid is None else "before the agent was ready"
-        assert result_error.value.message == f"run {run.id!r} was disposed {when}"
-        assert lifecycle.names == []
+    caller.check_disposed(result_error.value, pid, lifecycle)
 
 
 HOLD_UP = 60.0

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shlex
 import signal
@@ -32,7 +31,6 @@ from subagent import (
     SubagentError,
     SubagentRequest,
     SubagentResult,
-    SubagentRunEndInfo,
     SubagentService,
 )
 from subagent.acp import schema
@@ -47,10 +45,10 @@ from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.sshd import SshServer, assert_no_leaks_over_ssh, running_sshd
 from tests.test_faults import (
     CANCEL_PHASES,
-    CANCEL_POINT,
     MIB,
     WIRE_FAULTS,
     Lifecycle,
+    PhaseCaller,
     WireFault,
     acp_run,
     child_pid,
@@ -457,57 +455,16 @@ async def test_a_50_mib_stderr_flood_over_ssh_deadlocks_nothing_and_leaves_a_bou
 async def test_cancelling_the_caller_at_any_phase_disposes_the_remote_run_and_leaves_nothing_anywhere(
     sshd: SshServer, stub_agent_command: StubAgentCommand, tmp_path: Path, phase: str
 ) -> None:
-    spec = CANCEL_PHASES[phase]
-    argv = stub_agent_command(spec.scenario)
-    caller = anyio.CancelScope()
-
-    def cancel_at_the_cancel_point(line: str) -> None:
-        if line == CANCEL_POINT:
-            caller.cancel()
-
-    async def cancel_while_deciding(question: PermissionQuestion) -> str | None:
-        caller.cancel()
-        await anyio.sleep_forever()
-        return "allow"
-
+    caller = PhaseCaller(phase)
+    argv = stub_agent_command(caller.spec.scenario)
     async with open_ssh_service(sshd) as (service, lifecycle, tag):
         provider = ssh_provider(
-            argv,
-            tmp_path,
-            sshd,
-            tag,
-            on_stderr_line=cancel_at_the_cancel_point,
-            permission=cancel_while_deciding,
+            argv, tmp_path, sshd, tag, on_stderr_line=caller.on_stderr_line, permission=caller.permission
         )
         service.register_provider(provider)
         tasks_before = running_task_ids()
-        with anyio.fail_after(WAIT), caller:
-            if phase == "while waiting for started, before the child exists":
-                caller.cancel()
-            async with service.start("acp", SubagentRequest(prompt="go")) as run:
-                child = acp_run(run)
-                if phase == "mid-stream":
-                    send, receive = anyio.create_memory_object_stream[schema.SessionUpdate](math.inf)
-                    stop_following = child.on_update(send.send_nowait)
-                    try:
-                        with send, receive:
-                            received = 0
-                            async for _ in receive:
-                                received += 1
-                                if received == 2:
-                                    caller.cancel()
-                    finally:
-                        stop_following()
-                elif phase == "during result":
-                    child.on_update(lambda update: caller.cancel() if len(child.updates) == 2 else None)
-                    await run.result()
-                elif spec.ready:
-                    await run.result()
-                else:
-                    await run.started()
-        assert caller.cancelled_caught
+        run, child = await caller.drive(service, WAIT)
         assert running_task_ids() == tasks_before
-        assert run.state is RunState.DISPOSED
         pid = child.pid
         info = child.exit_info
         with pytest.raises(SubagentError) as result_error:
@@ -519,25 +476,11 @@ async def test_cancelling_the_caller_at_any_phase_disposes_the_remote_run_and_le
         assert pid is not None
         gone(info, pid)
         assert info is not None
-        if spec.returncode == 0:  # it exited on stdin EOF, and its remote supervisor said so
+        if caller.spec.returncode == 0:  # it exited on stdin EOF, and its remote supervisor said so
             assert (info.returncode, info.status_known) == (0, True)
         else:  # it needed SIGTERM: to ssh, so its status never came back
             lost_by_teardown(info, sshd.host)
-    assert result_error.value.code is ErrorCode.DISPOSED
-    if spec.ready:
-        assert result_error.value.message == f"run {run.id!r} was disposed before its turn ended"
-        assert lifecycle.names == ["start", "end"]
-        assert lifecycle.ends()[run.id] == SubagentRunEndInfo(
-            id=run.id,
-            provider="acp",
-            stop_reason=None,
-            last_assistant_message=None,
-            error=f"run {run.id!r} was disposed before its turn ended",
-        )
-    else:
-        when = "before its agent was spawned" if pid is None else "before the agent was ready"
-        assert result_error.value.message == f"run {run.id!r} was disposed {when}"
-        assert lifecycle.names == []
+    caller.check_disposed(result_error.value, pid, lifecycle)
 
 
 async def test_a_cancel_the_remote_agent_honours_ends_the_turn_cancelled(
