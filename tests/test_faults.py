@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import pytest
@@ -319,21 +319,23 @@ async def test_a_child_killed_mid_stream_ends_the_turn_with_an_error_naming_the_
     )
 
 
+PERMISSION_PENDING: Final = {
+    "turns": [
+        [
+            {"step": "tool_call", "toolCallId": "c1", "title": "Edit config", "kind": "edit"},
+            {"step": "message", "text": "I need to edit the config."},
+            {"step": "stderr", "text": "waiting for permission\n"},
+            {"step": "permission", "branches": {"allow": [{"step": "message", "text": "edited"}]}},
+        ]
+    ]
+}
+"""A turn that asks permission for tool call ``c1`` after a message and a stderr line, and waits."""
+
+
 async def test_a_child_killed_while_its_permission_question_is_pending_ends_the_turn_with_an_error(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    argv = stub_agent_command(
-        {
-            "turns": [
-                [
-                    {"step": "tool_call", "toolCallId": "c1", "title": "Edit config", "kind": "edit"},
-                    {"step": "message", "text": "I need to edit the config."},
-                    {"step": "stderr", "text": "waiting for permission\n"},
-                    {"step": "permission", "branches": {"allow": [{"step": "message", "text": "edited"}]}},
-                ]
-            ]
-        }
-    )
+    argv = stub_agent_command(PERMISSION_PENDING)
     runs: list[ServiceRun] = []
     asked: list[str] = []
     withdrawn = anyio.Event()

@@ -46,6 +46,7 @@ from tests.sshd import SshServer, assert_no_leaks_over_ssh, running_sshd
 from tests.test_faults import (
     CANCEL_PHASES,
     MIB,
+    PERMISSION_PENDING,
     WIRE_FAULTS,
     Lifecycle,
     PhaseCaller,
@@ -183,18 +184,7 @@ async def test_a_remote_child_killed_before_it_is_ready_fails_the_start_naming_t
 async def test_a_remote_child_killed_while_its_permission_question_is_pending_ends_the_turn_with_an_error(
     sshd: SshServer, stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    argv = stub_agent_command(
-        {
-            "turns": [
-                [
-                    {"step": "tool_call", "toolCallId": "c1", "title": "Edit config", "kind": "edit"},
-                    {"step": "message", "text": "I need to edit the config."},
-                    {"step": "stderr", "text": "waiting for permission\n"},
-                    {"step": "permission", "branches": {"allow": [{"step": "message", "text": "edited"}]}},
-                ]
-            ]
-        }
-    )
+    argv = stub_agent_command(PERMISSION_PENDING)
     clients: list[AcpClient] = []
     asked: list[str] = []
     withdrawn = anyio.Event()
