@@ -548,6 +548,40 @@ class WireFault:
     client_warning: str | None = None
     """A warning the client must log instead of a protocol error."""
 
+    def scenario(self) -> dict[str, Any]:
+        """One turn with this fault between a message before and a message after, ending ``end_turn``."""
+        return {
+            "turns": [
+                [
+                    {"step": "message", "text": "before"},
+                    *self.steps,
+                    {"step": "message", "text": "after"},
+                    {"step": "stop", "reason": "end_turn"},
+                ]
+            ]
+        }
+
+    def check_turn(
+        self,
+        result: TurnResult,
+        reported: list[ProtocolError],
+        caplog: pytest.LogCaptureFixture,
+        pid: int | None,
+    ) -> None:
+        """`scenario`'s turn completed with every chunk, and the fault was reported and logged exactly once,
+        under the connection named after ``pid``."""
+        assert result.stop_reason == "end_turn"
+        assert texts(result.updates) == ["before", *self.chunks, "after"]
+        assert described(reported) == described(self.protocol_errors)
+        connection_warnings = [
+            record.getMessage() for record in caplog.records if record.name == "subagent.acp.connection"
+        ]
+        assert connection_warnings == [f"acp:{pid}: {error}" for error in self.protocol_errors]
+        client_warnings = [
+            record.getMessage() for record in caplog.records if record.name == "subagent.acp.client"
+        ]
+        assert client_warnings == ([] if self.client_warning is None else [self.client_warning])
+
 
 WIRE_FAULTS = {
     "a response with a wrong id": WireFault(
@@ -601,18 +635,7 @@ def described(errors: list[ProtocolError]) -> list[tuple[type[ProtocolError], st
 async def test_a_wire_fault_mid_turn_is_skipped_or_answered_and_reported_and_the_turn_completes(
     stub_agent_command: StubAgentCommand, tmp_path: Path, caplog: pytest.LogCaptureFixture, fault: WireFault
 ) -> None:
-    argv = stub_agent_command(
-        {
-            "turns": [
-                [
-                    {"step": "message", "text": "before"},
-                    *fault.steps,
-                    {"step": "message", "text": "after"},
-                    {"step": "stop", "reason": "end_turn"},
-                ]
-            ]
-        }
-    )
+    argv = stub_agent_command(fault.scenario())
     reported: list[ProtocolError] = []
     caplog.set_level(logging.WARNING)
     async with (
@@ -628,18 +651,8 @@ async def test_a_wire_fault_mid_turn_is_skipped_or_answered_and_reported_and_the
         statistics = client.connection.statistics()
         assert client.process is not None
         pid = client.process.pid
-    assert result.stop_reason == "end_turn"
-    assert texts(result.updates) == ["before", *fault.chunks, "after"]
-    assert described(reported) == described(fault.protocol_errors)
+    fault.check_turn(result, reported, caplog, pid)
     assert statistics.protocol_errors == len(fault.protocol_errors)
-    connection_warnings = [
-        record.getMessage() for record in caplog.records if record.name == "subagent.acp.connection"
-    ]
-    assert connection_warnings == [f"acp:{pid}: {error}" for error in fault.protocol_errors]
-    client_warnings = [
-        record.getMessage() for record in caplog.records if record.name == "subagent.acp.client"
-    ]
-    assert client_warnings == ([] if fault.client_warning is None else [fault.client_warning])
 
 
 async def test_every_wire_fault_in_one_turn_leaves_the_run_completed_with_the_exact_output(

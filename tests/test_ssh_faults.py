@@ -53,7 +53,6 @@ from tests.test_faults import (
     WireFault,
     acp_run,
     child_pid,
-    described,
     peak_rss_bytes,
     pin_malloc_mmap_threshold,
     reset_peak_rss,
@@ -331,18 +330,7 @@ async def test_a_wire_fault_mid_turn_over_ssh_is_skipped_or_answered_and_reporte
     caplog: pytest.LogCaptureFixture,
     fault: WireFault,
 ) -> None:
-    argv = stub_agent_command(
-        {
-            "turns": [
-                [
-                    {"step": "message", "text": "before"},
-                    *fault.steps,
-                    {"step": "message", "text": "after"},
-                    {"step": "stop", "reason": "end_turn"},
-                ]
-            ]
-        }
-    )
+    argv = stub_agent_command(fault.scenario())
     reported: list[ProtocolError] = []
     caplog.set_level(logging.WARNING)
     async with (
@@ -359,21 +347,7 @@ async def test_a_wire_fault_mid_turn_over_ssh_is_skipped_or_answered_and_reporte
             session = await client.new_session(tmp_path)
             result = await session.prompt("go")
         pid = channel_of(client).pid  # the ssh client's: what the connection's log names
-    assert result.stop_reason == "end_turn"
-    assert [
-        update.content.text
-        for update in result.updates
-        if isinstance(update, schema.AgentMessageChunk) and isinstance(update.content, schema.TextContent)
-    ] == ["before", *fault.chunks, "after"]
-    assert described(reported) == described(fault.protocol_errors)
-    connection_warnings = [
-        record.getMessage() for record in caplog.records if record.name == "subagent.acp.connection"
-    ]
-    assert connection_warnings == [f"acp:{pid}: {error}" for error in fault.protocol_errors]
-    client_warnings = [
-        record.getMessage() for record in caplog.records if record.name == "subagent.acp.client"
-    ]
-    assert client_warnings == ([] if fault.client_warning is None else [fault.client_warning])
+    fault.check_turn(result, reported, caplog, pid)
 
 
 async def test_a_100_mib_line_over_ssh_is_discarded_with_memory_bounded_by_the_line_limit(
