@@ -876,6 +876,21 @@ def stubborn_agent(tmp_path: Path, pid_file: Path) -> list[str]:
     )
 
 
+def cancelled_stubborn_run(tmp_path: Path, live: list[LiveCli]) -> tuple[LiveCli, list[int]]:
+    """`subagent run` on `stubborn_agent`, its first chunk seen and a first SIGINT's cancel sent; the CLI and
+    the agent's pids (the agent's and its grandchild's)."""
+    pid_file = tmp_path / "grandchild.pid"
+    cli = LiveCli(
+        tmp_path, "run", "--json", "--events", "-p", "work", "--", *stubborn_agent(tmp_path, pid_file)
+    )
+    live.append(cli)
+    cli.wait_for_event("update")
+    pids = [agent_of(cli.process.pid), int(pid_file.read_text())]
+    cli.process.send_signal(signal.SIGINT)
+    cli.wait_for_event("interrupt", count=1, action="cancel")
+    return cli, pids
+
+
 def assert_killed_at_once(
     done: Finished,
     pids: list[int],
@@ -898,16 +913,7 @@ def assert_killed_at_once(
 def test_a_second_sigint_kills_an_agent_that_ignores_cancel_eof_and_sigterm_at_once(
     tmp_path: Path, live: list[LiveCli]
 ) -> None:
-    pid_file = tmp_path / "grandchild.pid"
-    cli = LiveCli(
-        tmp_path, "run", "--json", "--events", "-p", "work", "--", *stubborn_agent(tmp_path, pid_file)
-    )
-    live.append(cli)
-    cli.wait_for_event("update")
-    pids = [agent_of(cli.process.pid), int(pid_file.read_text())]
-
-    cli.process.send_signal(signal.SIGINT)
-    cli.wait_for_event("interrupt", count=1, action="cancel")
+    cli, pids = cancelled_stubborn_run(tmp_path, live)
     cli.wait_for_event("update")  # the agent went on after session/cancel: the cancel grace runs
     cli.process.send_signal(signal.SIGINT)
     done = cli.finish()
@@ -919,16 +925,7 @@ def test_a_second_sigint_kills_an_agent_that_ignores_cancel_eof_and_sigterm_at_o
 def test_a_second_sigint_kills_the_agent_at_once_while_its_teardown_waits_out_a_grace(
     tmp_path: Path, live: list[LiveCli]
 ) -> None:
-    pid_file = tmp_path / "grandchild.pid"
-    cli = LiveCli(
-        tmp_path, "run", "--json", "--events", "-p", "work", "--", *stubborn_agent(tmp_path, pid_file)
-    )
-    live.append(cli)
-    cli.wait_for_event("update")
-    pids = [agent_of(cli.process.pid), int(pid_file.read_text())]
-
-    cli.process.send_signal(signal.SIGINT)
-    cli.wait_for_event("interrupt", count=1, action="cancel")
+    cli, pids = cancelled_stubborn_run(tmp_path, live)
     # The cancel grace ran out: the graceful teardown has begun (stdin closed, its grace running).
     teardown = cli.wait_for_event("log", level="warning")
     assert "tearing it down" in teardown["message"]
