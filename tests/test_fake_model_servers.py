@@ -17,6 +17,7 @@ import pytest
 
 from subagent.testing import ErrorReply, StreamedReply, serve_chat_completions
 from subagent.testing.anthropic_server import (
+    AnthropicMessagesServer,
     MessagesError,
     MessagesReply,
     MessagesRequest,
@@ -28,6 +29,7 @@ from subagent.testing.responses_server import (
     FunctionCall,
     ResponsesReply,
     ResponsesRequest,
+    ResponsesServer,
     serve_responses,
 )
 
@@ -210,20 +212,29 @@ async def test_a_messages_error_is_answered_with_its_status_and_an_anthropic_err
     }
 
 
+async def read_events_then_hang_up(
+    server: AnthropicMessagesServer | ResponsesServer, path: str, payload: dict[str, Any], events: int
+) -> bytes:
+    """POST ``payload`` as a streamed request over a raw connection, read until ``events`` SSE events came,
+    hang up, and return once the server saw the hang-up; what was read (the head included)."""
+    body = json.dumps({**payload, "stream": True}).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    stream = await anyio.connect_tcp("127.0.0.1", server.port)
+    async with stream:
+        await stream.send(head + body)
+        received = b""
+        while received.count(b"\n\n") < events:
+            received += await stream.receive()
+    (request,) = server.requests
+    await request.disconnected.wait()
+    return received
+
+
 async def test_a_stalled_message_sends_its_first_events_then_waits_until_the_client_hangs_up() -> None:
     reply = MessagesReply(text=("first", "never"), stall_after=3)
-    body = json.dumps({"messages": MESSAGES, "stream": True}).encode()
-    head = f"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
     with anyio.fail_after(WAIT):
         async with serve_anthropic_messages(lambda _: reply) as server:
-            stream = await anyio.connect_tcp("127.0.0.1", server.port)
-            async with stream:
-                await stream.send(head + body)
-                received = b""
-                while received.count(b"\n\n") < 3:
-                    received += await stream.receive()
-            (request,) = server.requests
-            await request.disconnected.wait()
+            received = await read_events_then_hang_up(server, "/v1/messages", {"messages": MESSAGES}, 3)
     chunks = received.split(b"\r\n\r\n", 1)[1]
     assert chunks.count(b"event: ") == 3
     assert [line for line in chunks.split(b"\n") if line.startswith(b"event: ")] == [
@@ -352,18 +363,9 @@ async def test_the_responses_responder_sees_only_the_outputs_since_the_last_user
 
 async def test_a_stalled_response_stops_after_its_first_events_until_the_client_hangs_up() -> None:
     reply = ResponsesReply(text=("first", "never"), stall_after=3)
-    body = json.dumps({"input": [], "stream": True}).encode()
-    head = f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
     with anyio.fail_after(WAIT):
         async with serve_responses(lambda _: reply) as server:
-            stream = await anyio.connect_tcp("127.0.0.1", server.port)
-            async with stream:
-                await stream.send(head + body)
-                received = b""
-                while received.count(b"\n\n") < 3:
-                    received += await stream.receive()
-            (request,) = server.requests
-            await request.disconnected.wait()
+            received = await read_events_then_hang_up(server, "/v1/responses", {"input": []}, 3)
     assert b'"delta": "first"' in received
     assert b"never" not in received
 
