@@ -441,15 +441,14 @@ class SshChannel:
     # stderr: the agent's lines, ssh's own, and the supervisor's reports (taken out here).
 
     def _absorb_line(self, line: str) -> None:
+        if line.startswith(self._report_prefix):
+            self._blank_pending = False  # A blank line just before was the report's own leading newline.
+            self._take_report(line[len(self._report_prefix) :])
+            return
         if self._blank_pending:
             self._blank_pending = False
-            if line.startswith(self._report_prefix):
-                self._take_report(line[len(self._report_prefix) :])
-                return  # The blank line was the report's own leading newline.
             self._keep_line("")
-        if line.startswith(self._report_prefix):
-            self._take_report(line[len(self._report_prefix) :])
-        elif line == "":
+        if line == "":
             self._blank_pending = True
         else:
             self._keep_line(line)
