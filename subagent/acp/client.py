@@ -796,20 +796,7 @@ class AcpClient:
         agent = self._require_initialized()
         if not agent.agent_capabilities.load_session:
             raise AgentCapabilityError("the agent does not support session/load (loadSession)")
-        session = self._sessions.setdefault(session_id, AcpSession(self, session_id))
-        session._loading = True
-        try:
-            request = schema.LoadSessionRequest(
-                session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers)
-            )
-            raw = await self._call_authenticated(schema.SESSION_LOAD, request)
-        except BaseException:
-            self._sessions.pop(session_id, None)
-            raise
-        finally:
-            session._loading = False
-        session._adopt(schema.decode(raw, type=schema.LoadSessionResponse | None))
-        return session
+        return await self._reopen_session(schema.SESSION_LOAD, session_id, cwd, mcp_servers)
 
     async def resume_session(
         self,
@@ -826,12 +813,32 @@ class AcpClient:
         agent = self._require_initialized()
         if agent.agent_capabilities.session_capabilities.resume is None:
             raise AgentCapabilityError("the agent does not support session/resume")
-        request = schema.ResumeSessionRequest(
-            session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers)
-        )
-        raw = await self._call_authenticated(schema.SESSION_RESUME, request)
+        return await self._reopen_session(schema.SESSION_RESUME, session_id, cwd, mcp_servers)
+
+    async def _reopen_session(
+        self,
+        method: Literal["session/load", "session/resume"],
+        session_id: str,
+        cwd: str | os.PathLike[str],
+        mcp_servers: Sequence[schema.McpServer],
+    ) -> AcpSession:
+        """Open a past session with `session/load` (which replays its history) or `session/resume`.
+
+        The session is known before the request goes out: a load's replayed history, and any question the
+        agent asks about the session meanwhile, arrive before the answer. A failed request forgets it.
+        """
+        wire_types = schema.AGENT_METHODS[method]
+        request = wire_types.params(session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers))
         session = self._sessions.setdefault(session_id, AcpSession(self, session_id))
-        session._adopt(schema.decode(raw, type=schema.ResumeSessionResponse | None))
+        session._loading = method == schema.SESSION_LOAD
+        try:
+            raw = await self._call_authenticated(method, request)
+        except BaseException:
+            self._sessions.pop(session_id, None)
+            raise
+        finally:
+            session._loading = False
+        session._adopt(schema.decode(raw, type=wire_types.result | None))
         return session
 
     def _require_initialized(self) -> schema.InitializeResponse:
