@@ -7,6 +7,7 @@ The names are loaded when first used: ``import subagent.acp`` (the ACP client al
 the seam.
 """
 
+# ruff: noqa: F403, F405 (type checkers take the vocabulary by star import below: see the comment there)
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -43,32 +44,11 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    # Type checkers see every export eagerly, each name written once: a star import takes its module's
+    # own __all__. What the package exports is its __all__ above (types.py's also has a few helpers).
     from subagent.events import EventHub, EventName
-    from subagent.service import DEFAULT_PROGRESS_INTERVAL, RunState, ServiceRun, SubagentService
-    from subagent.types import (
-        START_TIME_FEATURES,
-        Disposer,
-        ErrorCode,
-        Lineage,
-        ObservableRun,
-        ProviderSnapshot,
-        QueueableRun,
-        ResumableRun,
-        StartTimeFeature,
-        SteerableRun,
-        StopReason,
-        SubagentCapabilities,
-        SubagentError,
-        SubagentProgressInfo,
-        SubagentProvider,
-        SubagentRequest,
-        SubagentResult,
-        SubagentRun,
-        SubagentRunEndInfo,
-        SubagentRunInfo,
-        ToolFilter,
-        Usage,
-    )
+    from subagent.service import *
+    from subagent.types import *
 else:
     from subagent._lazy import lazy_exports
 
