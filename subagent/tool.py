@@ -27,9 +27,9 @@ import copy
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypedDict
 
 import anyio
 
@@ -377,9 +377,8 @@ class SubagentTool:
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self._service = service
         self._name = name
-        self._parent_id = parent_id
-        self._timeout = timeout
-        self._cwd = cwd
+        # What the host fixes for every run; each call fills in the model's part.
+        self._template = SubagentRequest(prompt="", cwd=cwd, timeout=timeout, parent_id=parent_id)
         self._on_change = on_change
         self._version = 0
         self._closed = False
@@ -401,12 +400,12 @@ class SubagentTool:
     @property
     def parent_id(self) -> str | None:
         """The parent id every request carries."""
-        return self._parent_id
+        return self._template.parent_id
 
     @property
     def timeout(self) -> float | None:
         """The inactivity timeout every run gets, in seconds (None: the provider's default)."""
-        return self._timeout
+        return self._template.timeout
 
     @property
     def definition(self) -> ToolDefinition:
@@ -554,7 +553,7 @@ class SubagentTool:
             RuntimeError: the service was never opened (a host bug, not the model's).
             Exception: whatever a faulty provider's result raised other than a ``SubagentError``.
         """
-        prepared = self._prepare(arguments, parent_id if parent_id is not None else self._parent_id)
+        prepared = self._prepare(arguments, parent_id if parent_id is not None else self._template.parent_id)
         if isinstance(prepared, SubagentToolResult):
             return prepared
         provider, request = prepared
@@ -631,16 +630,7 @@ class SubagentTool:
         # No problems means both required arguments were set.
         assert parsed.prompt is not None
         assert parsed.provider is not None
-        request = SubagentRequest(
-            prompt=parsed.prompt,
-            cwd=self._cwd,
-            output_schema=parsed.output_schema,
-            depth_limit=parsed.depth_limit,
-            tool_filter=parsed.tool_filter,
-            persona=parsed.persona,
-            timeout=self._timeout,
-            parent_id=parent_id,
-        )
+        request = replace(self._template, prompt=parsed.prompt, parent_id=parent_id, **parsed.options)
         unsupported = self._unsupported(parsed.provider, request)
         if unsupported is not None:
             return unsupported
@@ -686,7 +676,7 @@ class SubagentTool:
         output_schema = arguments.get("output_schema")
         if output_schema is not None:
             if isinstance(output_schema, Mapping):
-                parsed.output_schema = output_schema
+                parsed.options["output_schema"] = output_schema
             else:
                 problems.append(
                     f"`output_schema` must be an object (a JSON Schema), got {_json_type(output_schema)}."
@@ -695,7 +685,7 @@ class SubagentTool:
         depth_limit = arguments.get("depth_limit")
         if depth_limit is not None:
             if isinstance(depth_limit, int) and not isinstance(depth_limit, bool) and depth_limit >= 0:
-                parsed.depth_limit = depth_limit
+                parsed.options["depth_limit"] = depth_limit
             else:
                 shown = (
                     depth_limit
@@ -711,7 +701,7 @@ class SubagentTool:
         persona = arguments.get("persona")
         if persona is not None:
             if isinstance(persona, str):
-                parsed.persona = persona
+                parsed.options["persona"] = persona
             else:
                 problems.append(f"`persona` must be a string, got {_json_type(persona)}.")
         return problems
@@ -746,14 +736,20 @@ class SubagentTool:
         )
 
 
+class _ModelOptions(TypedDict, total=False):
+    """The optional request fields the model may set, by `SubagentRequest`'s own names and types."""
+
+    output_schema: Mapping[str, Any]
+    depth_limit: int
+    tool_filter: ToolFilter
+    persona: str
+
+
 @dataclass(slots=True)
 class _Parsed:
     prompt: str | None = None
     provider: str | None = None
-    output_schema: Mapping[str, Any] | None = None
-    depth_limit: int | None = None
-    tool_filter: ToolFilter | None = None
-    persona: str | None = None
+    options: _ModelOptions = field(default_factory=lambda: _ModelOptions())
 
 
 def _decode(arguments: Mapping[str, Any] | str | bytes) -> Mapping[str, Any] | str:
@@ -793,7 +789,7 @@ def _check_tool_filter(value: object, parsed: _Parsed) -> list[str]:
             problems.append(f"`tool_filter.{key}` must be a list of tool names (strings).")
     if not problems:
         allow, deny = lists["allow"], lists["deny"]
-        parsed.tool_filter = ToolFilter(
+        parsed.options["tool_filter"] = ToolFilter(
             allow=None if allow is None else frozenset(allow), deny=frozenset(deny or ())
         )
     return problems
