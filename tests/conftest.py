@@ -8,6 +8,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.raycluster import ray_cluster  # noqa: F401  (the session's two-node Ray cluster, for any module)
+
 # `make test` runs a bounded, reproducible sample of every property (the same inputs on every run, so a
 # failure in CI reproduces locally); `make fuzz` (HYPOTHESIS_PROFILE=fuzz) explores far more, at random,
 # and keeps what it finds in .hypothesis/ to replay first next time.
