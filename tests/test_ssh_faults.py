@@ -226,16 +226,6 @@ async def test_a_remote_child_killed_while_its_permission_question_is_pending_en
 
 # -- stdout closed, the child alive ----------------------------------------------------------------------
 
-CLOSED_STDOUT_NOT_SEEN = pytest.mark.xfail(
-    reason=(
-        "a known gap of the SSH transport: the ssh client keeps its own stdout open until the remote "
-        "command exits, so an agent that closes its stdout but lives on is not seen (the turn waits for "
-        "its exit or a timeout); not run, as it would hang until the guard"
-    ),
-    run=False,
-    strict=True,
-)
-
 
 @pytest.mark.parametrize(
     "scenario",
@@ -261,7 +251,6 @@ CLOSED_STDOUT_NOT_SEEN = pytest.mark.xfail(
         ),
     ],
 )
-@CLOSED_STDOUT_NOT_SEEN
 async def test_a_remote_child_closing_stdout_before_it_is_ready_fails_the_start_fast_and_is_torn_down(
     sshd: SshServer, stub_agent_command: StubAgentCommand, tmp_path: Path, scenario: dict[str, Any]
 ) -> None:
@@ -275,7 +264,10 @@ async def test_a_remote_child_closing_stdout_before_it_is_ready_fails_the_start_
                 await run.started()
             assert acp_run(run).exit_info is None  # still alive: the error did not wait for an exit
         info = acp_run(run).exit_info
-        gone(info, child_pid(run))
+        ssh_pid = child_pid(run)
+    # Checked once the service is closed: teardown dropped the connection, and the remote supervisor
+    # ended the agent after it (assert_no_leaks_over_ssh waited for that).
+    gone(info, ssh_pid)
     assert info is not None
     assert caught.value.code is ErrorCode.START_FAILED
     assert caught.value.message == closed_stdout_over_ssh(argv, info, "closing stdout", sshd.host)
@@ -283,7 +275,6 @@ async def test_a_remote_child_closing_stdout_before_it_is_ready_fails_the_start_
     assert lifecycle.names == []
 
 
-@CLOSED_STDOUT_NOT_SEEN
 async def test_a_remote_child_closing_stdout_mid_turn_ends_the_turn_fast_with_an_error_and_is_torn_down(
     sshd: SshServer, stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
@@ -309,7 +300,8 @@ async def test_a_remote_child_closing_stdout_mid_turn_ends_the_turn_fast_with_an
                 alive_when_it_ended = acp_run(run).exit_info is None
                 again = await run.resume("hello?")
         info = acp_run(run).exit_info
-        gone(info, child_pid(run))
+        ssh_pid = child_pid(run)
+    gone(info, ssh_pid)  # once the service is closed, as above
     assert info is not None
     error = closed_stdout_over_ssh(argv, info, "closing stdout", sshd.host)
     assert result == SubagentResult(output="last words", stop_reason="error", error=error)

@@ -20,7 +20,17 @@ Status pipe (FD; one line per message, ASCII)
     ``pid <agent pid>`` once the agent runs; or, and then the supervisor exits 127, ``error <errno> <text>``
     if exec failed, ``fail <text>`` if the supervisor itself could not do its job. ``exit <returncode>`` as
     soon as the agent itself is reaped (negative: killed by that signal, as in `subprocess`). Nothing
-    follows ``exit``.
+    follows ``exit`` but, when relaying stdout, ``stdout <count>`` (it may come before or after ``exit``).
+
+Relaying stdout (``relay_stdout``; the SSH transport's remote supervisor, never a local one)
+    The agent's stdout is then a pipe of ours, whose content a thread copies to our own stdout as it
+    comes (``splice``: the kernel moves the pages; no copy through this process). When every holder of
+    the pipe's write end has closed it (the agent, and any descendant that inherited it), the thread
+    reports ``stdout <bytes relayed>`` on the status pipe and closes our stdout. A reader that cannot
+    see the agent's stdout end on its own (ssh's client keeps its stdout open until the remote command
+    exits) learns it so, and where in the stream. If our stdout breaks (its reader is gone), the thread
+    closes the pipe, so the agent's next write fails as it would have written there directly. The
+    supervisor exits only once everything was relayed (or its parent is gone).
 
 Requests (signals)
     * SIGTERM (also SIGINT, SIGHUP): SIGTERM to every live descendant once: the agent's process group with
@@ -39,7 +49,9 @@ checking its start time, so a pid reused by an unrelated process is never signal
 
 from __future__ import annotations
 
+import _thread
 import ctypes
+import errno
 import os
 import sys
 import time
@@ -64,6 +76,8 @@ PARENT_DEATH_GRACE = 1.0
 """After our parent dies, how long descendants get to act on SIGTERM before SIGKILL."""
 KILL_BOUND = 10.0
 """A process in uninterruptible sleep can ignore even SIGKILL for a while; give up on it after this long."""
+RELAY_CHUNK = 64 * 1024
+"""The most one relay step moves: a pipe's default capacity."""
 
 _PR_SET_CHILD_SUBREAPER = 36
 _STOP_REQUESTS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
@@ -138,13 +152,18 @@ def _signal_process(info: _ProcessEntry, sig: int) -> None:
 class Supervisor:
     """One agent and its descendants; `run` returns the supervisor's exit status."""
 
-    def __init__(self, command: list[bytes], status_fd: int, parent_pid: int) -> None:
+    def __init__(
+        self, command: list[bytes], status_fd: int, parent_pid: int, *, relay_stdout: bool = False
+    ) -> None:
         self.command = command
         self.status_fd = status_fd
         self.parent_pid = parent_pid
+        self.relay_stdout = relay_stdout
         self.agent_pid = 0
         self.agent_reaped = False
         self.parent_gone = False
+        self.relay_done = _thread.allocate_lock()
+        """Held while the relay thread runs (see the module docstring)."""
 
     def report(self, line: str) -> None:
         if self.status_fd < 0:
@@ -162,7 +181,7 @@ class Supervisor:
             self.parent_gone = True
         return not self.parent_gone
 
-    def spawn(self, original_mask: Iterable[int]) -> int:
+    def spawn(self, original_mask: Iterable[int], stdout_fd: int = -1) -> int:
         with open("/proc/self/environ", "rb") as environ_file:
             environ = environ_file.read()
         env: dict[bytes, bytes] = {}
@@ -177,6 +196,8 @@ class Supervisor:
         if pid == 0:
             try:
                 os.setpgid(0, 0)
+                if stdout_fd >= 0:
+                    os.dup2(stdout_fd, 1)  # The copy is inheritable; the pipe's own fds close on exec.
                 for sig in _RESET_FOR_AGENT:
                     signal.signal(sig, signal.SIG_DFL)
                 signal.pthread_sigmask(signal.SIG_SETMASK, original_mask)
@@ -196,6 +217,48 @@ class Supervisor:
             errno_text, _, strerror = failure.decode(errors="replace").partition(" ")
             raise OSError(int(errno_text), strerror)
         return pid
+
+    def relay(self, source: int, sink: int) -> None:
+        """The relay thread: ``source`` (the agent's stdout pipe) to ``sink`` (our stdout) until the
+        pipe's end, then report the byte count; see the module docstring."""
+        relayed = 0
+        splice = getattr(os, "splice", None)  # Python 3.10 or later.
+        try:
+            os.set_blocking(sink, True)  # Ours alone now (our fd 1 is /dev/null), whoever made it.
+            while True:
+                try:
+                    if splice is not None:
+                        try:
+                            moved = splice(source, sink, RELAY_CHUNK)
+                        except OSError as exc:
+                            if exc.errno != errno.EINVAL:
+                                raise
+                            splice = None  # A sink splice cannot write to: nothing was moved.
+                            continue
+                    else:
+                        data = os.read(source, RELAY_CHUNK)
+                        moved = len(data)
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(sink, view) :]
+                except OSError:
+                    return  # Our stdout broke: its reader is gone. Closing the pipe tells the agent.
+                if moved == 0:
+                    self.report(f"stdout {relayed}")
+                    return
+                relayed += moved
+        finally:
+            os.close(source)
+            os.close(sink)
+            self.relay_done.release()
+
+    def wait_relayed(self) -> None:
+        """Wait until the relay thread is done (no writer is left: our children are all gone), or until
+        our parent is gone, when nobody is left to relay to."""
+        while not self.relay_done.acquire(timeout=IDLE_POLL):
+            if not self.parent_alive():
+                return
+        self.relay_done.release()
 
     def reap(self) -> bool:
         """Reap every child that exited, reporting the agent's status; True while any child remains."""
@@ -261,8 +324,11 @@ class Supervisor:
             return 127
         if not self.parent_alive():
             return 1  # Our parent died before we could start anything: start nothing.
+        stdout_read = stdout_write = -1
+        if self.relay_stdout:
+            stdout_read, stdout_write = os.pipe()
         try:
-            self.agent_pid = self.spawn(original_mask)
+            self.agent_pid = self.spawn(original_mask, stdout_write)
         except OSError as exc:
             code = exc.errno or 0
             self.report(f"error {code} {exc.strerror or exc}")
@@ -270,6 +336,11 @@ class Supervisor:
         except ValueError as exc:  # Refused by the parent already; kept as a last line of defence.
             self.report(f"fail {exc}")
             return 127
+        if self.relay_stdout:
+            os.close(stdout_write)
+            self.relay_done.acquire()
+            # Started after the fork, so the child never saw a thread; it inherits our blocked signals.
+            _thread.start_new_thread(self.relay, (stdout_read, os.dup(1)))
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
@@ -285,6 +356,8 @@ class Supervisor:
             elif request == signal.SIGUSR1:
                 self.kill_all()
                 return 0
+        if self.relay_stdout:
+            self.wait_relayed()
         return 0
 
 

@@ -174,10 +174,10 @@ class RemoteSupervisor(supervisor_module["Supervisor"]):
         super().report("\\n" + request["marker"] + " " + line)
 status_fd = os.dup(2)
 command = [os.fsencode(arg) for arg in request["argv"]]
-sys.exit(RemoteSupervisor(command, status_fd, os.getppid()).run())
+sys.exit(RemoteSupervisor(command, status_fd, os.getppid(), relay_stdout=True).run())
 """
 """Stage 2: our supervisor, in this process (its parent is sshd's process for the connection), its
-reports written to stderr behind the marker."""
+reports written to stderr behind the marker, relaying the agent's stdout (see `_ReportedEndStream`)."""
 
 _FORCED_OPTIONS = (
     # Never a prompt: keys or an ssh-agent only.
@@ -360,7 +360,7 @@ class SshTransport:
                 stderr_tail_bytes=1024,
             )
             async with process_context as process:
-                channel._process = process
+                channel._attach(process)
                 await channel._start(self._requests(command, env, cwd, marker), self.start_timeout)
                 yield channel
         except AgentSpawnError as exc:
@@ -368,6 +368,50 @@ class SshTransport:
                 raise
             # ssh itself could not be run: say so about the agent, without ssh's long command line.
             raise AgentSpawnError(command, f"cannot run ssh: {exc.reason}") from exc
+
+
+class _ReportedEndStream(anyio.abc.ByteReceiveStream):
+    """ssh's stdout, ended where the remote supervisor reports the agent's stdout ended.
+
+    The ssh client keeps its stdout open until the remote command exits, so an agent that closes its
+    stdout but lives on would never be seen here. The remote supervisor relays the agent's stdout and
+    reports ``stdout N`` (behind the marker, on stderr) once every writer closed it, N being the bytes
+    relayed; the report and the last bytes travel on two pipes from ssh, in either order, so this
+    stream ends once N bytes were received, never before. Chunks pass through as they are (counted,
+    never copied or held).
+    """
+
+    def __init__(self, inner: anyio.abc.ByteReceiveStream) -> None:
+        self._inner = inner
+        self._received = 0
+        self._end: int | None = None
+        self._waiting: anyio.CancelScope | None = None
+
+    def end_at(self, total: int) -> None:
+        """The agent's stdout ended after ``total`` bytes: end this stream once they were all received
+        (at once, if a receive waits for more)."""
+        self._end = total
+        if self._waiting is not None and self._received >= total:
+            self._waiting.cancel()
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        """The next bytes of the agent's stdout; `anyio.EndOfStream` after the last."""
+        if self._end is not None and self._received >= self._end:
+            raise anyio.EndOfStream
+        with anyio.CancelScope() as scope:
+            self._waiting = scope
+            try:
+                chunk = await self._inner.receive(max_bytes)
+            finally:
+                self._waiting = None
+        if scope.cancelled_caught:  # end_at: everything was received.
+            raise anyio.EndOfStream
+        self._received += len(chunk)
+        return chunk
+
+    async def aclose(self) -> None:
+        """Close ssh's stdout (teardown does; see `AgentProcess.stdout`)."""
+        await self._inner.aclose()
 
 
 class SshChannel:
@@ -392,6 +436,7 @@ class SshChannel:
         self._report_prefix = marker + " "
         self._on_stderr_line = on_stderr_line
         self._process: AgentProcess | None = None
+        self._stdout: _ReportedEndStream | None = None
         self.remote_pid: int | None = None
         """The agent's pid on the remote host, once reported."""
         self._remote_returncode: int | None = None
@@ -419,8 +464,14 @@ class SshChannel:
 
     @property
     def stdout(self) -> anyio.abc.ByteReceiveStream:
-        """The agent's stdout (ssh's)."""
-        return self._local.stdout
+        """The agent's stdout (ssh's), ended where the agent's own ended (`_ReportedEndStream`)."""
+        if self._stdout is None:
+            raise RuntimeError("the ssh client is not running yet")
+        return self._stdout
+
+    def _attach(self, process: AgentProcess) -> None:
+        self._process = process
+        self._stdout = _ReportedEndStream(process.stdout)
 
     @property
     def pid(self) -> int | None:
@@ -476,6 +527,9 @@ class SshChannel:
             elif kind == "exit":
                 self._remote_returncode = int(rest)
                 self._exit_reported.set()
+            elif kind == "stdout":
+                if self._stdout is not None:
+                    self._stdout.end_at(int(rest))
             elif kind == "error":
                 self._failure = f"exec failed on {self._host}: {rest.partition(' ')[2]}"
                 self._started.set()
