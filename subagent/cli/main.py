@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -16,8 +16,17 @@ from subagent.acp.handlers import DEFAULT_PERMISSION_CALLBACK_TIMEOUT
 from subagent.cli.commands import MAX_PROMPT_MIB, agents_command, demo_command, run_command
 from subagent.cli.config import ConfigError
 from subagent.cli.logs import configure_logging
-from subagent.cli.serve import add_serve_parser, serve_command
-from subagent.cli.usage import EXIT_NOT_COMPLETED, EXIT_USAGE, PROG, Parser, PromptTooLarge, UsageError
+from subagent.cli.serve import SERVE_COMMAND
+from subagent.cli.usage import (
+    EXIT_NOT_COMPLETED,
+    EXIT_USAGE,
+    PROG,
+    Command,
+    Parser,
+    PromptTooLarge,
+    UsageError,
+    add_verbose,
+)
 
 __all__ = ["main"]
 
@@ -95,16 +104,6 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _add_verbose(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=argparse.SUPPRESS,
-        help="log to stderr: -v what happens, -vv debug detail (as `log` events with --events)",
-    )
-
-
 def _add_turn_options(parser: argparse.ArgumentParser, *, demo: bool) -> None:
     default = (
         "default: allow, shown as '(demo)'; ask reads the answer from stdin"
@@ -143,25 +142,7 @@ def _add_turn_options(parser: argparse.ArgumentParser, *, demo: bool) -> None:
     )
 
 
-def _build_parser() -> tuple[Parser, dict[str, Parser]]:
-    parser = Parser(
-        prog=PROG,
-        description="Delegate work to another AI agent over the Agent Client Protocol (ACP).",
-        epilog=_MAIN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add_verbose(parser)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    commands = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True, parser_class=Parser)
-
-    run = commands.add_parser(
-        "run",
-        help="run one prompt through an ACP agent and print its answer",
-        description=_RUN_DESCRIPTION,
-        epilog=_RUN_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage=f"{PROG} run [OPTIONS] (-- COMMAND [ARGS...] | --agent NAME)",
-    )
+def _add_run_arguments(run: Parser) -> None:
     run.add_argument("-p", "--prompt", metavar="TEXT", help="the prompt (default: read all of stdin)")
     run.add_argument(
         "--agent", metavar="NAME", help="run the agent named NAME in the config instead of a COMMAND"
@@ -205,16 +186,9 @@ def _build_parser() -> tuple[Parser, dict[str, Parser]]:
         "offered no fs (default: the agent's `transport` in the config, else local)",
     )
     _add_turn_options(run, demo=False)
-    _add_verbose(run)
 
-    demo = commands.add_parser(
-        "demo",
-        help="a full turn against the bundled stub agent: no network, no keys",
-        description="Run a full turn against the bundled stub ACP agent, through the same code as `run`, "
-        "with live progress on stderr and the final answer on stdout. The agent's permission question is "
-        "allowed automatically, shown as '(demo)', unless --permission is given. No network, no keys; "
-        "exit status as for `run`.",
-    )
+
+def _add_demo_arguments(demo: Parser) -> None:
     demo.add_argument(
         "--scenario",
         metavar="FILE",
@@ -228,20 +202,56 @@ def _build_parser() -> tuple[Parser, dict[str, Parser]]:
         "and acp at once (default: both, in that order)",
     )
     _add_turn_options(demo, demo=True)
-    _add_verbose(demo)
 
-    agents = commands.add_parser(
-        "agents",
+
+def _add_agents_arguments(agents: Parser) -> None:
+    agents.add_argument("--config", metavar="PATH", help="read this config file instead of looking for one")
+    agents.add_argument("--json", action="store_true", help="print the list as one JSON object")
+
+
+_COMMANDS: Final[dict[str, Command]] = {
+    "run": Command(
+        help="run one prompt through an ACP agent and print its answer",
+        description=_RUN_DESCRIPTION,
+        epilog=_RUN_EPILOG,
+        usage=f"{PROG} run [OPTIONS] (-- COMMAND [ARGS...] | --agent NAME)",
+        add_arguments=_add_run_arguments,
+        run=run_command,
+    ),
+    "demo": Command(
+        help="a full turn against the bundled stub agent: no network, no keys",
+        description="Run a full turn against the bundled stub ACP agent, through the same code as `run`, "
+        "with live progress on stderr and the final answer on stdout. The agent's permission question is "
+        "allowed automatically, shown as '(demo)', unless --permission is given. No network, no keys; "
+        "exit status as for `run`.",
+        add_arguments=_add_demo_arguments,
+        run=demo_command,
+    ),
+    "agents": Command(
         help="list the agents named in the config",
         description="List the agents configured for `run --agent NAME`: name, command line and source file. "
         "See `subagent --help` for the config format.",
-    )
-    agents.add_argument("--config", metavar="PATH", help="read this config file instead of looking for one")
-    agents.add_argument("--json", action="store_true", help="print the list as one JSON object")
-    _add_verbose(agents)
+        add_arguments=_add_agents_arguments,
+        run=agents_command,
+    ),
+    "serve": SERVE_COMMAND,
+}
+"""Every command, in the order ``subagent --help`` lists them."""
 
-    serve = add_serve_parser(commands)
-    return parser, {"run": run, "demo": demo, "agents": agents, "serve": serve}
+
+def _build_parser() -> tuple[Parser, dict[str, Parser]]:
+    parser = Parser(
+        prog=PROG,
+        description="Delegate work to another AI agent over the Agent Client Protocol (ACP).",
+        epilog=_MAIN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_verbose(parser)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True, parser_class=Parser)
+
+    subparsers = {name: command.add_parser(commands, name) for name, command in _COMMANDS.items()}
+    return parser, subparsers
 
 
 def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
@@ -250,14 +260,6 @@ def _split_command(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
         return list(argv), None
     index = list(argv).index("--")
     return list(argv[:index]), list(argv[index + 1 :])
-
-
-_COMMANDS: Final[dict[str, Callable[[argparse.Namespace, list[str] | None], int]]] = {
-    "run": run_command,
-    "demo": demo_command,
-    "agents": agents_command,
-    "serve": serve_command,
-}
 
 
 @dataclass(slots=True)
@@ -289,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     invocation.name = args.subcommand
     restore_logging = configure_logging(getattr(args, "verbose", 0))
     try:
-        return _COMMANDS[args.subcommand](args, command)
+        return _COMMANDS[args.subcommand].run(args, command)
     except UsageError as exc:
         return invocation.usage_error(str(exc))
     except ConfigError as exc:

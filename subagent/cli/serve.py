@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
-from subagent.cli.usage import PROG, Parser, UsageError
+from subagent.cli.usage import PROG, Command, Parser, UsageError
 
 if TYPE_CHECKING:
     from subagent.runtime.llm import LlmAdapter
 
-__all__ = ["DEFAULT_API_KEY_ENV", "ServeConfigError", "add_serve_parser", "build_llm", "serve_command"]
+__all__ = ["DEFAULT_API_KEY_ENV", "SERVE_COMMAND", "ServeConfigError", "build_llm", "serve_command"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,16 +80,7 @@ def _count(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def add_serve_parser(commands: argparse._SubParsersAction[Parser]) -> Parser:
-    """Add ``serve`` and its flags to the command line's ``commands``; return its parser."""
-    serve: Parser = commands.add_parser(
-        "serve",
-        help="serve an in-process agent as an ACP agent on stdin/stdout",
-        description=_SERVE_DESCRIPTION,
-        epilog=_SERVE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        usage=f"{PROG} serve (--script FILE | --base-url URL --model NAME [--api-key-env VAR]) [OPTIONS]",
-    )
+def _add_serve_arguments(serve: Parser) -> None:
     model = serve.add_mutually_exclusive_group()
     model.add_argument("--script", metavar="FILE", help="answer with this ScriptedLlm JSON script")
     model.add_argument("--base-url", metavar="URL", help="an OpenAI-compatible API root, e.g. .../v1")
@@ -119,14 +110,6 @@ def add_serve_parser(commands: argparse._SubParsersAction[Parser]) -> Parser:
         help="each subagent may start at most N levels of subagents below itself (0: none); a larger "
         "depth_limit the model asks for is lowered to N (default: the model decides)",
     )
-    serve.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=argparse.SUPPRESS,
-        help="log to stderr: -v sessions opened and closed, -vv protocol detail",
-    )
-    return serve
 
 
 def serve_command(args: argparse.Namespace, command: list[str] | None) -> int:
@@ -175,6 +158,18 @@ async def _build_and_serve(args: argparse.Namespace, api_key_env: str) -> None:
             delegate=not args.no_delegate,
             depth_limit=args.depth_limit,
         )
+
+
+SERVE_COMMAND: Final = Command(
+    help="serve an in-process agent as an ACP agent on stdin/stdout",
+    description=_SERVE_DESCRIPTION,
+    epilog=_SERVE_EPILOG,
+    usage=f"{PROG} serve (--script FILE | --base-url URL --model NAME [--api-key-env VAR]) [OPTIONS]",
+    add_arguments=_add_serve_arguments,
+    run=serve_command,
+    verbose_help="log to stderr: -v sessions opened and closed, -vv protocol detail",
+)
+"""``subagent serve``, for the command line's table of commands."""
 
 
 class ServeConfigError(ValueError):
