@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, TypedDict, Unpack
 
 import anyio
 import anyio.abc
@@ -82,6 +82,7 @@ __all__ = [
     "MAX_ERROR_QUOTE_CHARS",
     "AcpClient",
     "AcpSession",
+    "ClientOptions",
     "TurnMessage",
     "TurnOutput",
     "TurnResult",
@@ -653,6 +654,21 @@ class AcpSession:
 # -- the client -----------------------------------------------------------------------------------------
 
 
+class ClientOptions(TypedDict, total=False):
+    """What an :class:`AcpClient` offers the agent and how much it keeps, as keyword arguments: what
+    :func:`spawn_agent` passes on to the client it makes. Each is described, with its default, at
+    :class:`AcpClient`."""
+
+    permission: Literal["allow", "deny"] | PermissionPolicy | PermissionCallback
+    fs: FsSandbox | None
+    terminals: TerminalHost | None
+    client_info: schema.Implementation | None
+    max_line_bytes: int
+    max_kept_updates: int | None
+    max_output_chars: int | None
+    on_protocol_error: Callable[[ProtocolError], None] | None
+
+
 class AcpClient:
     """An ACP client over a byte-stream pair. Use as an async context manager.
 
@@ -985,19 +1001,16 @@ async def spawn_agent(
     *,
     env: Mapping[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
-    permission: Literal["allow", "deny"] | PermissionPolicy | PermissionCallback = "deny",
-    fs: FsSandbox | None = None,
-    terminals: TerminalHost | None = None,
-    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-    max_kept_updates: int | None = DEFAULT_MAX_KEPT_UPDATES,
-    max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
-    on_protocol_error: Callable[[ProtocolError], None] | None = None,
     on_stderr_line: Callable[[str], object] | None = None,
     process_options: Mapping[str, Any] | None = None,
     idle_close_grace: float | None = DEFAULT_IDLE_CLOSE_GRACE,
     transport: Transport | None = None,
+    **client_options: Unpack[ClientOptions],
 ) -> AsyncIterator[AcpClient]:
     """Run ``argv`` as an ACP agent we own and yield a connected (not yet initialized) client.
+
+    ``client_options`` (:class:`ClientOptions`: ``permission``, ``fs``, ``terminals``, the limits...)
+    go to the :class:`AcpClient`, with its defaults.
 
     ``transport`` says where the agent runs (:mod:`subagent.acp.transport`); by default a local
     child process, :class:`~subagent.acp.transport.LocalTransport` with ``process_options`` (the
@@ -1025,7 +1038,9 @@ async def spawn_agent(
         raise ValueError(
             f"process_options configure the default local transport; configure {transport.name} itself"
         )
-    if not transport.local_files and (fs is not None or terminals is not None):
+    if not transport.local_files and (
+        client_options.get("fs") is not None or client_options.get("terminals") is not None
+    ):
         raise ValueError(
             f"the agent runs on {transport.name}, where this host's files are not: it can be offered "
             "no fs sandbox or terminals here"
@@ -1040,13 +1055,7 @@ async def spawn_agent(
         client = AcpClient(
             process.stdout,
             process.stdin,
-            permission=permission,
-            fs=fs,
-            terminals=terminals,
-            max_line_bytes=max_line_bytes,
-            max_kept_updates=max_kept_updates,
-            max_output_chars=max_output_chars,
-            on_protocol_error=on_protocol_error,
+            **client_options,
             exit_diagnosis=lambda closed: _diagnose_exit(process, closed),
             name=f"acp:{transport.name if process.pid is None else process.pid}",
         )
