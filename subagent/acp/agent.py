@@ -61,7 +61,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar, Unpack
 
 import anyio
 import anyio.abc
@@ -69,7 +69,7 @@ import anyio.lowlevel
 import msgspec
 
 from subagent.acp import schema
-from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection, ProtocolErrorCallback
+from subagent.acp.connection import Connection, ConnectionOptions
 from subagent.acp.errors import ConnectionClosedError, InvalidResponseError, RequestError
 from subagent.acp.stdio import stdio_streams
 
@@ -408,9 +408,10 @@ class AgentSideConnection:
             or raised after the cancel (the spec's MUST). Turn it off only to emulate a non-compliant agent.
         require_initialize: refuse every request before `initialize` succeeded (-32600), as the module
             docstring says. Turn it off only to emulate a lax agent.
-        max_line_bytes, max_send_bytes, on_protocol_error, drain_on_eof: passed to the `Connection`
-            (`max_send_bytes`, the client's line limit, is `max_line_bytes` unless given).
-        name: names the connection in log messages.
+        connection_options: passed to the `Connection` (`ConnectionOptions`: ``max_line_bytes``,
+            ``max_send_bytes``, the client's line limit, which is ``max_line_bytes`` unless given,
+            ``on_protocol_error``, ``drain_on_eof``...); ``name``, which names it in log messages, is
+            "acp-agent" unless given.
     """
 
     def __init__(
@@ -421,14 +422,10 @@ class AgentSideConnection:
         *,
         strict_cancel: bool = True,
         require_initialize: bool = True,
-        max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
-        on_protocol_error: ProtocolErrorCallback | None = None,
-        name: str = "acp-agent",
-        drain_on_eof: float = 0.0,
-        max_send_bytes: int | None = None,
+        **connection_options: Unpack[ConnectionOptions],
     ) -> None:
         self._handler = handler
-        self._name = name
+        self._name = connection_options.setdefault("name", "acp-agent")
         self._strict_cancel = strict_cancel
         self._initialized = not require_initialize
         self._initializing = 0  # initialize requests received and not yet answered
@@ -438,13 +435,9 @@ class AgentSideConnection:
             send_stream,
             request_handler=self._on_request,
             notification_handler=self._on_notification,
-            on_protocol_error=on_protocol_error,
-            max_line_bytes=max_line_bytes,
-            max_send_bytes=max_send_bytes,
-            name=name,
             value_encoder=schema.encode,
-            drain_on_eof=drain_on_eof,
             on_request_received=self._on_request_received,
+            **connection_options,
         )
         self._client = ClientPeer(self._connection)
         self._turns: dict[str, list[PromptTurn]] = {}

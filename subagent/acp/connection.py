@@ -85,7 +85,7 @@ import math
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypeVar, Union, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict, TypeVar, Union, overload
 
 import anyio
 import anyio.abc
@@ -114,6 +114,7 @@ __all__ = [
     "DEFAULT_MAX_LINE_BYTES",
     "DEFAULT_MAX_QUEUED_NOTIFICATION_BYTES",
     "Connection",
+    "ConnectionOptions",
     "ConnectionStatistics",
     "NotificationHandler",
     "Params",
@@ -155,6 +156,21 @@ flight, a runaway one is refused."""
 DEFAULT_MAX_QUEUED_NOTIFICATION_BYTES: Final = 16 * 1024 * 1024
 """How far the reader may run ahead of a slow notification handler before it stops reading (and the peer's
 writes block): far more than any burst of updates, far less than memory."""
+
+
+class ConnectionOptions(TypedDict, total=False):
+    """A `Connection`'s limits, reporting and name, as keyword arguments: what a protocol side built on
+    a connection (the ACP agent side) passes on to it. Each is described, with its default, at
+    `Connection`."""
+
+    on_protocol_error: ProtocolErrorCallback | None
+    max_line_bytes: int
+    max_send_bytes: int | None
+    max_incoming_requests: int
+    max_queued_notification_bytes: int
+    drain_on_eof: float
+    name: str
+
 
 COURTESY_CANCEL_TIMEOUT: Final = 1.0
 """The `$/cancel_request` sent for an abandoned request is best effort; a peer that has stopped reading must
