@@ -195,6 +195,8 @@ class _Router:
         self.line_ended = anyio.Event()
         """Set when the caller ends the line it is in the middle of (or closes stdin)."""
         self.stdin_closed = False
+        self.answer_held = anyio.Event()
+        """Set when an answer first had to wait for the caller's line to end (for tests and debugging)."""
         self.feed_send, feed_receive = anyio.create_memory_object_stream[bytes](math.inf)
         self.feed = _Feed(feed_receive)
         self.server = Connection(
@@ -236,6 +238,7 @@ class _Router:
                     await self.agent_stdin.send(line)
                     return
                 line_ended = self.line_ended
+            self.answer_held.set()
             await line_ended.wait()
 
     async def run_server(
@@ -353,15 +356,14 @@ class _AgentStdout(anyio.abc.ByteReceiveStream):
             self._passing = False
         partial = self._partial
         if partial:
-            newline = chunk.find(b"\n")
-            if newline < 0:
+            if b"\n" not in chunk:
                 partial += chunk
                 self._check_partial()
                 return
-            first = bytes(partial) + chunk[: newline + 1]
+            # One copy of the chunk, so that it is forwarded as one piece: the relay (and the caller's
+            # connection) then takes it in one read, not two.
+            chunk = bytes(partial) + chunk
             partial.clear()
-            chunk = chunk[newline + 1 :]
-            self._take_lines(first)
         end = chunk.rfind(b"\n") + 1
         if end == len(chunk):
             if chunk:
@@ -384,31 +386,40 @@ class _AgentStdout(anyio.abc.ByteReceiveStream):
         """Take whole lines (``block`` ends with a newline): route the served requests, forward the rest."""
         router = self._router
         limit = self._limit
-        peek = _peek
+        decode = _PEEK.decode
+        unset = msgspec.UNSET
         lines = block.split(b"\n")
         lines.pop()  # the empty string after the last newline
-        kept: list[bytes] | None = None  # only once a line is routed: else the block goes as it came
+        served: list[int] | None = None  # indices of the lines served here, once there is one
+        # The hot loop: one C-level decode a line, most lines being notifications (no id).
         for index, line in enumerate(lines):
-            # A line over the limit is not parsed: the caller's connection reports it, as without us.
-            message = None if len(line) > limit else peek(line)
-            routed = False
-            if message is not None and message.method is not msgspec.UNSET:
-                method = message.method
-                if message.id is not msgspec.UNSET:
-                    routed = router.routes(method)
-                elif method == CANCEL_REQUEST_METHOD:
-                    router.route(line + b"\n")  # and forwarded: see the module docstring
-            if routed:
-                if kept is None:
-                    kept = lines[:index]
+            if len(line) > limit:
+                continue  # not parsed: the caller's connection reports it, as without us
+            try:
+                message = decode(line)
+            except (msgspec.DecodeError, RecursionError):  # ValidationError included
+                peeked = _peek(line)
+                if peeked is None:
+                    continue
+                message = peeked
+            if message.id is unset:
+                if message.method == CANCEL_REQUEST_METHOD:
+                    router.route(line + b"\n")  # and forwarded too: see the module docstring
+                continue
+            method = message.method
+            if method is not unset and router.routes(method):
                 router.route(line + b"\n")
-            elif kept is not None:
-                kept.append(line)
-        if kept is None:
+                if served is None:
+                    served = []
+                served.append(index)
+        if served is None:
             self._ready.append(block)
-        elif kept:
-            kept.append(b"")
-            self._ready.append(b"\n".join(kept))
+            return
+        for index in reversed(served):
+            del lines[index]
+        if lines:
+            lines.append(b"")
+            self._ready.append(b"\n".join(lines))
 
     async def aclose(self) -> None:
         self._ended = True
@@ -429,6 +440,8 @@ class _CallerStdin(anyio.abc.ByteSendStream):
         """An incomplete line of the caller's, held while watching (see `MAX_HELD_CALLER_BYTES`)."""
 
     async def send(self, item: bytes) -> None:
+        if not item:
+            return
         router = self._router
         async with router.lock:
             if router.stdin_closed:
