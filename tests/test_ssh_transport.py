@@ -9,6 +9,8 @@ and, where the point is teardown, on the reported pids themselves. Waits are for
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import pwd
@@ -21,12 +23,15 @@ import anyio
 import anyio.abc
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
+from hypothesis import given
+from hypothesis import strategies as st
 
 from subagent.acp import schema
+from subagent.acp._supervisor import Supervisor
 from subagent.acp.client import TurnResult, spawn_agent
 from subagent.acp.errors import AgentSpawnError
 from subagent.acp.process import UNKNOWN_RETURNCODE, TeardownStep, supervision_available
-from subagent.acp.ssh import SshTransport, transport_from_url
+from subagent.acp.ssh import SshTransport, _ReportedEndStream, transport_from_url
 from subagent.acp.transport import Channel, Transport
 from subagent.acp.transport import transport_from_url as any_transport_from_url
 from subagent.testing import stub_agent_argv
@@ -214,6 +219,189 @@ async def test_the_report_marker_is_nowhere_the_agent_can_read_it(
     assert tag.encode() in parent_environ
     assert len(marker) == 32
     assert all(marker not in view for view in views)
+
+
+# -- the agent's stdout, to its very end ------------------------------------------------------------------
+
+CLOSES_STDOUT_AND_LIVES_ON = (
+    "import os, sys\n"
+    "size = int(sys.argv[1])\n"
+    "sys.stderr.write(sys.argv[2])\n"
+    "sys.stderr.flush()\n"
+    "sys.stdout.buffer.write(bytes(range(256)) * (size // 256))\n"
+    "sys.stdout.flush()\n"
+    "os.close(1)\n"
+    "sys.stderr.write('closed\\n')\n"
+    "sys.stderr.flush()\n"
+    "sys.stdin.buffer.read()\n"  # lives on until stdin's end
+)
+"""An agent that writes argv[1] bytes on stdout (a multiple of 256), closes it, and exits at stdin EOF;
+it first writes argv[2] on stderr."""
+
+
+async def read_to_the_end(channel: Channel) -> bytes:
+    received = bytearray()
+    with anyio.fail_after(WAIT):
+        while True:
+            try:
+                received += await channel.stdout.receive()
+            except anyio.EndOfStream:
+                return bytes(received)
+
+
+async def test_an_agent_closing_its_stdout_ends_the_channels_after_every_byte_though_it_lives_on(
+    sshd: SshServer, transport: SshTransport
+) -> None:
+    size = 4 * 1024 * 1024  # more than the pipes and ssh's window hold: the end report overtakes bytes
+    # Lines that look like an end report, one without a marker and one with a wrong one: stderr lines.
+    forged = "stdout 0\n\n" + "0" * 32 + " stdout 0\n"
+    async with (
+        assert_no_leaks_over_ssh(sshd) as tag,
+        transport.open(
+            [sys.executable, "-c", CLOSES_STDOUT_AND_LIVES_ON, str(size), forged],
+            env={LEAK_TAG_VARIABLE: tag},
+        ) as channel,
+    ):
+        received = await read_to_the_end(channel)
+        alive_at_the_end = channel.exit_info() is None
+        await channel.stdin.aclose()  # its cue to exit
+        with anyio.fail_after(WAIT):
+            info = await channel.wait_exit()
+    assert received == bytes(range(256)) * (size // 256)
+    assert alive_at_the_end
+    assert (info.returncode, info.status_known) == (0, True)
+    assert info.stderr_tail == "stdout 0\n\n" + "0" * 32 + " stdout 0\nclosed\n"
+
+
+async def test_what_the_login_prints_on_stdout_ahead_of_the_agent_is_dropped_and_shifts_no_end(
+    sshd: SshServer, tmp_path: Path
+) -> None:
+    # An ssh that prints ahead of the remote side, as a login shell's start-up files may: a line, and a
+    # partial line holding most of the start line's length.
+    chatty_ssh = tmp_path / "ssh"
+    chatty_ssh.write_text("#!/bin/sh\nprintf 'Welcome to the host\\n%031d' 0\nexec ssh \"$@\"\n")
+    chatty_ssh.chmod(0o755)
+    transport = SshTransport(
+        sshd.host, config_file=sshd.config_file, ssh=str(chatty_ssh), stdin_close_timeout=SHORT_GRACE
+    )
+    async with (
+        assert_no_leaks_over_ssh(sshd) as tag,
+        transport.open(
+            [sys.executable, "-c", CLOSES_STDOUT_AND_LIVES_ON, "512", ""], env={LEAK_TAG_VARIABLE: tag}
+        ) as channel,
+    ):
+        received = await read_to_the_end(channel)
+        alive_at_the_end = channel.exit_info() is None
+    assert received == bytes(range(256)) * 2
+    assert alive_at_the_end
+
+
+class ChunkStream(anyio.abc.ByteReceiveStream):
+    """Hands out the chunks sent to it, as they are: a pipe that never ends (as ssh's stdout, here)."""
+
+    def __init__(self, chunks: anyio.abc.ObjectReceiveStream[bytes]) -> None:
+        self._chunks = chunks
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        return await self._chunks.receive()
+
+    async def aclose(self) -> None:
+        await self._chunks.aclose()
+
+
+START_LINE = b"0123456789abcdef" * 2 + b"\n"
+
+
+@pytest.mark.fuzz
+@given(
+    before=st.binary(max_size=80).filter(lambda data: START_LINE not in data),
+    data=st.binary(max_size=200),
+    cuts=st.lists(st.integers(min_value=1, max_value=312), max_size=12),
+    report_after=st.integers(min_value=0, max_value=13),
+)
+async def test_the_stdout_stream_yields_exactly_the_agents_bytes_however_they_and_the_end_are_ordered(
+    before: bytes, data: bytes, cuts: list[int], report_after: int
+) -> None:
+    whole = before + START_LINE + data
+    edges = [0, *sorted({cut for cut in cuts if cut < len(whole)}), len(whole)]
+    chunks = [whole[start:end] for start, end in itertools.pairwise(edges)]
+    send, receive = anyio.create_memory_object_stream[bytes](len(chunks))
+    stream = _ReportedEndStream(ChunkStream(receive), START_LINE)
+    received = bytearray()
+
+    async def read_to_the_end() -> None:
+        with contextlib.suppress(anyio.EndOfStream):
+            while True:
+                received.extend(await stream.receive())
+
+    with anyio.fail_after(WAIT):
+        async with send, receive, anyio.create_task_group() as task_group:
+            task_group.start_soon(read_to_the_end)
+            for index, chunk in enumerate(chunks):
+                if index == report_after:
+                    stream.end_at(len(data))
+                await send.send(chunk)  # a checkpoint: the reader may run in between
+            if report_after >= len(chunks):
+                stream.end_at(len(data))
+    assert bytes(received) == data
+
+
+def read_all(fd: int) -> bytes:
+    data = b""
+    while chunk := os.read(fd, 65536):
+        data += chunk
+    return data
+
+
+@pytest.mark.parametrize("sink_kind", ["pipe", "file in append mode"])
+def test_the_remote_relay_moves_every_byte_then_reports_the_count_and_closes_both_ends(
+    tmp_path: Path, sink_kind: str
+) -> None:
+    # A pipe takes splice; a file in append mode refuses it (EINVAL), so the relay reads and writes.
+    data = bytes(range(256)) * 128  # fits a pipe: written in full before the relay runs
+    status_read, status_write = os.pipe()
+    source, source_write = os.pipe()
+    os.write(source_write, data)
+    os.close(source_write)  # every writer gone: the end the relay reports
+    if sink_kind == "pipe":
+        sink_read, sink = os.pipe()
+    else:
+        sink = os.open(tmp_path / "out", os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        sink_read = os.open(tmp_path / "out", os.O_RDONLY)
+    supervisor = Supervisor([b"agent"], status_write, os.getpid(), relay_stdout=True)
+    supervisor.relay_done.acquire()
+    try:
+        supervisor.relay(source, sink)
+        relayed = read_all(sink_read)  # a pipe's end of file: the relay closed the sink
+        os.close(status_write)
+        reports = read_all(status_read)
+    finally:
+        os.close(sink_read)
+        os.close(status_read)
+    assert relayed == data
+    assert reports == f"stdout {len(data)}\n".encode()
+    assert supervisor.relay_done.acquire(blocking=False)  # released: the supervisor may exit
+
+
+def test_the_remote_relay_whose_sink_broke_closes_the_agents_stdout_and_reports_nothing() -> None:
+    status_read, status_write = os.pipe()
+    source, source_write = os.pipe()
+    sink_read, sink = os.pipe()
+    os.close(sink_read)  # ssh's side is gone
+    os.write(source_write, b"unread")
+    supervisor = Supervisor([b"agent"], status_write, os.getpid(), relay_stdout=True)
+    supervisor.relay_done.acquire()
+    try:
+        supervisor.relay(source, sink)
+        # The agent's next write fails as it would have on the broken stdout itself.
+        with pytest.raises(BrokenPipeError):
+            os.write(source_write, b"more")
+        os.close(status_write)
+        assert read_all(status_read) == b""
+    finally:
+        os.close(source_write)
+        os.close(status_read)
+    assert supervisor.relay_done.acquire(blocking=False)
 
 
 # -- teardown on every exit path --------------------------------------------------------------------------

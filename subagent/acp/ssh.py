@@ -24,13 +24,24 @@ What runs on the remote host
 
 Status
     The supervisor reports on its status stream (``pid N``, ``exit N``, ``error ERRNO TEXT``, ``fail
-    TEXT``); over ssh the only stream left is stderr, so each report is written there as one line that
-    starts with a marker: 32 random hex digits generated per run and sent on stdin, never on a command
-    line or in the environment, so the agent cannot forge a report. A report starts with a newline of
-    its own (one write, so it is never interleaved), so it begins a line even after a partial line of
-    the agent's; that newline's empty line is dropped. Report lines are taken out of the stderr the
-    channel shows. The agent's stderr written before it exited precedes its ``exit`` report on the same
-    pipe, so the tail is complete when the exit is known.
+    TEXT``, and here ``stdout N``: see below); over ssh the only stream left is stderr, so each report
+    is written there as one line that starts with a marker: 32 random hex digits generated per run and
+    sent on stdin, never on a command line or in the environment, so the agent cannot forge a report.
+    A report starts with a newline of its own (one write, so it is never interleaved), so it begins a
+    line even after a partial line of the agent's; that newline's empty line is dropped. Report lines
+    are taken out of the stderr the channel shows. The agent's stderr written before it exited precedes
+    its ``exit`` report on the same pipe, so the tail is complete when the exit is known.
+
+stdout
+    The ssh client keeps its stdout open until the remote command exits, so an agent that closed its
+    stdout but lives on would not be seen here (locally, its end of file is). So the remote supervisor
+    gives the agent a pipe as stdout and relays it to ssh's (``splice``: no copy through the process),
+    and once every holder of that pipe closed it, reports ``stdout N``, N being the bytes relayed. The
+    channel's stdout ends once it received N bytes: after every byte the agent wrote, however the
+    report and the last bytes, on two streams, are ordered on arrival. Ahead of the agent's first byte
+    the remote side writes a start line (the marker) on stdout; whatever came before it, such as the
+    output of the login shell's start-up files, is dropped, so it neither reaches the client nor
+    shifts the count.
 
 Teardown
     `SshChannel.aclose` tears the local ssh down as a local agent is torn down: stdin closes (ssh sends
@@ -41,8 +52,7 @@ Teardown
 
 Limits
     The remote host must be Linux (the supervisor reads ``/proc``) with ``python3`` 3.9 or later, and
-    the login shell must run ``exec PROGRAM ARGS`` (any POSIX shell does). Output of the login shell's
-    start-up files on stdout would reach the client ahead of the agent's. The client serves no ``fs/*``
+    the login shell must run ``exec PROGRAM ARGS`` (any POSIX shell does). The client serves no ``fs/*``
     or ``terminal/*`` requests for a remote child (`SshTransport.local_files` is False).
 
     A link that goes silent (a network cut, not a closed connection) ends the run here within
@@ -174,10 +184,12 @@ class RemoteSupervisor(supervisor_module["Supervisor"]):
         super().report("\\n" + request["marker"] + " " + line)
 status_fd = os.dup(2)
 command = [os.fsencode(arg) for arg in request["argv"]]
+os.write(1, request["marker"].encode() + b"\\n")
 sys.exit(RemoteSupervisor(command, status_fd, os.getppid(), relay_stdout=True).run())
 """
 """Stage 2: our supervisor, in this process (its parent is sshd's process for the connection), its
-reports written to stderr behind the marker, relaying the agent's stdout (see `_ReportedEndStream`)."""
+reports written to stderr behind the marker, relaying the agent's stdout after a start line, the marker
+(see `_ReportedEndStream`)."""
 
 _FORCED_OPTIONS = (
     # Never a prompt: keys or an ssh-agent only.
@@ -371,18 +383,24 @@ class SshTransport:
 
 
 class _ReportedEndStream(anyio.abc.ByteReceiveStream):
-    """ssh's stdout, ended where the remote supervisor reports the agent's stdout ended.
+    """ssh's stdout: the agent's, from the start line on, ended where its remote supervisor reports the
+    agent's stdout ended.
 
-    The ssh client keeps its stdout open until the remote command exits, so an agent that closes its
-    stdout but lives on would never be seen here. The remote supervisor relays the agent's stdout and
-    reports ``stdout N`` (behind the marker, on stderr) once every writer closed it, N being the bytes
-    relayed; the report and the last bytes travel on two pipes from ssh, in either order, so this
-    stream ends once N bytes were received, never before. Chunks pass through as they are (counted,
-    never copied or held).
+    The start line (the marker and a newline) is written by the remote side just before the agent
+    starts; whatever precedes it (the login shell's start-up files may print) is dropped, keeping no
+    more of it than the start line's length. The ssh client keeps its stdout open until the remote
+    command exits, so an agent that closes its stdout but lives on would never be seen here: the remote
+    supervisor relays the agent's stdout and reports ``stdout N`` (behind the marker, on stderr) once
+    every writer closed it, N being the bytes relayed. The report and the last bytes travel on two
+    pipes from ssh, in either order, so this stream ends once N bytes were received, never before.
+    Chunks pass through as they are (counted, never copied or held).
     """
 
-    def __init__(self, inner: anyio.abc.ByteReceiveStream) -> None:
+    def __init__(self, inner: anyio.abc.ByteReceiveStream, start_line: bytes) -> None:
         self._inner = inner
+        self._start_line = start_line
+        self._before_start: bytes | None = b""
+        """While the start line is awaited, the end of what came so far (shorter than the line)."""
         self._received = 0
         self._end: int | None = None
         self._waiting: anyio.CancelScope | None = None
@@ -396,18 +414,34 @@ class _ReportedEndStream(anyio.abc.ByteReceiveStream):
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """The next bytes of the agent's stdout; `anyio.EndOfStream` after the last."""
-        if self._end is not None and self._received >= self._end:
-            raise anyio.EndOfStream
-        with anyio.CancelScope() as scope:
-            self._waiting = scope
-            try:
-                chunk = await self._inner.receive(max_bytes)
-            finally:
-                self._waiting = None
-        if scope.cancelled_caught:  # end_at: everything was received.
-            raise anyio.EndOfStream
-        self._received += len(chunk)
-        return chunk
+        while True:
+            if self._end is not None and self._received >= self._end:
+                raise anyio.EndOfStream
+            with anyio.CancelScope() as scope:
+                self._waiting = scope
+                try:
+                    chunk = await self._inner.receive(max_bytes)
+                finally:
+                    self._waiting = None
+            if scope.cancelled_caught:  # end_at: everything was received.
+                raise anyio.EndOfStream
+            if self._before_start is not None:
+                chunk = self._after_start_line(chunk)
+                if not chunk:
+                    continue
+            self._received += len(chunk)
+            return chunk
+
+    def _after_start_line(self, chunk: bytes) -> bytes:
+        """What follows the start line in ``chunk`` (it may straddle two chunks); b"" until it came."""
+        assert self._before_start is not None
+        seen = self._before_start + chunk
+        found = seen.find(self._start_line)
+        if found < 0:
+            self._before_start = seen[-(len(self._start_line) - 1) :]
+            return b""
+        self._before_start = None
+        return seen[found + len(self._start_line) :]
 
     async def aclose(self) -> None:
         """Close ssh's stdout (teardown does; see `AgentProcess.stdout`)."""
@@ -471,7 +505,7 @@ class SshChannel:
 
     def _attach(self, process: AgentProcess) -> None:
         self._process = process
-        self._stdout = _ReportedEndStream(process.stdout)
+        self._stdout = _ReportedEndStream(process.stdout, self._report_prefix.encode()[:-1] + b"\n")
 
     @property
     def pid(self) -> int | None:
