@@ -594,6 +594,20 @@ async def test_a_method_the_handler_does_not_implement_answers_method_not_found(
     }
 
 
+@pytest.mark.parametrize("method", ["session/load", "session/close", "authenticate"])
+async def test_a_method_the_handler_does_not_implement_answers_method_not_found_whatever_its_params(
+    method: str,
+) -> None:
+    async with connected(BaseAgent()) as peers:
+        with anyio.fail_after(TIMEOUT), pytest.raises(RequestError) as caught:
+            await peers.client.request(method, {"sessionId": 7, "methodId": None})
+    assert caught.value.to_wire() == {
+        "code": -32601,
+        "message": "Method not found",
+        "data": {"method": method},
+    }
+
+
 class ExtensionAgent(BaseAgent):
     def __init__(self) -> None:
         super().__init__()

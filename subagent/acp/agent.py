@@ -61,7 +61,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, Final, Protocol, TypeVar, Unpack
+from typing import Any, Final, Protocol, TypeAlias, TypeVar, Unpack
 
 import anyio
 import anyio.abc
@@ -277,12 +277,20 @@ class PromptTurn:
 # -- the handler -----------------------------------------------------------------------------------------
 
 
-class AgentHandler(Protocol):
-    """What an agent implements. Subclass it to inherit the defaults of the optional methods.
+_Params = TypeVar("_Params")
+_Result = TypeVar("_Result")
 
-    `initialize`, `new_session` and `prompt` are required. Every other method is optional: the default here
-    (and a missing attribute on an object that does not subclass this) answers -32601 `Method not found`.
-    Every method may instead return `msgspec.Raw` to send exactly that JSON as the result.
+_Serves: TypeAlias = Callable[[_Params, ClientPeer], Awaitable[_Result | msgspec.Raw]]
+"""An optional request method of `AgentHandler`: ``await method(params, client)`` answers the result."""
+
+
+class AgentHandler(Protocol):
+    """What an agent implements. Subclass it to inherit the optional members, which are None here.
+
+    `initialize`, `new_session` and `prompt` are required. Every other member is optional: None here (or a
+    missing attribute on an object that does not subclass this) is a request answered -32601 `Method not
+    found`, or a notification ignored. Every method may instead return `msgspec.Raw` to send exactly that
+    JSON as the result.
     """
 
     async def initialize(
@@ -303,71 +311,36 @@ class AgentHandler(Protocol):
         """Run one turn: stream updates with `turn.send_update`, then answer the stop reason."""
         ...
 
-    async def authenticate(
-        self, params: schema.AuthenticateRequest, client: ClientPeer
-    ) -> schema.AuthenticateResponse | msgspec.Raw:
-        """`authenticate` with one of the advertised auth methods."""
-        raise RequestError.method_not_found(schema.AUTHENTICATE)
+    # The optional members: None here means not served (answered -32601 `Method not found`). A subclass
+    # serves one by defining it as a method with the signature its type gives (params, client).
 
-    async def load_session(
-        self, params: schema.LoadSessionRequest, client: ClientPeer
-    ) -> schema.LoadSessionResponse | msgspec.Raw:
-        """`session/load`: replay the conversation as `session/update` notifications, then answer."""
-        raise RequestError.method_not_found(schema.SESSION_LOAD)
-
-    async def resume_session(
-        self, params: schema.ResumeSessionRequest, client: ClientPeer
-    ) -> schema.ResumeSessionResponse | msgspec.Raw:
-        """`session/resume`: like load, without replay."""
-        raise RequestError.method_not_found(schema.SESSION_RESUME)
-
-    async def set_session_mode(
-        self, params: schema.SetSessionModeRequest, client: ClientPeer
-    ) -> schema.SetSessionModeResponse | msgspec.Raw:
-        """`session/set_mode`."""
-        raise RequestError.method_not_found(schema.SESSION_SET_MODE)
-
-    async def set_session_config_option(
-        self, params: schema.SetSessionConfigOptionRequest, client: ClientPeer
-    ) -> schema.SetSessionConfigOptionResponse | msgspec.Raw:
-        """`session/set_config_option`."""
-        raise RequestError.method_not_found(schema.SESSION_SET_CONFIG_OPTION)
-
-    async def list_sessions(
-        self, params: schema.ListSessionsRequest, client: ClientPeer
-    ) -> schema.ListSessionsResponse | msgspec.Raw:
-        """`session/list`."""
-        raise RequestError.method_not_found(schema.SESSION_LIST)
-
-    async def close_session(
-        self, params: schema.CloseSessionRequest, client: ClientPeer
-    ) -> schema.CloseSessionResponse | msgspec.Raw:
-        """`session/close` (the session's turns in flight are already marked cancelled)."""
-        raise RequestError.method_not_found(schema.SESSION_CLOSE)
-
-    async def delete_session(
-        self, params: schema.DeleteSessionRequest, client: ClientPeer
-    ) -> schema.DeleteSessionResponse | msgspec.Raw:
-        """`session/delete`."""
-        raise RequestError.method_not_found(schema.SESSION_DELETE)
-
-    async def logout(
-        self, params: schema.LogoutRequest, client: ClientPeer
-    ) -> schema.LogoutResponse | msgspec.Raw:
-        """`logout`."""
-        raise RequestError.method_not_found(schema.LOGOUT)
-
-    async def cancel(self, params: schema.CancelNotification, client: ClientPeer) -> None:
-        """Told about `session/cancel` after the session's turns were marked; runs in notification order."""
-        return None
-
-    async def ext_method(self, method: str, params: msgspec.Raw | None, client: ClientPeer) -> Any:
-        """An extension request (name starting with `_`); return any JSON-encodable result."""
-        raise RequestError.method_not_found(method)
-
-    async def ext_notification(self, method: str, params: msgspec.Raw | None, client: ClientPeer) -> None:
-        """An extension notification (name starting with `_`); ignored by default."""
-        return None
+    authenticate: _Serves[schema.AuthenticateRequest, schema.AuthenticateResponse] | None = None
+    """`authenticate` with one of the advertised auth methods."""
+    load_session: _Serves[schema.LoadSessionRequest, schema.LoadSessionResponse] | None = None
+    """`session/load`: replay the conversation as `session/update` notifications, then answer."""
+    resume_session: _Serves[schema.ResumeSessionRequest, schema.ResumeSessionResponse] | None = None
+    """`session/resume`: like load, without replay."""
+    set_session_mode: _Serves[schema.SetSessionModeRequest, schema.SetSessionModeResponse] | None = None
+    """`session/set_mode`."""
+    set_session_config_option: (
+        _Serves[schema.SetSessionConfigOptionRequest, schema.SetSessionConfigOptionResponse] | None
+    ) = None
+    """`session/set_config_option`."""
+    list_sessions: _Serves[schema.ListSessionsRequest, schema.ListSessionsResponse] | None = None
+    """`session/list`."""
+    close_session: _Serves[schema.CloseSessionRequest, schema.CloseSessionResponse] | None = None
+    """`session/close` (the session's turns in flight are already marked cancelled)."""
+    delete_session: _Serves[schema.DeleteSessionRequest, schema.DeleteSessionResponse] | None = None
+    """`session/delete`."""
+    logout: _Serves[schema.LogoutRequest, schema.LogoutResponse] | None = None
+    """`logout`."""
+    cancel: Callable[[schema.CancelNotification, ClientPeer], Awaitable[None]] | None = None
+    """Told about `session/cancel` after the session's turns were marked; runs in notification order."""
+    ext_method: Callable[[str, msgspec.Raw | None, ClientPeer], Awaitable[Any]] | None = None
+    """An extension request (name starting with `_`): `(method, params, client)`; returns any
+    JSON-encodable result."""
+    ext_notification: Callable[[str, msgspec.Raw | None, ClientPeer], Awaitable[None]] | None = None
+    """An extension notification (name starting with `_`): `(method, params, client)`."""
 
 
 _REQUESTS: Final[dict[str, tuple[str, Any]]] = {
