@@ -8,13 +8,14 @@ requests right there, confined to the node's sandbox roots; the permission polic
 caller, since ``session/request_permission`` is not routed.
 
 Agent -> caller (its stdout)
-    Every complete line is peeked at with one msgspec decode into a two-field struct (``method``,
-    ``id``). A *request* (it has an ``id``, whatever its type) whose method starts with ``fs/`` (when
-    there are sandbox roots) or ``terminal/`` (when terminals are on) is served here and never reaches
-    the caller; every other line (responses, notifications, malformed lines, log lines) is forwarded
-    byte for byte, in order. ``$/cancel_request`` is forwarded *and* given to the local server: each
-    side cancels the request if it is one of its own and ignores the id otherwise (the agent's ids
-    are unique among its requests in flight), so no bookkeeping of routed ids is needed.
+    As the relay reads the yielded stdout, every complete line is peeked at with one msgspec decode
+    into a two-field struct (``method``, ``id``; about 0.33 us a line). A *request* (it has an
+    ``id``, whatever its type) whose method starts with ``fs/`` (when there are sandbox roots) or
+    ``terminal/`` (when terminals are on) is served here and never reaches the caller; every other
+    line (responses, notifications, malformed lines, log lines) is forwarded byte for byte, in order.
+    ``$/cancel_request`` is forwarded *and* given to the local server: each side cancels the request
+    if it is one of its own and ignores the id otherwise (the agent's ids are unique among its
+    requests in flight), so no bookkeeping of routed ids is needed.
     A line longer than ``max_line_bytes`` is forwarded in pieces as it arrives, never parsed nor held
     whole, so the caller's connection reports it (and answers it -32600) as it would without us.
 
@@ -57,7 +58,7 @@ import logging
 import math
 import os
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Final
 
 import anyio
@@ -538,6 +539,7 @@ async def route_files(
     fs_roots: Sequence[str | os.PathLike[str]] | None = None,
     terminals: bool = False,
     cwd: str | os.PathLike[str] | None = None,
+    env: Mapping[str, str] | None = None,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     max_requests: int = DEFAULT_MAX_INCOMING_REQUESTS,
 ) -> AsyncIterator[tuple[anyio.abc.ByteSendStream, anyio.abc.ByteReceiveStream]]:
@@ -547,13 +549,19 @@ async def route_files(
 
     With neither, the agent's own streams are yielded unchanged. ``cwd`` is where a terminal created
     without one runs (default: the first root, else this process's working directory); with roots, it
-    must lie inside them. ``max_line_bytes`` should be the caller's line limit: a longer line is
-    forwarded for the caller to refuse. ``max_requests``: local requests served at once; one more is
-    refused with -32603. Leaving the block cancels the local requests and kills every terminal. The
-    agent's streams stay the caller's to close (closing the yielded ones closes them).
+    must lie inside them. ``env`` is the environment terminal commands start from (default: this
+    process's, read at each create), the request's entries merged over it. ``max_line_bytes`` should
+    be the caller's line limit: a longer line is forwarded for the caller to refuse. ``max_requests``:
+    local requests served at once; one more is refused with -32603.
+
+    Requests are found as the yielded stdout is read, so the relay keeps reading it (as it must anyway
+    for the caller to see anything): while it pauses, so does serving. It may be read in one task while
+    another writes the yielded stdin. Leaving the block cancels the local requests and kills every
+    terminal. The agent's streams stay the caller's to close (closing a yielded one closes the agent's).
 
     Raises:
-        ValueError: a root is not an existing directory, or ``cwd`` is not one or lies outside the roots.
+        ValueError: a root is not an existing directory, ``cwd`` is not one or lies outside the roots,
+            or ``env`` holds a malformed name.
     """
     sandbox = None if fs_roots is None else FsSandbox(fs_roots)
     if sandbox is None and not terminals:
@@ -562,7 +570,7 @@ async def route_files(
     async with contextlib.AsyncExitStack() as stack:
         host = None
         if terminals:
-            host = await stack.enter_async_context(TerminalHost(sandbox=sandbox, cwd=cwd))
+            host = await stack.enter_async_context(TerminalHost(sandbox=sandbox, cwd=cwd, env=env))
         router = _Router(
             agent_stdin,
             agent_stdout,
