@@ -254,6 +254,18 @@ async def test_every_refusal_is_byte_for_byte_what_the_acp_client_answers_locall
 # -- terminals --------------------------------------------------------------------------------------------
 
 
+PAUSE = "import signal; signal.pause()"
+"""A command that runs until a signal ends it."""
+
+
+async def create_terminal(router: Routed, code: str) -> dict[str, str]:
+    """Start ``code`` with this interpreter in a terminal (request id 1); its handle for other requests."""
+    create = {"sessionId": "s1", "command": sys.executable, "args": ["-c", code]}
+    await router.agent_says(request(1, "terminal/create", create))
+    created = await router.agent_hears_json()
+    return {"sessionId": "s1", "terminalId": created["result"]["terminalId"]}
+
+
 async def test_a_terminal_runs_a_real_command_here_and_reports_its_output_and_exit(root: Path) -> None:
     code = "print('hello from the node')"
     create = {"sessionId": "s1", "command": sys.executable, "args": ["-c", code]}
@@ -293,28 +305,24 @@ async def test_a_terminal_starts_in_the_routers_cwd_from_its_environment(root: P
     assert output == f"{root} node-2 from the agent None\n"
 
 
-def pid_reporter(fifo: Path) -> str:
-    """Python code that writes its pid into ``fifo`` and then waits for a signal."""
-    return (
-        f"import os, signal; fd = os.open({str(fifo)!r}, os.O_WRONLY); "
-        "os.write(fd, str(os.getpid()).encode()); signal.pause()"
-    )
-
-
 @asynccontextmanager
-async def pid_fifo(tmp_path: Path) -> AsyncIterator[tuple[Path, Any]]:
-    """A FIFO a command writes its pid into, and a function that waits for that pid (no polling)."""
+async def pid_reporting_terminal(router: Routed, tmp_path: Path) -> AsyncIterator[tuple[dict[str, str], int]]:
+    """A terminal whose command reports its pid through a FIFO (read without polling), then waits for a
+    signal: its handle and that pid."""
     fifo = tmp_path / "pid.fifo"
     os.mkfifo(fifo)
     fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # opened first, so the writer's open never blocks
-
-    async def read_pid() -> int:
+    code = (
+        f"import os, signal; fd = os.open({str(fifo)!r}, os.O_WRONLY); "
+        "os.write(fd, str(os.getpid()).encode()); signal.pause()"
+    )
+    try:
+        handle = await create_terminal(router, code)
         with anyio.fail_after(EVENT_TIMEOUT):
             await anyio.wait_readable(fd)
-        return int(os.read(fd, 64))
-
-    try:
-        yield fifo, read_pid
+        pid = int(os.read(fd, 64))
+        assert not process_is_gone(pid)
+        yield handle, pid
     finally:
         os.close(fd)
 
@@ -322,29 +330,21 @@ async def pid_fifo(tmp_path: Path) -> AsyncIterator[tuple[Path, Any]]:
 async def test_a_release_kills_the_running_command(root: Path, tmp_path: Path) -> None:
     async with (
         assert_no_leaks(),
-        pid_fifo(tmp_path) as (fifo, read_pid),
         routed(fs_roots=[root], terminals=True) as router,
+        pid_reporting_terminal(router, tmp_path) as (handle, pid),
     ):
-        create = {"sessionId": "s1", "command": sys.executable, "args": ["-c", pid_reporter(fifo)]}
-        await router.agent_says(request(1, "terminal/create", create))
-        terminal_id = (await router.agent_hears_json())["result"]["terminalId"]
-        pid = await read_pid()
-        assert not process_is_gone(pid)
-        await router.agent_says(
-            request(2, "terminal/release", {"sessionId": "s1", "terminalId": terminal_id})
-        )
+        await router.agent_says(request(2, "terminal/release", handle))
         assert await router.agent_hears_json() == {"jsonrpc": "2.0", "id": 2, "result": {}}
         assert process_is_gone(pid)
 
 
 async def test_leaving_the_block_kills_a_running_terminal(root: Path, tmp_path: Path) -> None:
-    async with assert_no_leaks(), pid_fifo(tmp_path) as (fifo, read_pid):
-        async with routed(terminals=True, cwd=root) as router:
-            create = {"sessionId": "s1", "command": sys.executable, "args": ["-c", pid_reporter(fifo)]}
-            await router.agent_says(request(1, "terminal/create", create))
-            await router.agent_hears_json()
-            pid = await read_pid()
-            assert not process_is_gone(pid)
+    async with assert_no_leaks():
+        async with (
+            routed(terminals=True, cwd=root) as router,
+            pid_reporting_terminal(router, tmp_path) as (_, pid),
+        ):
+            pass
         assert process_is_gone(pid)
 
 
@@ -353,16 +353,9 @@ async def test_a_slow_wait_for_exit_holds_up_neither_the_stream_nor_other_reques
 ) -> None:
     async with (
         assert_no_leaks(),
-        pid_fifo(tmp_path) as (fifo, read_pid),
         routed(fs_roots=[root], terminals=True) as router,
+        pid_reporting_terminal(router, tmp_path) as (handle, pid),
     ):
-        create = {"sessionId": "s1", "command": sys.executable, "args": ["-c", pid_reporter(fifo)]}
-        await router.agent_says(request(1, "terminal/create", create))
-        handle = {
-            "sessionId": "s1",
-            "terminalId": (await router.agent_hears_json())["result"]["terminalId"],
-        }
-        pid = await read_pid()
         await router.agent_says(request(2, "terminal/wait_for_exit", handle))
         await router.agent_says(update("meanwhile"))
         assert await router.caller_hears() == [update("meanwhile")]
@@ -378,11 +371,9 @@ async def test_a_slow_wait_for_exit_holds_up_neither_the_stream_nor_other_reques
 
 
 async def test_a_cancel_request_cancels_a_local_wait_and_is_forwarded_too(root: Path) -> None:
-    create = {"sessionId": "s1", "command": sys.executable, "args": ["-c", "import signal; signal.pause()"]}
     cancel = notification("$/cancel_request", {"requestId": 2})
     async with assert_no_leaks(), routed(terminals=True, cwd=root) as router:
-        await router.agent_says(request(1, "terminal/create", create))
-        handle = {"sessionId": "s1", "terminalId": (await router.agent_hears_json())["result"]["terminalId"]}
+        handle = await create_terminal(router, PAUSE)
         await router.agent_says(request(2, "terminal/wait_for_exit", handle), cancel)
         assert await router.agent_hears_json() == {
             "jsonrpc": "2.0",
@@ -530,12 +521,9 @@ async def test_an_over_long_line_is_forwarded_in_pieces_in_bounded_memory(root: 
 async def test_the_stdout_ends_after_everything_before_the_end_and_cancels_local_requests(
     root: Path,
 ) -> None:
-    create = {"sessionId": "s1", "command": sys.executable, "args": ["-c", "import signal; signal.pause()"]}
     async with assert_no_leaks(), open_pipe() as agent_stdout, open_pipe() as agent_stdin:
         async with routed_over(agent_stdout, agent_stdin, relay=True, terminals=True, cwd=root) as router:
-            await router.agent_says(request(1, "terminal/create", create))
-            created = await router.agent_hears_json()
-            handle = {"sessionId": "s1", "terminalId": created["result"]["terminalId"]}
+            handle = await create_terminal(router, PAUSE)
             await router.agent_says(request(2, "terminal/wait_for_exit", handle), update("last"))
             await router.agent_stdout.writer.send(b"no newline")
             await router.agent_stdout.writer.aclose()
@@ -568,10 +556,8 @@ async def test_with_nothing_to_route_the_agents_own_streams_are_yielded() -> Non
 
 
 async def test_requests_past_the_limit_are_refused_as_the_client_refuses_them(root: Path) -> None:
-    create = {"sessionId": "s1", "command": sys.executable, "args": ["-c", "import signal; signal.pause()"]}
     async with assert_no_leaks(), routed(terminals=True, cwd=root, max_requests=2) as router:
-        await router.agent_says(request(1, "terminal/create", create))
-        handle = {"sessionId": "s1", "terminalId": (await router.agent_hears_json())["result"]["terminalId"]}
+        handle = await create_terminal(router, PAUSE)
         await router.agent_says(*(request(index, "terminal/wait_for_exit", handle) for index in (2, 3, 4)))
         assert await router.agent_hears_json() == {
             "jsonrpc": "2.0",
