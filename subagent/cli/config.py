@@ -284,23 +284,18 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
     remote = {name for name, table in tables.items() if _is_remote(location, name, table)}
     directory = location.resolve().parent
     agents = {
-        name: AgentConfig(
-            name=name,
-            command=(table.command, *table.args),
-            source=location,
-            description=table.description,
-            env=table.env,
-            cwd=_agent_cwd(table.cwd, directory, remote=name in remote),
-            permission=table.permission,
-            timeout=table.timeout,
-            ready_timeout=table.ready_timeout,
-            auth_method=table.auth_method,
-            fs=table.fs,
-            transport=table.transport,
-        )
+        name: _agent_config(name, table, location, _agent_cwd(table.cwd, directory, remote=name in remote))
         for name, table in tables.items()
     }
     return Config(path=location, agents=agents)
+
+
+def _agent_config(name: str, table: AgentTable, source: Path, cwd: str | None) -> AgentConfig:
+    """The agent ``name`` of ``source``: its table as written, but for ``command`` with ``args`` as one
+    argv and ``cwd`` resolved."""
+    written = msgspec.structs.asdict(table)
+    command = (written.pop("command"), *written.pop("args"))
+    return AgentConfig(name=name, command=command, source=source, **(written | {"cwd": cwd}))
 
 
 def _is_remote(location: Path, agent: str, table: AgentTable) -> bool:
