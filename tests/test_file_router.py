@@ -28,9 +28,11 @@ from hypothesis import strategies as st
 
 from subagent.acp._file_router import route_files
 from subagent.acp.client import AcpClient
+from subagent.acp.connection import Connection
 from subagent.acp.handlers import FsSandbox
 from subagent.acp.terminals import TerminalHost
 from tests.leaks import assert_no_leaks, process_is_gone
+from tests.test_client import PERMISSION, FakeAgent, answer_initialize, answer_new_session, text_chunk
 from tests.test_connection import Pipe, open_pipe
 
 pytestmark = pytest.mark.anyio
@@ -449,6 +451,47 @@ async def test_an_answer_waits_for_the_callers_line_to_end(root: Path) -> None:
         await router.stdin.send(b'"result":null}\n')
         assert await router.agent_hears() == b'"result":null}\n'
         assert (await router.agent_hears_json())["id"] == 5
+
+
+# -- end to end ---------------------------------------------------------------------------------------------
+
+
+async def test_a_client_that_offers_no_files_runs_a_turn_whose_agent_reads_and_asks_through_the_router(
+    root: Path,
+) -> None:
+    """The caller's AcpClient (no fs) and an agent, with the router between: the agent is offered files,
+    reads one on the router's side, and its permission question is still answered by the caller."""
+    path = str(root / "notes.txt")
+    answers: list[Any] = []
+
+    async def prompt(agent: FakeAgent, params: Any) -> Any:
+        read = await agent.ask("fs/read_text_file", {"sessionId": "s1", "path": path})
+        answers.append(await agent.ask("session/request_permission", PERMISSION))
+        await agent.update("s1", text_chunk(read["content"]))
+        return {"stopReason": "end_turn"}
+
+    agent = FakeAgent(handlers={"initialize": answer_initialize, "session/new": answer_new_session})
+    agent.handlers["session/prompt"] = prompt
+    async with open_pipe() as agent_stdout, open_pipe() as agent_stdin:
+        agent.connection = Connection(
+            agent_stdin.reader,
+            agent_stdout.writer,
+            request_handler=agent.serve_request,
+            notification_handler=agent.serve_notification,
+            name="agent",
+        )
+        async with (
+            agent.connection,
+            route_files(agent_stdin.writer, agent_stdout.reader, fs_roots=[root]) as (stdin, stdout),
+            AcpClient(stdout, stdin, permission="allow") as client,
+        ):
+            with anyio.fail_after(EVENT_TIMEOUT):
+                await client.initialize()
+                session = await client.new_session(str(root))
+                result = await session.prompt("read the notes")
+    assert agent.received[0][1]["clientCapabilities"] == {"fs": {"readTextFile": True, "writeTextFile": True}}
+    assert answers == [{"outcome": {"outcome": "selected", "optionId": "allow"}}]
+    assert (result.stop_reason, result.output) == ("end_turn", "line one\nline two\n")
 
 
 # -- what passes through ----------------------------------------------------------------------------------
