@@ -68,6 +68,7 @@ import importlib.util
 import os
 import re
 import signal
+import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any
@@ -78,6 +79,7 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
+from subagent.acp._file_router import route_files
 from subagent.acp.errors import AgentSpawnError
 from subagent.acp.process import (
     SIGKILL_TIMEOUT,
@@ -120,8 +122,12 @@ STDERR_RELAY_BYTES = 256 * 1024
 START_TIMEOUT = 60.0
 """A hang guard on connecting to the cluster, placing the actor and starting the agent (about 0.15 s
 for an actor on a warm local cluster)."""
-RAY_CALL_TIMEOUT = 30.0
-"""A hang guard on a control call to the actor (kill, info); teardown's own bound is its timeouts'."""
+CONNECT_TIMEOUT = 10.0
+"""A hang guard on reaching the cluster's GCS address (a TCP connection) before ``ray.init``."""
+KILL_ANSWER_TIMEOUT = 1.0
+"""How long `RayChannel.kill` waits for the actor to say it killed the tree before killing the actor."""
+RAY_CALL_TIMEOUT = 5.0
+"""A hang guard on the actor exiting once the agent is torn down (milliseconds); ``ray.kill`` follows."""
 _SHORT_NODE_ID = 8
 """How many hex digits of a node id name it in messages."""
 _RESERVED_ACTOR_OPTIONS = frozenset(
@@ -220,6 +226,7 @@ class _AgentActor:
     def __init__(self) -> None:
         self._outbox = _Outbox()
         self._process: AgentProcess | None = None
+        self._stdin: anyio.abc.ByteSendStream | None = None
         self._started = anyio.Event()
         self._start_failure: str | None = None
         self._leave = anyio.Event()
@@ -249,18 +256,25 @@ class _AgentActor:
     async def _own(
         self, argv: list[str], env: dict[str, str] | None, cwd: str | None, options: dict[str, Any]
     ) -> None:
+        files = options.pop("files")
         try:
             async with open_agent_process(
                 argv, env=env, cwd=cwd, on_stderr_line=self._outbox.put_stderr_line, **options
             ) as process:
-                self._process = process
-                self._started.set()
-                async with anyio.create_task_group() as task_group:
-                    task_group.start_soon(self._pump_stdout, process)
-                    task_group.start_soon(self._report_exit, process)
-                    await self._leave.wait()
-                    self._report = await process.aclose(stdin_close_timeout=self._grace)
-                    task_group.cancel_scope.cancel()
+                # fs/* and terminal/* served here, on the node; with neither, the agent's own streams.
+                terminal_env = None if env is None else {**os.environ, **env}
+                async with route_files(process.stdin, process.stdout, env=terminal_env, **files) as (
+                    stdin,
+                    stdout,
+                ):
+                    self._process, self._stdin = process, stdin
+                    self._started.set()
+                    async with anyio.create_task_group() as task_group:
+                        task_group.start_soon(self._pump_stdout, stdout)
+                        task_group.start_soon(self._report_exit, process)
+                        await self._leave.wait()
+                        self._report = await process.aclose(stdin_close_timeout=self._grace)
+                        task_group.cancel_scope.cancel()
             self._final_exit = process.exit_info()
             if self._final_exit is not None:
                 self._outbox.put(("x", _exit_to_wire(self._final_exit)))
@@ -268,16 +282,18 @@ class _AgentActor:
             self._start_failure = exc.reason
         except Exception as exc:  # Reported as data: the caller's side cannot unpickle everything.
             self._start_failure = f"{type(exc).__name__}: {exc}"
+            if self._process is None and isinstance(exc, ValueError):
+                self._start_failure = str(exc)  # The file options do not fit this node.
         finally:
             self._started.set()
             self._outbox.close()
             self._finished.set()
 
-    async def _pump_stdout(self, process: AgentProcess) -> None:
+    async def _pump_stdout(self, stdout: anyio.abc.ByteReceiveStream) -> None:
         try:
             while True:
                 await self._outbox.wait_for_room()
-                self._outbox.put_stdout(await process.stdout.receive(CHUNK_BYTES))
+                self._outbox.put_stdout(await stdout.receive(CHUNK_BYTES))
         except anyio.EndOfStream:
             self._outbox.put(("eof",))
         except (anyio.ClosedResourceError, anyio.BrokenResourceError):
@@ -299,14 +315,14 @@ class _AgentActor:
             while self._stdin_next in self._stdin_pending:
                 chunk = self._stdin_pending.pop(self._stdin_next)
                 self._stdin_next += 1
-                if self._stdin_broken or self._process is None:
+                if self._stdin_broken or self._stdin is None:
                     self._stdin_broken = True
                     continue
                 try:
                     if chunk is None:
-                        await self._process.stdin.aclose()
+                        await self._stdin.aclose()
                     else:
-                        await self._process.stdin.send(chunk)
+                        await self._stdin.send(chunk)
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     self._stdin_broken = True
         return "broken" if self._stdin_broken else "ok"
@@ -437,6 +453,10 @@ class _StdoutRelay(anyio.abc.ByteReceiveStream):
 
     def end(self) -> None:
         self._send.close()
+
+    def close(self) -> None:
+        self._send.close()
+        self._receive.close()
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
         """Up to ``max_bytes`` of the agent's stdout; `anyio.EndOfStream` once it ended."""
@@ -578,14 +598,22 @@ class RayTransport:
             **self.process_options,
             "stdin_close_timeout": self._stdin_close_timeout,
             "stderr_tail_bytes": self.stderr_tail_bytes,
+            "files": {"fs_roots": self.fs_roots, "terminals": self.terminals},
         }
 
     def _connect(self) -> None:
         """``ray.init`` unless Ray is initialized in this process (blocking: run in a worker thread)."""
         ray = _ray()
         with _init_lock:
-            if not ray.is_initialized():
-                ray.init(address=self.address or "auto")
+            if ray.is_initialized():
+                return
+            if self.address is not None:
+                # Ray retries an unreachable GCS for a minute, in a thread that then holds up our exit;
+                # a plain connection says at once whether anything listens there.
+                host, _, port = self.address.rpartition(":")
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT):
+                    pass
+            ray.init(address=self.address or "auto")
 
     def _placement_problem(self) -> str | None:
         """Why no live node can take the actor, if that is certain now (blocking)."""
@@ -682,6 +710,7 @@ class RayChannel:
         self._actor: Any = None
         self._actor_lock = threading.Lock()
         self._start_abandoned = False
+        self._connected = False
         self._stream: Any = None
         self._in_flight: collections.deque[Any] = collections.deque()
         self._limiter = anyio.CapacityLimiter(2)  # the stream reader, and one control call
@@ -731,9 +760,12 @@ class RayChannel:
         ray = _ray()
         try:
             transport._connect()
+        except OSError as exc:
+            return f"cannot connect to the ray cluster at {transport.address}: {exc.strerror or exc}"
         except Exception as exc:
             where = transport.address or "auto"
             return f"cannot connect to the ray cluster ({where}): {_first_line(exc)}"
+        self._connected = True
         problem = transport._placement_problem()
         if problem is not None:
             return problem
@@ -763,7 +795,11 @@ class RayChannel:
                     )
                     result = await _resolve(call)
             if scope.cancelled_caught:
-                reason = f"its ray actor was not placed and started within {timeout:g}s"
+                if self._connected:
+                    reason = f"its ray actor was not placed and started within {timeout:g}s"
+                else:
+                    where = self._transport.address or "auto"
+                    reason = f"the ray cluster ({where}) did not answer within {timeout:g}s"
         except Exception as exc:
             if type(exc).__name__ == "ActorUnschedulableError":
                 reason = f"its ray actor cannot be placed: {_first_line(exc)}"
@@ -934,20 +970,25 @@ class RayChannel:
             _kill_quietly(actor)
 
     def kill(self) -> None:
-        """Kill the agent's whole tree now: the actor asks its supervisor to (SIGKILL to every
-        descendant), then the actor itself is killed (whose supervisor then ends what is left).
-        Synchronous, idempotent, never raises."""
-        if self._killed or self._actor is None:
+        """Kill the agent's whole tree now: the actor has its supervisor SIGKILL every descendant; if the
+        actor has not answered within `KILL_ANSWER_TIMEOUT`, it is killed itself (its supervisor then ends
+        the tree, as for a dead worker). Synchronous, idempotent, never raises."""
+        actor = self._actor
+        if self._killed or actor is None:
             return
         self._killed = True
-        actor = self._actor
         try:
-            future = actor.kill_tree.remote().future()
+            answer = actor.kill_tree.remote().future()
         except Exception:
-            self._kill_actor()
-            return
-        # ray.kill once the tree is killed (or the call failed: the actor is gone already).
-        future.add_done_callback(lambda _: _kill_quietly(actor))
+            answer = None
+
+        def kill_an_unanswering_actor() -> None:
+            if answer is None or not answer.done() or answer.exception() is not None:
+                _kill_quietly(actor)
+
+        timer = threading.Timer(KILL_ANSWER_TIMEOUT, kill_an_unanswering_actor)
+        timer.daemon = True
+        timer.start()
 
     async def aclose(self, *, stdin_close_timeout: float | None = None) -> TeardownReport:
         """Tear the agent's tree down on its node, as locally (close stdin, wait, SIGTERM, wait,
@@ -979,8 +1020,13 @@ class RayChannel:
                         report = TeardownReport(tuple(TeardownStep[step] for step in steps), exited, gone)
             with anyio.move_on_after(SIGKILL_TIMEOUT):
                 await self._stream_done.wait()
+        if self._actor is not None:
+            # The actor exits by itself first (its work is done): Ray then drops its connection to the
+            # worker at once, which a ray.kill alone leaves to later. ray.kill still makes sure.
+            with anyio.move_on_after(RAY_CALL_TIMEOUT), contextlib.suppress(Exception):
+                await _resolve(self._actor.__ray_terminate__.remote())
         self._kill_actor()
-        self._stdout.end()
+        self._stdout.close()
         self._exited.set()
         return report
 
