@@ -18,10 +18,10 @@ the summary:
 
 The package, one job per module::
 
-    main.py          the argument parser and main(): argv to a command, failures to exit statuses
-    usage.py         exit statuses, the usage error and the parser class that raises it
+    main.py          the table of commands, the parser, main(): argv to a command, failures to exit statuses
+    usage.py         a command's row (Command), exit statuses, the usage error and the parser that raises it
     commands.py      the commands run, demo and agents: options to a turn, its outcome printed
-    serve.py         the command-line half of `subagent serve`: its flags, the LLM built from them
+    serve.py         the command-line half of `subagent serve`: its row and flags, the LLM built from them
     turn.py          one turn through the seam: the driver, the start gate, how each ending reads
     interrupts.py    Ctrl-C, SIGTERM and SIGHUP during a turn: cancel, then tear down at once
     views.py         what a run shows on stderr: live progress for a person, or JSON events
