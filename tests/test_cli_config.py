@@ -87,7 +87,8 @@ BROKEN_KEYS = [
      "transport: not a transport URL: expected 'local', 'ssh://…' or 'ray://…'"),
     ('transport = "https://me:secret@host"',
      "transport: unknown transport scheme 'https': expected 'local', 'ssh://…' or 'ray://…'"),
-    ('transport = "ray://head:10001"', "transport: the ray:// transport is not available yet"),
+    ('transport = "ray://head"',
+     "transport: a ray transport URL names the cluster's GCS address: ray://HOST:PORT or ray://auto"),
 ]  # fmt: skip
 
 

@@ -121,14 +121,25 @@ def test_no_url_or_local_is_a_local_transport_with_default_options(url: str | No
         ("local://", f"unknown transport scheme 'local': {EXPECTED}"),
         ("http://build-1", f"unknown transport scheme 'http': {EXPECTED}"),
         ("https://me:hunter22@host", f"unknown transport scheme 'https': {EXPECTED}"),
-        ("ray://head:10001", "the ray:// transport is not available yet"),
-        ("RAY://head:10001", "the ray:// transport is not available yet"),
+        (
+            "ray://me:hunter22@head:6379",
+            "a ray transport URL takes no user or password: ray://HOST:PORT or ray://auto",
+        ),
+        ("RAY://head", "a ray transport URL names the cluster's GCS address: ray://HOST:PORT or ray://auto"),
     ],
 )
 def test_a_url_naming_no_available_transport_is_refused_without_quoting_it(url: str, message: str) -> None:
     with pytest.raises(ValueError, match=exactly(message)):
         transport_from_url(url)
     assert "hunter22" not in message
+
+
+def test_a_scheme_whose_module_is_not_installed_is_refused_as_not_available(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(TRANSPORT_SCHEMES, "k8s", "subagent.acp.no_such_transport:transport_from_url")
+    with pytest.raises(ValueError, match=exactly("the k8s:// transport is not available yet")):
+        transport_from_url("k8s://me:hunter22@cluster")
 
 
 def test_a_transport_url_must_be_a_string() -> None:
