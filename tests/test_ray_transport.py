@@ -1,17 +1,49 @@
-"""The Ray transport against a real two-node Ray cluster on this machine (tests/raycluster.py)."""
+"""The Ray transport against a real two-node Ray cluster on this machine (tests/raycluster.py).
+
+Each test runs real processes on asyncio and trio: the actor's worker on a node (the second, unless a
+test says otherwise), the supervisor and the agent under it. "Nothing left" is asserted by
+`assert_no_leaks_beside_ray` (the agent carries the leak tag, passed by `LeakTaggedRayTransport`: it is
+no descendant of ours) and, where the point is teardown, on the reported pids themselves. Waits are for
+events, under ``anyio.fail_after`` as hang guards only.
+"""
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import json
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path
 
+import anyio
+import anyio.abc
 import pytest
+from anyio.streams.buffered import BufferedByteReceiveStream
 
-from subagent.acp.ray import RayChannel, RayTransport
-from subagent.testing.leaks import LEAK_TAG_VARIABLE, leak_tag, leaked_processes, open_fds
-from tests.raycluster import RayCluster, ray_or_skip
+from subagent import SubagentRequest, SubagentResult, SubagentService
+from subagent.acp import schema
+from subagent.acp.client import spawn_agent
+from subagent.acp.errors import AgentExitedError, AgentSpawnError
+from subagent.acp.process import UNKNOWN_RETURNCODE, TeardownReport, TeardownStep, supervision_available
+from subagent.acp.ray import RayChannel, RayTransport, transport_from_url
+from subagent.acp.transport import Channel, Transport
+from subagent.acp.transport import transport_from_url as any_transport_from_url
+from subagent.providers.acp import AcpProvider
+from subagent.testing import stub_agent_argv
+from subagent.testing.leaks import (
+    LEAK_TAG_VARIABLE,
+    leak_tag,
+    leaked_processes,
+    open_fds,
+    process_info,
+    process_is_gone,
+)
+from subagent.testing.pytest_plugin import StubAgentCommand
+from tests.raycluster import SECOND_RESOURCE, RayCluster, ray_or_skip, tagged_processes
 
 WAIT = 30  # seconds: a hang guard on one step, never a statement about speed
 
@@ -82,3 +114,476 @@ class _Probe:
 
         node_id: str = ray.get_runtime_context().get_node_id()
         return node_id
+
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.subprocess,
+    pytest.mark.skipif(not supervision_available(), reason="the supervisor needs Linux"),
+]
+
+ROOT = Path(__file__).resolve().parent.parent
+PROCS = ROOT / "fixtures" / "procs"
+SCENARIOS = ROOT / "fixtures" / "scenarios"
+SHORT_GRACE = 0.5  # for a teardown step the agent ignores: it always runs out, and decides nothing
+
+
+def texts(updates: Sequence[schema.SessionUpdate]) -> list[str]:
+    return [
+        update.content.text
+        for update in updates
+        if isinstance(update, schema.AgentMessageChunk) and isinstance(update.content, schema.TextContent)
+    ]
+
+
+def short(node_id: str) -> str:
+    return node_id[:8]
+
+
+@pytest.fixture
+def transport(ray_nodes: RayCluster) -> LeakTaggedRayTransport:
+    """Children on the second node, given the leak tag."""
+    return LeakTaggedRayTransport(node_id=ray_nodes.second_node_id, stdin_close_timeout=SHORT_GRACE)
+
+
+def fixture_argv(name: str, *args: str) -> list[str]:
+    """``fixtures/procs/<name>`` run by this interpreter (the nodes run on this machine)."""
+    return [sys.executable, str(PROCS / name), *args]
+
+
+async def read_line(channel: Channel) -> bytes:
+    with anyio.fail_after(WAIT):
+        return await BufferedByteReceiveStream(channel.stdout).receive_until(b"\n", 64 * 1024)
+
+
+async def read_to_end(stream: anyio.abc.ByteReceiveStream) -> bytes:
+    received = bytearray()
+    with contextlib.suppress(anyio.EndOfStream):
+        while True:
+            received += await stream.receive(1 << 20)
+    return bytes(received)
+
+
+async def wait_gone(pids: list[int]) -> list[int]:
+    """Wait (bounded) until none of ``pids`` runs; those still running then."""
+    with anyio.move_on_after(WAIT):
+        while True:
+            if all(process_is_gone(pid) for pid in pids):
+                break
+            await anyio.sleep(0.02)  # A poll interval: the wait is bounded above.
+    return [pid for pid in pids if not process_is_gone(pid)]
+
+
+# -- whole turns ------------------------------------------------------------------------------------------
+
+
+async def test_a_stub_agent_turn_on_the_second_node_streams_the_reply_and_asks_the_local_permission_policy(
+    ray_nodes: RayCluster, transport: RayTransport, tmp_path: Path
+) -> None:
+    async with (
+        assert_no_leaks_beside_ray(),
+        spawn_agent(
+            stub_agent_argv(SCENARIOS / "full_turn.json"), transport=transport, permission="allow"
+        ) as client,
+    ):
+        channel = client.process
+        assert isinstance(channel, RayChannel)
+        assert (channel.node_id, channel.pid) == (ray_nodes.second_node_id, None)
+        assert channel.describe() == f"pid {channel.remote_pid} on ray node {short(ray_nodes.second_node_id)}"
+        with anyio.fail_after(WAIT):
+            await client.initialize()
+            session = await client.new_session(tmp_path)
+            result = await session.prompt("edit main.py")
+    assert result.stop_reason == "end_turn"
+    assert "".join(texts(result.updates)) == "Looking at the code.Done: main.py is edited."
+    assert result.output == "Done: main.py is edited."
+
+
+async def test_an_acp_provider_over_ray_completes_a_run_with_the_agents_output(
+    transport: RayTransport, stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    argv = stub_agent_command({"turns": [[{"step": "message", "text": "done on ray", "chunks": 4}]]})
+    async with assert_no_leaks_beside_ray(), SubagentService() as service:
+        service.register_provider(AcpProvider(argv, cwd=tmp_path, transport=transport))
+        async with service.start("acp", SubagentRequest(prompt="go")) as run:
+            with anyio.fail_after(WAIT):
+                result = await run.result()
+    assert result == SubagentResult(output="done on ray", stop_reason="completed")
+
+
+async def test_a_turn_of_thousands_of_chunks_arrives_complete_and_in_order(
+    transport: RayTransport, stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    argv = stub_agent_command({"turns": [[{"step": "flood", "count": 5000, "text": "<{i}>"}]]})
+    async with assert_no_leaks_beside_ray(), spawn_agent(argv, transport=transport) as client:
+        with anyio.fail_after(WAIT):
+            await client.initialize()
+            session = await client.new_session(tmp_path)
+            result = await session.prompt("go")
+    assert texts(result.updates) == [f"<{index}>" for index in range(5000)]
+
+
+# -- stdio ------------------------------------------------------------------------------------------------
+
+
+async def test_stdout_written_in_many_small_pieces_arrives_exactly_and_stderr_lines_in_order(
+    transport: RayTransport,
+) -> None:
+    script = (
+        "import sys\n"
+        "for i in range(20000):\n"
+        "    sys.stdout.write(f'{i},'); sys.stdout.flush()\n"
+        "    if i % 1000 == 0: sys.stderr.write(f'at {i}\\n'); sys.stderr.flush()\n"
+    )
+    seen: list[str] = []
+    async with (
+        assert_no_leaks_beside_ray(),
+        transport.open([sys.executable, "-c", script], on_stderr_line=seen.append) as channel,
+    ):
+        with anyio.fail_after(WAIT):
+            output = await read_to_end(channel.stdout)
+            info = await channel.wait_exit()
+    assert output == "".join(f"{index}," for index in range(20000)).encode()
+    assert seen == [f"at {index}" for index in range(0, 20000, 1000)]
+    assert (info.returncode, info.status_known) == (0, True)
+
+
+async def test_a_message_of_several_mebibytes_on_stdin_arrives_intact_and_in_order(
+    transport: RayTransport,
+) -> None:
+    message = b"".join(b"%09d\n" % index for index in range(800_000))  # 8 MB: batches of 1 MiB
+    async with (
+        assert_no_leaks_beside_ray(),
+        transport.open(fixture_argv("echo_lines.py")) as channel,
+        anyio.create_task_group() as task_group,
+    ):
+
+        async def write() -> None:
+            await channel.stdin.send(message)
+            await channel.stdin.aclose()
+
+        task_group.start_soon(write)
+        with anyio.fail_after(WAIT):
+            echoed = await read_to_end(channel.stdout)
+            info = await channel.wait_exit()
+    assert len(echoed) == len(message)
+    assert echoed == message
+    assert (info.returncode, info.status_known) == (0, True)
+
+
+async def test_the_exit_status_and_stderr_tail_come_from_the_node(
+    ray_nodes: RayCluster, transport: RayTransport
+) -> None:
+    seen: list[str] = []
+    async with (
+        assert_no_leaks_beside_ray(),
+        transport.open(
+            fixture_argv("exit_with_status.py", "3", "loading", "", "boom"), on_stderr_line=seen.append
+        ) as channel,
+    ):
+        with anyio.fail_after(WAIT):
+            info = await channel.wait_exit()
+            assert await read_to_end(channel.stdout) == b""
+    node = short(ray_nodes.second_node_id)
+    assert (info.returncode, info.status_known, info.pid) == (3, True, channel.remote_pid)
+    assert (info.via, info.stderr_tail) == (f"on ray node {node}", "loading\n\nboom\n")
+    assert seen == ["loading", "", "boom"]
+    assert channel.stderr_tail() == "loading\n\nboom\n"
+    assert str(info).endswith(
+        f"(pid {channel.remote_pid} on ray node {node}) exited with status 3; last stderr: loading | boom"
+    )
+
+
+async def test_env_and_cwd_reach_the_agent_on_its_node(transport: RayTransport, tmp_path: Path) -> None:
+    async with (
+        assert_no_leaks_beside_ray(),
+        transport.open(
+            fixture_argv("prints_env_and_cwd.py", "AGENT_TOKEN", "UNSET"),
+            env={"AGENT_TOKEN": "s3cret value"},
+            cwd=str(tmp_path),
+        ) as channel,
+    ):
+        report = json.loads(await read_line(channel))
+    assert report == {"cwd": str(tmp_path), "env": {"AGENT_TOKEN": "s3cret value", "UNSET": None}}
+
+
+# -- failures to start: typed, with the reason --------------------------------------------------------------
+
+
+async def test_a_missing_program_or_directory_on_the_node_is_a_spawn_error_naming_the_node(
+    ray_nodes: RayCluster, transport: RayTransport, tmp_path: Path
+) -> None:
+    node = short(ray_nodes.second_node_id)
+    async with assert_no_leaks_beside_ray():
+        with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as missing_program:
+            async with transport.open([str(tmp_path / "no-such-agent")]):
+                pytest.fail("the agent started")
+        with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as missing_directory:
+            async with transport.open(["true"], cwd=str(tmp_path / "no-such-dir")):
+                pytest.fail("the agent started")
+    assert (
+        missing_program.value.reason
+        == f"{str(tmp_path / 'no-such-agent')!r} does not exist (on ray node {node})"
+    )
+    assert missing_directory.value.reason == (
+        f"working directory {str(tmp_path / 'no-such-dir')!r} does not exist or is not a directory "
+        f"(on ray node {node})"
+    )
+
+
+async def test_a_node_that_is_not_there_or_resources_no_node_has_are_spawn_errors(
+    ray_nodes: RayCluster,
+) -> None:
+    gone = "ab" * 28
+    async with assert_no_leaks_beside_ray():
+        with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as no_node:
+            async with RayTransport(node_id=gone).open(["true"]):
+                pytest.fail("the agent started")
+        with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as too_much:
+            async with RayTransport(resources={SECOND_RESOURCE: 2}).open(["true"]):
+                pytest.fail("the agent started")
+        on_the_head = RayTransport(node_id=ray_nodes.head_node_id, resources={SECOND_RESOURCE: 1})
+        with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as elsewhere:
+            async with on_the_head.open(["true"]):
+                pytest.fail("the agent started")
+    assert no_node.value.reason == f"ray node {gone} is not a live node of the cluster"
+    assert too_much.value.reason == f"it asks for more than any live ray node has ({SECOND_RESOURCE}=2)"
+    assert elsewhere.value.reason == f"it asks for more than the ray node has ({SECOND_RESOURCE}=1)"
+
+
+async def test_an_actor_that_cannot_be_placed_in_time_fails_the_start_after_the_start_timeout(
+    transport: RayTransport,
+) -> None:
+    # The second node's one unit of its resource is held by a first child; a second one waits for it.
+    holding = RayTransport(resources={SECOND_RESOURCE: 1})
+    waiting = RayTransport(resources={SECOND_RESOURCE: 1}, start_timeout=1.0)
+    async with assert_no_leaks_beside_ray(), holding.open(fixture_argv("echo_lines.py")):
+        with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as caught:
+            async with waiting.open(["true"]):
+                pytest.fail("the agent started")
+    assert caught.value.reason == "its ray actor was not placed and started within 1s"
+
+
+def test_an_unreachable_cluster_is_a_spawn_error_at_once_in_a_process_of_its_own(tmp_path: Path) -> None:
+    # This process is connected to the session's cluster already; a fresh one connects for itself.
+    script = (
+        "import anyio, sys\n"
+        "from subagent.acp.errors import AgentSpawnError\n"
+        "from subagent.acp.ray import RayTransport\n"
+        "async def main():\n"
+        "    try:\n"
+        "        async with RayTransport('127.0.0.1:1').open(['true']):\n"
+        "            pass\n"
+        "    except AgentSpawnError as exc:\n"
+        "        print(exc.reason)\n"
+        "anyio.run(main)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=WAIT, cwd=tmp_path, check=True
+    )
+    assert done.stdout == "cannot connect to the ray cluster at 127.0.0.1:1: Connection refused\n"
+
+
+async def test_what_exec_cannot_carry_is_refused_before_anything_starts_without_quoting_it() -> None:
+    with pytest.raises(AgentSpawnError) as caught:
+        async with RayTransport("127.0.0.1:1").open(["agent"], env={"TOKEN": "secret\0value"}):
+            pytest.fail("the agent started")
+    assert caught.value.reason == "the value of environment variable 'TOKEN' contains a NUL character"
+    assert "secret" not in str(caught.value)
+
+
+# -- the actor, its worker, teardown -------------------------------------------------------------------------
+
+
+async def test_sigkill_of_the_actors_worker_ends_the_run_with_an_error_and_leaves_no_process_of_the_child(
+    ray_nodes: RayCluster, transport: RayTransport
+) -> None:
+    async with assert_no_leaks_beside_ray() as tag:
+        async with transport.open(
+            # Agent and helpers ignore SIGTERM and stdin EOF: only the supervisor's SIGKILL ends them.
+            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm"),
+        ) as channel:
+            pids = [int(pid) for pid in (await read_line(channel)).split()]
+            assert pids[0] == channel.remote_pid
+            agent = process_info(pids[0])
+            assert agent is not None
+            supervisor = agent.ppid
+            tagged = {info.pid for info in tagged_processes(LEAK_TAG_VARIABLE, tag)}
+            assert tagged == {supervisor, *pids}
+            assert channel.worker_pid is not None
+            os.kill(channel.worker_pid, signal.SIGKILL)
+            with anyio.fail_after(WAIT):
+                info = await channel.wait_exit()
+                assert await read_to_end(channel.stdout) == b""
+            assert (info.status_known, info.returncode, info.pid) == (False, UNKNOWN_RETURNCODE, pids[0])
+            node = short(ray_nodes.second_node_id)
+            assert info.via == f"on ray node {node}, ray actor died: its worker process has died"
+            with pytest.raises(anyio.BrokenResourceError):
+                await channel.stdin.send(b"anyone there?\n")
+            # The supervisor saw its parent, the worker, gone: it ended the tree, then itself.
+            assert await wait_gone([*pids, supervisor]) == []
+        assert channel.teardown_report == TeardownReport((TeardownStep.CLOSE_STDIN,), True, group_gone=False)
+
+
+async def test_a_turn_whose_actor_dies_ends_with_an_agent_exited_error_naming_the_node(
+    ray_nodes: RayCluster, transport: RayTransport, stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    argv = stub_agent_command({"turns": [[{"step": "message", "text": "working"}, {"step": "hang"}]]})
+    async with assert_no_leaks_beside_ray():
+        async with spawn_agent(argv, transport=transport) as client:
+            channel = client.process
+            assert isinstance(channel, RayChannel)
+            assert channel.remote_pid is not None
+            agent = process_info(channel.remote_pid)
+            assert agent is not None
+            with anyio.fail_after(WAIT):
+                await client.initialize()
+                session = await client.new_session(tmp_path)
+
+                def kill_the_worker(update: schema.SessionUpdate) -> None:
+                    assert channel.worker_pid is not None
+                    dispose()  # once, at the first update
+                    os.kill(channel.worker_pid, signal.SIGKILL)
+
+                dispose = session.on_update(kill_the_worker)
+                with pytest.raises(AgentExitedError) as caught:
+                    await session.prompt("go")
+        # The agent's supervisor saw its parent, the worker, gone: it ended the agent, then itself.
+        assert await wait_gone([agent.pid, agent.ppid]) == []
+    node = short(ray_nodes.second_node_id)
+    where = f"(pid {channel.remote_pid} on ray node {node}, ray actor died: its worker process has died)"
+    assert where in str(caught.value)
+
+
+async def test_kill_ends_the_whole_tree_at_once_and_the_exit_says_sigkill(transport: RayTransport) -> None:
+    async with assert_no_leaks_beside_ray():
+        async with transport.open(
+            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm")
+        ) as channel:
+            pids = [int(pid) for pid in (await read_line(channel)).split()]
+            channel.kill()
+            channel.kill()  # idempotent
+            with anyio.fail_after(WAIT):
+                info = await channel.wait_exit()
+            assert (info.killed_by, info.teardown_signal, info.status_known) == (
+                signal.SIGKILL,
+                signal.SIGKILL,
+                True,
+            )
+            assert await wait_gone(pids) == []
+        worker = channel.worker_pid
+        assert worker is not None
+    assert await wait_gone([worker]) == []  # the actor ended with the channel
+
+
+async def test_teardown_of_an_agent_that_ignores_stdin_eof_and_sigterm_takes_every_step_and_ends_its_tree(
+    transport: RayTransport,
+) -> None:
+    async with assert_no_leaks_beside_ray():
+        async with transport.open(
+            fixture_argv("escaping_descendants.py", "ignore-sigterm", "obey-sigterm")
+        ) as channel:
+            pids = [int(pid) for pid in (await read_line(channel)).split()]
+        report = await channel.aclose()
+        assert report.steps == (TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM, TeardownStep.SIGKILL)
+        assert report.group_gone
+        assert await wait_gone(pids) == []
+    info = channel.exit_info()
+    assert info is not None
+    assert (info.killed_by, info.teardown_signal) == (signal.SIGKILL, signal.SIGKILL)
+
+
+async def test_an_agent_that_exits_at_stdin_eof_is_torn_down_gracefully(transport: RayTransport) -> None:
+    async with assert_no_leaks_beside_ray(), transport.open(fixture_argv("echo_lines.py")) as channel:
+        await channel.stdin.send(b"hello over ray\n")
+        assert await read_line(channel) == b"hello over ray"
+        report = await channel.aclose(stdin_close_timeout=WAIT)
+    assert report.graceful
+    info = channel.exit_info()
+    assert info is not None
+    assert (info.returncode, info.status_known) == (0, True)
+    with pytest.raises(anyio.ClosedResourceError):
+        await channel.stdin.send(b"late\n")
+
+
+# -- files and terminals on the node ------------------------------------------------------------------------
+
+
+async def test_the_agents_file_requests_are_served_on_its_node_inside_the_roots(
+    ray_nodes: RayCluster, stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "input.txt").write_text("read on the node\n")
+    argv = stub_agent_command(
+        {
+            "turns": [
+                [
+                    {"step": "read_file", "path": str(root / "input.txt")},
+                    {"step": "read_file", "path": str(tmp_path / "outside.txt")},
+                ]
+            ]
+        }
+    )
+    transport = LeakTaggedRayTransport(node_id=ray_nodes.second_node_id, fs_roots=[root])
+    async with assert_no_leaks_beside_ray(), spawn_agent(argv, transport=transport) as client:
+        with anyio.fail_after(WAIT):
+            await client.initialize()
+            session = await client.new_session(tmp_path)
+            result = await session.prompt("go")
+    inside, outside = (json.loads(text) for text in texts(result.updates))
+    assert inside == {"method": "fs/read_text_file", "result": {"content": "read on the node\n"}}
+    assert outside["error"]["code"] == -32602
+
+
+# -- naming and options --------------------------------------------------------------------------------------
+
+
+def test_a_ray_url_names_the_gcs_address_and_the_registry_builds_it() -> None:
+    transport = transport_from_url("ray://10.0.0.5:6379")
+    assert (transport.address, transport.name, transport.local_files) == (
+        "10.0.0.5:6379",
+        "ray://10.0.0.5:6379",
+        False,
+    )
+    assert transport_from_url("ray://[::1]:6379").address == "[::1]:6379"
+    auto = any_transport_from_url("ray://auto")
+    assert isinstance(auto, RayTransport)
+    assert isinstance(auto, Transport)
+    assert (auto.address, auto.name) == (None, "ray://auto")
+    assert RayTransport().name == "ray://auto"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "ray://:6379",
+        "ray://host",
+        "ray://u:hunter2@host:6379",
+        "ray://host:6379/path",
+        "ray://host:99999",
+        "ray://h:1?x=1",
+    ],
+)
+def test_a_malformed_ray_url_is_refused_without_quoting_it(url: str) -> None:
+    with pytest.raises(ValueError, match="ray") as caught:
+        transport_from_url(url)
+    assert url not in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+def test_options_that_another_argument_sets_are_refused() -> None:
+    with pytest.raises(TypeError, match="'num_cpus' is not given in actor_options"):
+        RayTransport(actor_options={"num_cpus": 1})
+    with pytest.raises(TypeError, match="'max_restarts' is not given in actor_options"):
+        RayTransport(actor_options={"max_restarts": 3})
+    with pytest.raises(TypeError, match="'env' is not given in process_options"):
+        RayTransport(process_options={"env": {}})
+    with pytest.raises(TypeError, match="node_id and a scheduling_strategy"):
+        RayTransport(node_id="ab", actor_options={"scheduling_strategy": "SPREAD"})
+
+
+def test_without_ray_the_transport_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("importlib.util.find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r"pip install 'subagent-seam\[ray\]'"):
+        RayTransport()

@@ -962,6 +962,7 @@ class RayChannel:
         with self._actor_lock:
             self._start_abandoned = True
         self._kill_actor()
+        self._stdout.close()
 
     def _kill_actor(self) -> None:
         with self._actor_lock:
