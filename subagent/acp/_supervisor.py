@@ -164,17 +164,20 @@ class Supervisor:
         self.parent_gone = False
         self.relay_done = _thread.allocate_lock()
         """Held while the relay thread runs (see the module docstring)."""
+        self.report_lock = _thread.allocate_lock()
 
     def report(self, line: str) -> None:
-        if self.status_fd < 0:
-            return
-        try:
-            os.write(self.status_fd, line.encode() + b"\n")
-        except OSError:
-            # EPIPE: nobody reads the status any more, so our parent is gone.
-            os.close(self.status_fd)
-            self.status_fd = -1
-            self.parent_gone = True
+        # Locked: the relay thread reports too, and must never write to a closed (or reused) fd.
+        with self.report_lock:
+            if self.status_fd < 0:
+                return
+            try:
+                os.write(self.status_fd, line.encode() + b"\n")
+            except OSError:
+                # EPIPE: nobody reads the status any more, so our parent is gone.
+                os.close(self.status_fd)
+                self.status_fd = -1
+                self.parent_gone = True
 
     def parent_alive(self) -> bool:
         if os.getppid() != self.parent_pid:
