@@ -64,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import functools
 import importlib.util
 import os
 import re
@@ -71,6 +72,7 @@ import signal
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -79,7 +81,6 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
-from subagent.acp._file_router import route_files
 from subagent.acp.errors import AgentSpawnError
 from subagent.acp.process import (
     SIGKILL_TIMEOUT,
@@ -204,6 +205,20 @@ class _Outbox:
         return items
 
 
+def _route_files(
+    process: AgentProcess, env: Mapping[str, str] | None, files: dict[str, Any]
+) -> AbstractAsyncContextManager[tuple[anyio.abc.ByteSendStream, anyio.abc.ByteReceiveStream]]:
+    """The agent's (stdin, stdout) with its fs/* and terminal/* requests served on this node, if asked;
+    else the agent's own streams."""
+    if files["fs_roots"] is None and not files["terminals"]:
+        return contextlib.nullcontext((process.stdin, process.stdout))
+    from subagent.acp._file_router import route_files  # 40 ms of imports: only where it is used
+
+    # Terminal commands start from the agent's environment.
+    terminal_env = None if env is None else {**os.environ, **env}
+    return route_files(process.stdin, process.stdout, env=terminal_env, **files)
+
+
 def _exit_to_wire(info: ExitInfo) -> dict[str, Any]:
     return {
         "pid": info.pid,
@@ -258,23 +273,20 @@ class _AgentActor:
     ) -> None:
         files = options.pop("files")
         try:
-            async with open_agent_process(
-                argv, env=env, cwd=cwd, on_stderr_line=self._outbox.put_stderr_line, **options
-            ) as process:
-                # fs/* and terminal/* served here, on the node; with neither, the agent's own streams.
-                terminal_env = None if env is None else {**os.environ, **env}
-                async with route_files(process.stdin, process.stdout, env=terminal_env, **files) as (
-                    stdin,
-                    stdout,
-                ):
-                    self._process, self._stdin = process, stdin
-                    self._started.set()
-                    async with anyio.create_task_group() as task_group:
-                        task_group.start_soon(self._pump_stdout, stdout)
-                        task_group.start_soon(self._report_exit, process)
-                        await self._leave.wait()
-                        self._report = await process.aclose(stdin_close_timeout=self._grace)
-                        task_group.cancel_scope.cancel()
+            async with (
+                open_agent_process(
+                    argv, env=env, cwd=cwd, on_stderr_line=self._outbox.put_stderr_line, **options
+                ) as process,
+                _route_files(process, env, files) as (stdin, stdout),
+            ):
+                self._process, self._stdin = process, stdin
+                self._started.set()
+                async with anyio.create_task_group() as task_group:
+                    task_group.start_soon(self._pump_stdout, stdout)
+                    task_group.start_soon(self._report_exit, process)
+                    await self._leave.wait()
+                    self._report = await process.aclose(stdin_close_timeout=self._grace)
+                    task_group.cancel_scope.cancel()
             self._final_exit = process.exit_info()
             if self._final_exit is not None:
                 self._outbox.put(("x", _exit_to_wire(self._final_exit)))
@@ -343,6 +355,12 @@ class _AgentActor:
             return ("failed", self._start_failure or "the agent was not running")
         steps = tuple(step.name for step in report.steps)
         return ("torn-down", steps, report.exited_before_teardown, report.group_gone, _exit_to_wire(final))
+
+
+@functools.cache
+def _remote_actor_class() -> Any:
+    """`_AgentActor` as a Ray actor class: made once, so its definition is exported to the cluster once."""
+    return _ray().remote(_AgentActor)
 
 
 # -- this side ---------------------------------------------------------------------------------------------
@@ -757,7 +775,6 @@ class RayChannel:
     def _create_actor(self) -> Any:
         """Connect, check placement, create the actor (blocking): the actor handle, or a reason."""
         transport = self._transport
-        ray = _ray()
         try:
             transport._connect()
         except OSError as exc:
@@ -769,7 +786,7 @@ class RayChannel:
         problem = transport._placement_problem()
         if problem is not None:
             return problem
-        actor = ray.remote(_AgentActor).options(**transport._actor_options()).remote()
+        actor = _remote_actor_class().options(**transport._actor_options()).remote()
         with self._actor_lock:
             self._actor = actor
             abandoned = self._start_abandoned
