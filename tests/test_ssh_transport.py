@@ -296,6 +296,48 @@ async def test_what_the_login_prints_on_stdout_ahead_of_the_agent_is_dropped_and
     assert alive_at_the_end
 
 
+GRANDCHILD_HOLDS_STDOUT = (
+    "import subprocess, sys\n"
+    "grandchild = subprocess.Popen([sys.executable, '-c', sys.argv[1]])\n"
+    "print(grandchild.pid, flush=True)\n"  # then the agent exits: status 0
+)
+"""An agent that exits at once, leaving a grandchild (argv[1], a script) that holds its stdin and stdout."""
+ANSWERS_ONCE_THEN_CLOSES_STDOUT = (
+    "import os, sys\n"
+    "line = sys.stdin.readline()\n"
+    "sys.stdout.write('grandchild got ' + line)\n"
+    "sys.stdout.flush()\n"
+    "os.close(1)\n"
+    "sys.stdin.read()\n"  # lives on until stdin's end
+)
+
+
+async def test_stdout_a_remote_grandchild_holds_after_the_agent_exited_flows_on_and_ends_when_it_closes_it(
+    sshd: SshServer, transport: SshTransport
+) -> None:
+    async with (
+        assert_no_leaks_over_ssh(sshd) as tag,
+        transport.open(
+            [sys.executable, "-c", GRANDCHILD_HOLDS_STDOUT, ANSWERS_ONCE_THEN_CLOSES_STDOUT],
+            env={LEAK_TAG_VARIABLE: tag},
+        ) as channel,
+    ):
+        stdout = BufferedByteReceiveStream(channel.stdout)
+        with anyio.fail_after(WAIT):
+            grandchild = int(await stdout.receive_until(b"\n", 64))
+            info = await channel.wait_exit()
+        await channel.stdin.send(b"hello\n")
+        with anyio.fail_after(WAIT):
+            answer = await stdout.receive_until(b"\n", 64)
+            with pytest.raises(anyio.EndOfStream):
+                await stdout.receive()
+        grandchild_alive_at_the_end = running(grandchild)
+    assert (info.returncode, info.status_known) == (0, True)
+    assert answer == b"grandchild got hello"
+    assert grandchild_alive_at_the_end
+    assert await wait_gone([grandchild]) == []
+
+
 class ChunkStream(anyio.abc.ByteReceiveStream):
     """Hands out the chunks sent to it, as they are: a pipe that never ends (as ssh's stdout, here)."""
 

@@ -45,10 +45,10 @@ stdout
 
 Teardown
     `SshChannel.aclose` tears the local ssh down as a local agent is torn down: stdin closes (ssh sends
-    EOF, the agent's cue to finish; once its tree is gone the remote supervisor exits, and ssh with it),
-    then SIGTERM and SIGKILL to ssh, which ends the connection and so the remote tree, as above. The
-    remote side's end after a dropped connection is not waited for here: no channel is left to learn it
-    on; the remote supervisor guarantees it.
+    EOF, the agent's cue to finish; once its tree is gone and its stdout relayed, the remote supervisor
+    exits, and ssh with it), then SIGTERM and SIGKILL to ssh, which ends the connection and so the
+    remote tree, as above. The remote side's end after a dropped connection is not waited for here: no
+    channel is left to learn it on; the remote supervisor guarantees it.
 
 Limits
     The remote host must be Linux (the supervisor reads ``/proc``) with ``python3`` 3.9 or later, and
