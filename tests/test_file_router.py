@@ -673,3 +673,43 @@ async def test_every_line_not_served_comes_out_unchanged_and_in_order(
         for _ in range(served):  # each served request is answered once, with an error (no such params)
             assert "error" in msgspec.json.decode(await router.agent_hears())
     assert router.agent_stdin.items.statistics().current_buffer_used == 0
+
+
+_CALLER_LINES = st.one_of(
+    st.just(INITIALIZE.rstrip(b"\n")),
+    st.sampled_from(
+        [
+            b'{"jsonrpc":"2.0","id":3,"result":"initialize"}',
+            b'{"jsonrpc":"2.0","method":"initialize"}',
+            b'{"jsonrpc":"2.0","id":4,"method":"initialize","params":[1]}',
+            b'{"jsonrpc":"2.0","id":5,"method":"session/prompt","params":{"sessionId":"s1","prompt":[]}}',
+            b"",
+        ]
+    ),
+    st.binary(max_size=30).map(lambda junk: junk.replace(b"\n", b" ")),
+)
+
+
+@pytest.mark.fuzz
+@given(lines=st.lists(_CALLER_LINES, max_size=12), cuts=st.lists(st.integers(1, 100), min_size=1, max_size=5))
+async def test_the_callers_bytes_reach_the_agent_unchanged_however_cut_but_the_first_initialize(
+    lines: list[bytes], cuts: list[int], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    root = tmp_path_factory.mktemp("root")
+    data = b"".join(line + b"\n" for line in lines)
+    amended = INITIALIZE.replace(
+        b'"readTextFile":false,"writeTextFile":false', b'"readTextFile":true,"writeTextFile":true'
+    )
+    expected = data.replace(INITIALIZE, amended, 1)
+    received = b""
+    async with routed(fs_roots=[root]) as router:
+        offset = 0
+        while offset < len(data):
+            size = cuts[offset % len(cuts)]
+            await router.stdin.send(data[offset : offset + size])
+            offset += size
+        await router.stdin.aclose()
+        with anyio.fail_after(EVENT_TIMEOUT):
+            async for item in router.agent_stdin.items:
+                received += item  # type: ignore[operator]
+    assert received == expected
