@@ -296,6 +296,45 @@ async def test_what_the_login_prints_on_stdout_ahead_of_the_agent_is_dropped_and
     assert alive_at_the_end
 
 
+FLOODS_STDOUT_THEN_REPORTS_ITS_PARENTS_PEAK = (
+    "import os, sys\n"
+    "block = bytes(range(256)) * 256\n"
+    "for _ in range(int(sys.argv[1]) // len(block)):\n"
+    "    sys.stdout.buffer.write(block)\n"
+    "sys.stdout.flush()\n"
+    "with open(f'/proc/{os.getppid()}/status') as status:\n"  # the parent: the remote supervisor
+    "    peak = next(line for line in status if line.startswith('VmHWM:'))\n"
+    "sys.stderr.write(peak)\n"
+)
+"""An agent that writes argv[1] bytes on stdout, then its remote supervisor's peak resident size (as
+``VmHWM: N kB``) on stderr, and exits."""
+
+
+async def test_relaying_a_64_mib_stdout_flood_leaves_the_remote_supervisors_memory_bounded(
+    sshd: SshServer, transport: SshTransport
+) -> None:
+    flood = 64 * 1024 * 1024
+    received = 0
+    async with (
+        assert_no_leaks_over_ssh(sshd) as tag,
+        transport.open(
+            [sys.executable, "-c", FLOODS_STDOUT_THEN_REPORTS_ITS_PARENTS_PEAK, str(flood)],
+            env={LEAK_TAG_VARIABLE: tag},
+        ) as channel,
+    ):
+        with anyio.fail_after(60):
+            with contextlib.suppress(anyio.EndOfStream):
+                while True:
+                    received += len(await channel.stdout.receive())
+            info = await channel.wait_exit()
+    assert received == flood
+    assert (info.returncode, info.status_known) == (0, True)
+    name, peak_kib, unit = info.stderr_tail.split()
+    assert (name, unit) == ("VmHWM:", "kB")
+    # About 10 MiB: Python and the supervisor's source; a relay that held the flood would be far above.
+    assert int(peak_kib) < 32 * 1024, f"the remote supervisor peaked at {int(peak_kib) / 1024:.1f} MiB"
+
+
 GRANDCHILD_HOLDS_STDOUT = (
     "import subprocess, sys\n"
     "grandchild = subprocess.Popen([sys.executable, '-c', sys.argv[1]])\n"
