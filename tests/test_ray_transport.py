@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import anyio
@@ -43,7 +43,7 @@ from subagent.testing.leaks import (
     process_is_gone,
 )
 from subagent.testing.pytest_plugin import StubAgentCommand
-from tests.raycluster import SECOND_RESOURCE, RayCluster, ray_or_skip, tagged_processes
+from tests.raycluster import SECOND_RESOURCE, RayCluster, RayNode, ray_or_skip, tagged_processes
 
 WAIT = 30  # seconds: a hang guard on one step, never a statement about speed
 
@@ -453,6 +453,37 @@ async def test_a_turn_whose_actor_dies_ends_with_an_agent_exited_error_naming_th
     node = short(ray_nodes.second_node_id)
     where = f"(pid {channel.remote_pid} on ray node {node}, ray actor died: its worker process has died)"
     assert where in str(caught.value)
+
+
+@pytest.fixture
+def doomed_node(ray_nodes: RayCluster) -> Iterator[RayNode]:
+    """A third node for one test that kills it (the shared nodes stay whole); stopped after."""
+    with ray_nodes.extra_node("doomed") as node:
+        yield node
+
+
+async def test_a_dead_node_ends_the_run_with_an_error_naming_it_and_leaves_no_process_of_the_child(
+    doomed_node: RayNode,
+) -> None:
+    transport = LeakTaggedRayTransport(node_id=doomed_node.node_id)
+    async with (
+        assert_no_leaks_beside_ray(),
+        transport.open(
+            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm")
+        ) as channel,
+    ):
+        pids = [int(pid) for pid in (await read_line(channel)).split()]
+        agent = process_info(pids[0])
+        assert agent is not None
+        os.kill(doomed_node.raylet_pid, signal.SIGKILL)
+        with anyio.fail_after(WAIT):
+            info = await channel.wait_exit()
+            assert await read_to_end(channel.stdout) == b""
+        assert (info.status_known, info.pid) == (False, pids[0])
+        assert info.via is not None
+        assert info.via.startswith(f"on ray node {short(doomed_node.node_id)}, ray actor died: ")
+        # The worker died with its raylet; its supervisor saw that and ended the tree, then itself.
+        assert await wait_gone([*pids, agent.ppid]) == []
 
 
 async def test_kill_ends_the_whole_tree_at_once_and_the_exit_says_sigkill(transport: RayTransport) -> None:

@@ -32,18 +32,23 @@ stdin: sequence numbers
     batch: the actor then closes the agent's stdin.
 
 Why the agent's tree survives its worker's death by only a moment
-    Ray kills a dead actor's worker (and its process group). The agent's supervisor leads a session of
-    its own (`subagent.acp._supervisor`), so it is not in that group; it notices its parent, the
-    worker, is gone within a quarter of a second, sends SIGTERM to every descendant of the agent (those
-    that left its group included), and SIGKILL a second later. So killing the worker, the actor
-    (`ray.kill`), or the driver never leaves the agent running on its node.
+    When an actor ends abnormally, its worker dies: SIGKILLed (by Ray, the kernel, a user), or exiting by
+    itself (its raylet gone, ``ray.kill``), when Ray would also SIGKILL the worker's child processes. The
+    agent's supervisor (`subagent.acp._supervisor`) leads a session of its own, so a signal to the
+    worker's process group misses it; and every actor's ``runtime_env`` sets
+    ``RAY_kill_child_processes_on_worker_exit=false`` (over the given ``env_vars``), so that Ray leaves
+    it alone too: a SIGKILLed supervisor would leave the agent's tree, in that session, running. The
+    supervisor notices its parent, the worker, is gone within a quarter of a second, sends SIGTERM to
+    every descendant of the agent (those that left its group included) and SIGKILL a second later. So
+    the death of the worker, of the actor or of the raylet never leaves the agent running on its node.
 
 When the actor, its worker or its node dies
     The stream raises Ray's actor error here within seconds (about 2-4 s after a raylet is killed): the
     channel's stdout ends (`anyio.EndOfStream` for the client), `RayChannel.exit_info` reports an
     unknown status with ``via`` naming the node and why (``"on ray node 3f2a9c1b, ray actor died: its
-    worker process has died"``), and `RayChannel.wait_exit` returns. On a dead node the supervisor died
-    with it (a node's death takes its processes along); on a live node it cleans up as above.
+    worker process has died"``), and `RayChannel.wait_exit` returns. A raylet killed on a live machine
+    takes its workers along, and the supervisor cleans up as above (tested); a machine that is gone
+    takes everything of the agent with it.
 
 Backends
     Everything here runs on asyncio and trio alike, through one code path. A Ray ``ObjectRef`` is awaited
@@ -137,6 +142,8 @@ _RESERVED_ACTOR_OPTIONS = frozenset(
 _RESERVED_PROCESS_OPTIONS = frozenset(
     {"argv", "env", "cwd", "on_stderr_line", "stdin_close_timeout", "stderr_tail_bytes"}
 )
+_WORKER_ENV = {"RAY_kill_child_processes_on_worker_exit": "false"}
+"""Set in every actor's ``runtime_env``: see the module docstring, "Why the agent's tree survives"."""
 _init_lock = threading.Lock()
 """Two channels opening at once must not both call ``ray.init``."""
 
@@ -603,8 +610,12 @@ class RayTransport:
         }
         if self.resources:
             options["resources"] = dict(self.resources)
-        if self.runtime_env is not None:
-            options["runtime_env"] = dict(self.runtime_env)
+        runtime_env = dict(self.runtime_env or {})
+        # A worker that exits on its own (its raylet gone, ray.kill) would SIGKILL its children: the
+        # supervisor, whose agent tree, in a session of its own, would then live on. Left alive, the
+        # supervisor sees the worker gone and ends the tree.
+        runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **_WORKER_ENV}
+        options["runtime_env"] = runtime_env
         if self.node_id is not None:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
