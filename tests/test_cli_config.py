@@ -130,6 +130,20 @@ def test_an_agent_on_another_host_keeps_its_transport_url(tmp_path: Path) -> Non
     assert agents["far"].transport == "ssh://builder@build-1:2222"
 
 
+def test_an_agent_on_ssh_keeps_its_ssh_options_and_its_ssh_config_resolved_from_the_file(
+    tmp_path: Path,
+) -> None:
+    agents = load(
+        tmp_path,
+        '[agents.far]\ncommand = "codex-acp"\ntransport = "ssh://build-1"\nssh_config = "ssh/../ssh.conf"\n'
+        'ssh_options = ["ConnectTimeout=20", "ProxyJump bastion"]\n',
+    )
+    assert (agents["far"].ssh_config, agents["far"].ssh_options) == (
+        os.path.join(tmp_path.resolve(), "ssh.conf"),
+        ("ConnectTimeout=20", "ProxyJump bastion"),
+    )
+
+
 def test_a_transport_url_with_a_password_is_refused_without_repeating_it(tmp_path: Path) -> None:
     message = error_of(tmp_path, '[agents.far]\ncommand = "x"\ntransport = "ssh://me:hunter22@build-1"\n')
     assert message.startswith("agents.far.transport: ")

@@ -28,14 +28,6 @@ CLI = [sys.executable, "-m", "subagent"]
 WAIT = 30  # seconds: a hang guard on one CLI run, never a statement about speed
 REPLY = "hello from the remote host"
 
-SSH_OPTIONS_NOT_TAKEN = pytest.mark.xfail(
-    reason=(
-        "`subagent run` takes no ssh options yet (--ssh-config, --ssh-option; a config file's ssh_config "
-        "and ssh_options), so it cannot reach a host only a given ssh config file names"
-    ),
-    strict=True,
-)
-
 
 @pytest.fixture(scope="module")
 def sshd() -> Iterator[SshServer]:
@@ -58,7 +50,6 @@ async def run_cli(tmp_path: Path, *args: str) -> tuple[int, str, str]:
     return done.returncode, done.stdout.decode(), done.stderr.decode()
 
 
-@SSH_OPTIONS_NOT_TAKEN
 async def test_run_on_an_ssh_url_with_an_ssh_config_file_runs_the_turn_on_that_host(
     sshd: SshServer, tmp_path: Path
 ) -> None:
@@ -88,7 +79,6 @@ def remote_agent_config(server: SshServer, argv: list[str], cwd: Path, tag: str)
     )
 
 
-@SSH_OPTIONS_NOT_TAKEN
 async def test_a_configured_agent_on_ssh_reads_its_ssh_config_and_options_from_the_config_file(
     sshd: SshServer, tmp_path: Path
 ) -> None:
@@ -99,10 +89,26 @@ async def test_a_configured_agent_on_ssh_reads_its_ssh_config_and_options_from_t
     assert (status, out, err) == (0, f"{REPLY}\n", "")
 
 
-@SSH_OPTIONS_NOT_TAKEN
 async def test_ssh_options_for_an_agent_that_does_not_run_over_ssh_are_a_usage_error(tmp_path: Path) -> None:
     status, out, err = await run_cli(
         tmp_path, "run", "--ssh-option", "ConnectTimeout=5", "-p", "go", "--", *replying_agent(tmp_path)
     )
     assert (status, out) == (2, "")
     assert "--ssh-config, --ssh-option: for an agent on ssh://HOST, not local" in err
+
+
+async def test_an_ssh_option_that_is_not_name_equals_value_is_a_usage_error(tmp_path: Path) -> None:
+    status, out, err = await run_cli(
+        tmp_path,
+        "run",
+        "--on",
+        "ssh://build-1",
+        "--ssh-option",
+        "-oProxyCommand=x",
+        "-p",
+        "go",
+        "--",
+        "agent",
+    )
+    assert (status, out) == (2, "")
+    assert "--ssh-option: expected NAME=VALUE, e.g. ConnectTimeout=20, not '-oProxyCommand=x'" in err

@@ -21,8 +21,9 @@ import anyio
 
 from subagent._acp_usage import usage_to_acp
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
+from subagent.acp.ssh import SshTransport
 from subagent.acp.transport import Transport, transport_from_url
-from subagent.cli.config import AgentConfig, config_search_path, find_config, load_config
+from subagent.cli.config import SSH_OPTION, AgentConfig, config_search_path, find_config, load_config
 from subagent.cli.console import Console, is_terminal, print_json, print_stdout, use_color
 from subagent.cli.logs import LOG_HANDLER
 from subagent.cli.permission import AnswerSource, PermissionMode, answer_source, default_permission
@@ -90,7 +91,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         agent = _configured_agent(args.agent, args.config)
         command = list(agent.command)
     assert command
-    transport = _transport(args.on, agent)
+    transport = _with_ssh_options(_transport(args.on, agent), args, agent)
     cwd = args.cwd or (agent.cwd if agent else None)
     if cwd is not None:
         where = f"the cwd of agent {agent.name!r} in {agent.source}" if agent and not args.cwd else "--cwd"
@@ -147,6 +148,28 @@ def _transport(on: str | None, agent: AgentConfig | None) -> Transport:
     except ValueError as exc:
         # A configured URL was checked when the config was read: this is --on's.
         raise UsageError(f"--on: {exc}") from None
+
+
+def _with_ssh_options(transport: Transport, args: argparse.Namespace, agent: AgentConfig | None) -> Transport:
+    """The transport with ``--ssh-config``/``--ssh-option`` (over the agent's ``ssh_config`` and
+    ``ssh_options``) applied, when it is SSH; a usage error when it is not and they were given."""
+    options = [*(args.ssh_option or ()), *(agent.ssh_options if agent else ())]
+    config_file = args.ssh_config or (agent.ssh_config if agent else None)
+    if not options and config_file is None:
+        return transport
+    if not isinstance(transport, SshTransport):
+        raise UsageError(f"--ssh-config, --ssh-option: for an agent on ssh://HOST, not {transport.name}")
+    for option in options:
+        if not SSH_OPTION.fullmatch(option):
+            raise UsageError(f"--ssh-option: expected NAME=VALUE, e.g. ConnectTimeout=20, not {option!r}")
+    # A URL gives host, user and port only: the rest is the transport's defaults.
+    return SshTransport(
+        transport.host,
+        user=transport.user,
+        port=transport.port,
+        ssh_options=[*transport.ssh_options, *(arg for option in options for arg in ("-o", option))],
+        config_file=config_file if config_file is not None else transport.config_file,
+    )
 
 
 def _progress_wanted(args: argparse.Namespace, *, default: bool) -> bool:

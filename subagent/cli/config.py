@@ -21,6 +21,8 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     auth_method = "claude-login"                  # used when the agent demands authentication
     fs = false                                    # offer no fs/* to the agent (default: true)
     transport = "ssh://build-1"                   # where it runs (default: "local"); see below
+    ssh_config = "ssh/build.conf"                 # over ssh://: ssh's config file (ssh -F)
+    ssh_options = ["ConnectTimeout=20"]           # over ssh://: more ssh -o options
 
 The schema is written as typed structs (:class:`ConfigFile`, :class:`AgentTable`) that msgspec checks
 every key against: an unknown key, a value of the wrong type or an out-of-range number is a
@@ -36,7 +38,10 @@ defaults.
 ``ssh://[user@]host[:port]``): the agent then runs there, ``command`` and ``cwd`` name a program
 and a directory on that host (``cwd`` then absolute, and taken as written), and a remote agent is
 offered no fs and no terminals (it reads and writes files itself). A URL that names no available
-transport is a :class:`ConfigError` for its key.
+transport is a :class:`ConfigError` for its key. An agent on ``ssh://`` may name the ssh client's
+config file (``ssh_config``, relative to the file's directory, ``~`` expanded: read instead of
+``~/.ssh/config``) and more ``-o`` options (``ssh_options``); either is a :class:`ConfigError` for
+an agent that does not run over SSH.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ __all__ = [
     "AGENT_KEYS",
     "LOCAL_CONFIG_NAME",
     "MAX_CONFIG_BYTES",
+    "SSH_OPTION",
     "AgentConfig",
     "AgentTable",
     "Config",
@@ -90,6 +96,10 @@ Program = Annotated[str, msgspec.Meta(pattern=r"\A(?=[^\x00]*\Z)\s*\S")]
 1 MiB value costs one pass, never a backtracking blow-up.)"""
 NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S")]
 """A string with something in it besides white space."""
+SSH_OPTION: Final = re.compile(r"[A-Za-z][A-Za-z0-9]*[= ][^\x00\n]*")
+"""One ssh ``-o`` option, ``Name=value`` (as in ssh's config file, one line): match it whole."""
+SshOption = Annotated[str, msgspec.Meta(pattern=rf"\A{SSH_OPTION.pattern}\Z")]
+"""A :data:`SSH_OPTION` in a config file."""
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
 """A positive, finite number of seconds."""
 
@@ -112,6 +122,8 @@ class AgentTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     auth_method: NonBlank | None = None
     fs: bool = True
     transport: NonBlank | None = None
+    ssh_config: Program | None = None
+    ssh_options: list[SshOption] = msgspec.field(default_factory=list)
 
 
 Agents = dict[AgentName, AgentTable]
@@ -143,6 +155,9 @@ _EXPECTED: Final[Mapping[str, str]] = {
     "agents.*.auth_method": "a string",
     "agents.*.fs": "true or false",
     "agents.*.transport": 'a transport URL, e.g. "ssh://host"',
+    "agents.*.ssh_config": "a string",
+    "agents.*.ssh_options": 'an array of ssh options, e.g. ["ConnectTimeout=20"]',
+    "agents.*.ssh_options[]": 'an ssh option, Name=value (e.g. "ConnectTimeout=20")',
 }
 """What each key must be, by its place in the schema (``*`` any table key, ``[]`` any array item):
 the words of an error message, where msgspec's own would name Python types."""
@@ -190,6 +205,10 @@ class AgentConfig:
     ``fs/write_text_file``); ``fs = false`` is a workaround for an agent whose use of it is broken."""
     transport: str | None = None
     """Where the agent runs, as a transport URL (checked); None: locally."""
+    ssh_config: str | None = None
+    """Over ``ssh://``: the ssh client's config file (resolved against the file's directory)."""
+    ssh_options: tuple[str, ...] = ()
+    """Over ``ssh://``: more ssh ``-o`` options, ``Name=value``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,21 +314,28 @@ def _agent_config(name: str, table: AgentTable, source: Path, cwd: str | None) -
     argv and ``cwd`` resolved."""
     written = msgspec.structs.asdict(table)
     command = (written.pop("command"), *written.pop("args"))
-    return AgentConfig(name=name, command=command, source=source, **(written | {"cwd": cwd}))
+    ssh_config = table.ssh_config and os.path.normpath(
+        source.resolve().parent / os.path.expanduser(table.ssh_config)
+    )
+    written |= {"cwd": cwd, "ssh_config": ssh_config, "ssh_options": tuple(table.ssh_options)}
+    return AgentConfig(name=name, command=command, source=source, **written)
 
 
 def _is_remote(location: Path, agent: str, table: AgentTable) -> bool:
     """Whether the agent runs where this host's files are not; ConfigError for a transport URL that
     names no transport available here, and for a remote agent's cwd that is not absolute."""
-    if table.transport is None:
+    if table.transport is None or table.transport == "local":
+        _check_ssh_keys(location, agent, table, "local")
         return False
     # Imported only for a file that names a transport: the process layer is not needed to read one.
     from subagent.acp.transport import transport_from_url
 
     try:
-        remote = not transport_from_url(table.transport).local_files
+        transport = transport_from_url(table.transport)
     except ValueError as exc:
         raise ConfigError(location, str(exc), key=_key_text(["agents", agent, "transport"])) from None
+    _check_ssh_keys(location, agent, table, transport.name)
+    remote = not transport.local_files
     if remote and table.cwd is not None and not os.path.isabs(table.cwd):
         raise ConfigError(
             location,
@@ -317,6 +343,17 @@ def _is_remote(location: Path, agent: str, table: AgentTable) -> bool:
             key=_key_text(["agents", agent, "cwd"]),
         )
     return remote
+
+
+def _check_ssh_keys(location: Path, agent: str, table: AgentTable, where: str) -> None:
+    """ssh's config file and options belong to an agent on ``ssh://`` only."""
+    if where.startswith("ssh://"):
+        return
+    for key in ("ssh_config", "ssh_options"):
+        if getattr(table, key):
+            raise ConfigError(
+                location, f"for an agent on ssh://HOST, not {where}", key=_key_text(["agents", agent, key])
+            )
 
 
 def _agent_cwd(cwd: str | None, directory: Path, *, remote: bool) -> str | None:

@@ -185,6 +185,19 @@ def _add_run_arguments(run: Parser) -> None:
         "COMMAND and --cwd are then a program and an absolute directory there, and a remote agent is "
         "offered no fs (default: the agent's `transport` in the config, else local)",
     )
+    run.add_argument(
+        "--ssh-config",
+        metavar="FILE",
+        help="for an agent on ssh://: the ssh client's config file, read instead of ~/.ssh/config "
+        "(ssh -F; default: the agent's `ssh_config` in the config)",
+    )
+    run.add_argument(
+        "--ssh-option",
+        action="append",
+        metavar="NAME=VALUE",
+        help="for an agent on ssh://: one more ssh -o option, e.g. ConnectTimeout=20 (repeatable; "
+        "before the config's `ssh_options`, so it wins)",
+    )
     _add_turn_options(run, demo=False)
 
 
