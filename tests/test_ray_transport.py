@@ -141,6 +141,12 @@ def short(node_id: str) -> str:
 
 
 @pytest.fixture
+def ray_installed() -> None:
+    """Skip a test that needs Ray but no cluster where it is not installed (fail under CI's variable)."""
+    ray_or_skip()
+
+
+@pytest.fixture
 def transport(ray_nodes: RayCluster) -> LeakTaggedRayTransport:
     """Children on the second node, given the leak tag."""
     return LeakTaggedRayTransport(node_id=ray_nodes.second_node_id, stdin_close_timeout=SHORT_GRACE)
@@ -364,6 +370,7 @@ async def test_an_actor_that_cannot_be_placed_in_time_fails_the_start_after_the_
     assert caught.value.reason == "its ray actor was not placed and started within 1s"
 
 
+@pytest.mark.usefixtures("ray_installed")
 def test_an_unreachable_cluster_is_a_spawn_error_at_once_in_a_process_of_its_own(tmp_path: Path) -> None:
     # This process is connected to the session's cluster already; a fresh one connects for itself.
     script = (
@@ -384,6 +391,7 @@ def test_an_unreachable_cluster_is_a_spawn_error_at_once_in_a_process_of_its_own
     assert done.stdout == "cannot connect to the ray cluster at 127.0.0.1:1: Connection refused\n"
 
 
+@pytest.mark.usefixtures("ray_installed")
 async def test_what_exec_cannot_carry_is_refused_before_anything_starts_without_quoting_it() -> None:
     with pytest.raises(AgentSpawnError) as caught:
         async with RayTransport("127.0.0.1:1").open(["agent"], env={"TOKEN": "secret\0value"}):
@@ -486,6 +494,29 @@ async def test_a_dead_node_ends_the_run_with_an_error_naming_it_and_leaves_no_pr
         assert await wait_gone([*pids, agent.ppid]) == []
 
 
+async def test_ray_kill_of_the_actor_ends_the_run_and_the_supervisor_ends_the_tree(
+    ray_nodes: RayCluster, transport: RayTransport
+) -> None:
+    ray = ray_or_skip()
+    async with (
+        assert_no_leaks_beside_ray(),
+        transport.open(
+            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm")
+        ) as channel,
+    ):
+        pids = [int(pid) for pid in (await read_line(channel)).split()]
+        agent = process_info(pids[0])
+        assert agent is not None
+        assert isinstance(channel, RayChannel)
+        ray.kill(channel.actor)  # The worker exits by itself: Ray must leave its children alone.
+        with anyio.fail_after(WAIT):
+            info = await channel.wait_exit()
+        assert info.via == (
+            f"on ray node {short(ray_nodes.second_node_id)}, ray actor died: it was killed by `ray.kill`"
+        )
+        assert await wait_gone([*pids, agent.ppid]) == []
+
+
 async def test_kill_ends_the_whole_tree_at_once_and_the_exit_says_sigkill(transport: RayTransport) -> None:
     async with assert_no_leaks_beside_ray():
         async with transport.open(
@@ -570,6 +601,7 @@ async def test_the_agents_file_requests_are_served_on_its_node_inside_the_roots(
 # -- naming and options --------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("ray_installed")
 def test_a_ray_url_names_the_gcs_address_and_the_registry_builds_it() -> None:
     transport = transport_from_url("ray://10.0.0.5:6379")
     assert (transport.address, transport.name, transport.local_files) == (
@@ -585,6 +617,7 @@ def test_a_ray_url_names_the_gcs_address_and_the_registry_builds_it() -> None:
     assert RayTransport().name == "ray://auto"
 
 
+@pytest.mark.usefixtures("ray_installed")
 @pytest.mark.parametrize(
     "url",
     [
@@ -603,6 +636,7 @@ def test_a_malformed_ray_url_is_refused_without_quoting_it(url: str) -> None:
     assert "hunter2" not in str(caught.value)
 
 
+@pytest.mark.usefixtures("ray_installed")
 def test_options_that_another_argument_sets_are_refused() -> None:
     with pytest.raises(TypeError, match="'num_cpus' is not given in actor_options"):
         RayTransport(actor_options={"num_cpus": 1})

@@ -406,15 +406,17 @@ def _short(node_id: str) -> str:
     return node_id[:_SHORT_NODE_ID]
 
 
-_BECAUSE = re.compile(r"[Tt]he actor (?:is dead|died) because (?:of )?([^.\n]+)")
+_BECAUSE = re.compile(r"[Tt]he actor (?:is dead|died) because (?:of )?(.+?)\.(?:\s|$)")
 
 
 def _why_actor_died(exc: BaseException) -> str:
-    """A short phrase for Ray's actor error: ``"its worker process has died"``, ``"its node has died"``."""
+    """A short phrase for Ray's actor error: ``"its worker process has died"``, ``"it was killed by
+    `ray.kill`"``, or the error an actor's creation raised (``"ModuleNotFoundError: ..."``)."""
     text = str(exc)
-    if match := _BECAUSE.search(text):
-        return match.group(1).strip()
     errors = [line.strip() for line in text.splitlines() if re.match(r"\s*\w+(Error|Exception):", line)]
+    match = _BECAUSE.search(text)
+    if match and not (errors and "error" in match.group(1)):
+        return match.group(1).strip()
     if errors:
         return errors[-1]
     return type(exc).__name__
@@ -766,8 +768,14 @@ class RayChannel:
 
     @property
     def stdout(self) -> anyio.abc.ByteReceiveStream:
-        """The agent's stdout, relayed; ends when the agent's does, or when its actor is lost."""
+        """The agent's stdout, relayed; ends when the agent's does, or when its actor is lost. Keep
+        reading it (as the ACP client does): the agent's stderr and exit arrive behind its output."""
         return self._stdout
+
+    @property
+    def actor(self) -> Any:
+        """The Ray actor handle (for Ray's own tools: ``ray.kill``, the state API), or None once ended."""
+        return self._actor
 
     @property
     def via(self) -> str:
@@ -1021,7 +1029,10 @@ class RayChannel:
 
     async def aclose(self, *, stdin_close_timeout: float | None = None) -> TeardownReport:
         """Tear the agent's tree down on its node, as locally (close stdin, wait, SIGTERM, wait,
-        SIGKILL), then end the actor; the report is the node's. Idempotent, shielded, bounded."""
+        SIGKILL), then end the actor; the report is the node's. Idempotent, shielded, bounded.
+
+        If the actor was lost, the report is `TeardownStep.CLOSE_STDIN` alone with ``group_gone``
+        False: nothing here can confirm it; the agent's supervisor ends the tree on its node."""
         with anyio.CancelScope(shield=True):
             async with self._teardown_lock:
                 if self._teardown_report is None:
