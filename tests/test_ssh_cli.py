@@ -98,17 +98,9 @@ async def test_ssh_options_for_an_agent_that_does_not_run_over_ssh_are_a_usage_e
 
 
 async def test_an_ssh_option_that_is_not_name_equals_value_is_a_usage_error(tmp_path: Path) -> None:
+    malformed = "--ssh-option=-oProxyCommand=x"  # as one word: argparse takes a lone "-o..." for an option
     status, out, err = await run_cli(
-        tmp_path,
-        "run",
-        "--on",
-        "ssh://build-1",
-        "--ssh-option",
-        "-oProxyCommand=x",
-        "-p",
-        "go",
-        "--",
-        "agent",
+        tmp_path, "run", "--on", "ssh://build-1", malformed, "-p", "go", "--", "agent"
     )
     assert (status, out) == (2, "")
     assert "--ssh-option: expected NAME=VALUE, e.g. ConnectTimeout=20, not '-oProxyCommand=x'" in err
