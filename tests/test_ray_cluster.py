@@ -14,8 +14,10 @@ from tests.raycluster import (
     HEAD_RESOURCE,
     NODE_TAG_VARIABLE,
     SECOND_RESOURCE,
+    STOP_TIMEOUT,
     RayCluster,
     ray_or_skip,
+    wait_until,
 )
 
 GET_TIMEOUT = 60.0
@@ -96,7 +98,11 @@ def test_an_extra_node_joins_runs_its_pinned_task_and_leaves_nothing_behind(ray_
 
     assert node.processes() == []
     assert process_is_gone(worker)
-    assert not any(entry["NodeID"] == node.node_id and entry["Alive"] for entry in ray.nodes())
+    wait_until(
+        lambda: not any(entry["NodeID"] == node.node_id and entry["Alive"] for entry in ray.nodes()),
+        STOP_TIMEOUT,
+        "the GCS did not see the stopped node go",
+    )
     # The shared nodes are untouched.
     assert run_pinned(ray_cluster.second_node_id)["node_id"] == ray_cluster.second_node_id
 
