@@ -13,6 +13,7 @@ import collections
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -162,12 +163,36 @@ async def read_line(channel: Channel) -> bytes:
         return await BufferedByteReceiveStream(channel.stdout).receive_until(b"\n", 64 * 1024)
 
 
+STUBBORN_TREE = fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm")
+"""An agent and three helpers that left its group, all ignoring SIGTERM and stdin EOF: only SIGKILL from
+its supervisor ends them. It prints the four pids."""
+
+
+async def read_tree(channel: Channel) -> list[int]:
+    """The pids `STUBBORN_TREE` reports (the agent's first), then its supervisor's."""
+    pids = [int(pid) for pid in (await read_line(channel)).split()]
+    agent = process_info(pids[0])
+    assert agent is not None
+    return [*pids, agent.ppid]
+
+
 async def read_to_end(stream: anyio.abc.ByteReceiveStream) -> bytes:
     received = bytearray()
     with contextlib.suppress(anyio.EndOfStream):
         while True:
             received += await stream.receive(1 << 20)
     return bytes(received)
+
+
+async def wait_lost(channel: RayChannel, node_id: str, why: str) -> None:
+    """Wait for the end of an agent whose actor was lost: its stdout ends, its status is unknown, and
+    ``via`` names the node and ``why`` (a regular expression)."""
+    with anyio.fail_after(WAIT):
+        info = await channel.wait_exit()
+        assert await read_to_end(channel.stdout) == b""
+    assert (info.status_known, info.returncode, info.pid) == (False, UNKNOWN_RETURNCODE, channel.remote_pid)
+    assert info.via is not None
+    assert re.fullmatch(f"on ray node {short(node_id)}, ray actor died: {why}", info.via), info.via
 
 
 async def wait_gone(pids: list[int]) -> list[int]:
@@ -407,29 +432,17 @@ async def test_sigkill_of_the_actors_worker_ends_the_run_with_an_error_and_leave
     ray_nodes: RayCluster, transport: RayTransport
 ) -> None:
     async with assert_no_leaks_beside_ray() as tag:
-        async with transport.open(
-            # Agent and helpers ignore SIGTERM and stdin EOF: only the supervisor's SIGKILL ends them.
-            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm"),
-        ) as channel:
-            pids = [int(pid) for pid in (await read_line(channel)).split()]
-            assert pids[0] == channel.remote_pid
-            agent = process_info(pids[0])
-            assert agent is not None
-            supervisor = agent.ppid
-            tagged = {info.pid for info in tagged_processes(LEAK_TAG_VARIABLE, tag)}
-            assert tagged == {supervisor, *pids}
+        async with transport.open(STUBBORN_TREE) as channel:
+            tree = await read_tree(channel)
+            assert tree[0] == channel.remote_pid
+            assert {info.pid for info in tagged_processes(LEAK_TAG_VARIABLE, tag)} == set(tree)
             assert channel.worker_pid is not None
             os.kill(channel.worker_pid, signal.SIGKILL)
-            with anyio.fail_after(WAIT):
-                info = await channel.wait_exit()
-                assert await read_to_end(channel.stdout) == b""
-            assert (info.status_known, info.returncode, info.pid) == (False, UNKNOWN_RETURNCODE, pids[0])
-            node = short(ray_nodes.second_node_id)
-            assert info.via == f"on ray node {node}, ray actor died: its worker process has died"
+            await wait_lost(channel, ray_nodes.second_node_id, "its worker process has died")
             with pytest.raises(anyio.BrokenResourceError):
                 await channel.stdin.send(b"anyone there?\n")
             # The supervisor saw its parent, the worker, gone: it ended the tree, then itself.
-            assert await wait_gone([*pids, supervisor]) == []
+            assert await wait_gone(tree) == []
         assert channel.teardown_report == TeardownReport((TeardownStep.CLOSE_STDIN,), True, group_gone=False)
 
 
@@ -474,55 +487,30 @@ async def test_a_dead_node_ends_the_run_with_an_error_naming_it_and_leaves_no_pr
     doomed_node: RayNode,
 ) -> None:
     transport = LeakTaggedRayTransport(node_id=doomed_node.node_id)
-    async with (
-        assert_no_leaks_beside_ray(),
-        transport.open(
-            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm")
-        ) as channel,
-    ):
-        pids = [int(pid) for pid in (await read_line(channel)).split()]
-        agent = process_info(pids[0])
-        assert agent is not None
+    async with assert_no_leaks_beside_ray(), transport.open(STUBBORN_TREE) as channel:
+        tree = await read_tree(channel)
         os.kill(doomed_node.raylet_pid, signal.SIGKILL)
-        with anyio.fail_after(WAIT):
-            info = await channel.wait_exit()
-            assert await read_to_end(channel.stdout) == b""
-        assert (info.status_known, info.pid) == (False, pids[0])
-        assert info.via is not None
-        assert info.via.startswith(f"on ray node {short(doomed_node.node_id)}, ray actor died: ")
+        await wait_lost(channel, doomed_node.node_id, ".+")
         # The worker died with its raylet; its supervisor saw that and ended the tree, then itself.
-        assert await wait_gone([*pids, agent.ppid]) == []
+        assert await wait_gone(tree) == []
 
 
 async def test_ray_kill_of_the_actor_ends_the_run_and_the_supervisor_ends_the_tree(
     ray_nodes: RayCluster, transport: RayTransport
 ) -> None:
     ray = ray_or_skip()
-    async with (
-        assert_no_leaks_beside_ray(),
-        transport.open(
-            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm")
-        ) as channel,
-    ):
-        pids = [int(pid) for pid in (await read_line(channel)).split()]
-        agent = process_info(pids[0])
-        assert agent is not None
+    async with assert_no_leaks_beside_ray(), transport.open(STUBBORN_TREE) as channel:
+        tree = await read_tree(channel)
         assert isinstance(channel, RayChannel)
         ray.kill(channel.actor)  # The worker exits by itself: Ray must leave its children alone.
-        with anyio.fail_after(WAIT):
-            info = await channel.wait_exit()
-        assert info.via == (
-            f"on ray node {short(ray_nodes.second_node_id)}, ray actor died: it was killed by `ray.kill`"
-        )
-        assert await wait_gone([*pids, agent.ppid]) == []
+        await wait_lost(channel, ray_nodes.second_node_id, "it was killed by `ray.kill`")
+        assert await wait_gone(tree) == []
 
 
 async def test_kill_ends_the_whole_tree_at_once_and_the_exit_says_sigkill(transport: RayTransport) -> None:
     async with assert_no_leaks_beside_ray():
-        async with transport.open(
-            fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm")
-        ) as channel:
-            pids = [int(pid) for pid in (await read_line(channel)).split()]
+        async with transport.open(STUBBORN_TREE) as channel:
+            tree = await read_tree(channel)
             channel.kill()
             channel.kill()  # idempotent
             with anyio.fail_after(WAIT):
@@ -532,7 +520,7 @@ async def test_kill_ends_the_whole_tree_at_once_and_the_exit_says_sigkill(transp
                 signal.SIGKILL,
                 True,
             )
-            assert await wait_gone(pids) == []
+            assert await wait_gone(tree) == []
         worker = channel.worker_pid
         assert worker is not None
     assert await wait_gone([worker]) == []  # the actor ended with the channel
