@@ -12,9 +12,12 @@ transport, in the same run. Reported for each:
 * **driver memory per live child**: this process's resident memory with every child live and idle
   (its turn done, held open for ``resume()``), minus the baseline just before, over their number: the
   fan-in cost on the caller's side, Ray's client-side state per actor included;
+* **driver threads per live child**: threads of this process with every child live, over their number
+  (a channel takes its stream's items in a thread of its own);
 * **node memory per child** (Ray only): the cluster's processes' proportional set size (PSS) with the
   children live, minus the idle cluster's, over their number: an actor's worker, the supervisor and the
-  agent on the node, and the raylet's and GCS's bookkeeping for it.
+  agent on the node, and the raylets' and GCS's bookkeeping for it; beside it, the growth of the head's
+  GCS and of the raylets alone (their resident size) per child: what grows on the head with the fleet.
 
 Afterwards no process of any child may be left, on any node (each agent carries a leak tag in its
 environment; ``/proc`` is scanned), or the script exits 1. Figures are for this machine (2 cores):
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
 import tempfile
 import time
@@ -60,7 +64,10 @@ class FanOut:
     transport: str
     wall: float
     driver_per_child: float
+    threads_per_child: float
     node_per_child: float | None
+    gcs_per_child: float | None
+    raylets_per_child: float | None
     nodes_used: int
 
 
@@ -87,6 +94,8 @@ async def _fan_out(
         gc.collect()
         baseline = rss_bytes()
         node_baseline = cluster.memory()[1] if cluster is not None else 0
+        threads_baseline = _thread_count()
+        control_baseline = _control_plane_rss(cluster) if cluster is not None else (0, 0)
         began = time.perf_counter()
         with anyio.fail_after(FAN_OUT_LIMIT):
             runs = [service.start("acp", request) for _ in range(children)]
@@ -96,14 +105,39 @@ async def _fan_out(
         wall = time.perf_counter() - began
         gc.collect()
         driver_per_child = (rss_bytes() - baseline) / children
-        node_per_child = None
+        threads_per_child = (_thread_count() - threads_baseline) / children
+        node_per_child = gcs_per_child = raylets_per_child = None
         if cluster is not None:
             node_per_child = (cluster.memory()[1] - node_baseline) / children
+            gcs, raylets = _control_plane_rss(cluster)
+            gcs_per_child = (gcs - control_baseline[0]) / children
+            raylets_per_child = (raylets - control_baseline[1]) / children
         nodes_used = _nodes_holding(cluster, tag) if cluster is not None else 1
         async with anyio.create_task_group() as disposers:
             for run in runs:
                 disposers.start_soon(run.dispose)
-    return FanOut(transport.name, wall, driver_per_child, node_per_child, nodes_used)
+    return FanOut(
+        transport.name,
+        wall,
+        driver_per_child,
+        threads_per_child,
+        node_per_child,
+        gcs_per_child,
+        raylets_per_child,
+        nodes_used,
+    )
+
+
+def _thread_count() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _control_plane_rss(cluster: Any) -> tuple[int, int]:
+    """The resident sizes of the head's GCS and of every raylet, in bytes."""
+    from tests.raycluster import rss_bytes as rss_of
+
+    gcs = cluster.head.gcs_pid
+    return (rss_of(gcs) if gcs else 0), sum(rss_of(node.raylet_pid) for node in cluster.nodes)
 
 
 async def _wait_complete(run: ServiceRun, chunks: int) -> None:
@@ -170,12 +204,17 @@ def main() -> int:
                 raise BenchBroken(f"processes of the {transport.name} children left behind: {left}")
     ray_figures, local_figures = figures
     for figure in figures:
-        node_memory = figure.node_per_child
-        node = "" if node_memory is None else f", nodes {node_memory / MIB:6.1f} MiB/child"
         print(
             f"  {figure.transport:<10} all {args.children} complete in {figure.wall:6.2f} s "
-            f"({figure.nodes_used} node(s)); driver {figure.driver_per_child / MIB:5.2f} MiB/child{node}"
+            f"({figure.nodes_used} node(s)); driver {figure.driver_per_child / MIB:5.2f} MiB and "
+            f"{figure.threads_per_child:.2f} threads per child"
         )
+        if figure.node_per_child is not None and figure.gcs_per_child and figure.raylets_per_child:
+            gcs_kib, raylets_kib = figure.gcs_per_child / 1024, figure.raylets_per_child / 1024
+            print(
+                f"  {'':<10} nodes {figure.node_per_child / MIB:6.1f} MiB PSS per child; of which GCS "
+                f"{gcs_kib:.0f} KiB, raylets {raylets_kib:.0f} KiB per child"
+            )
     print(
         f"  ray / local: wall {ray_figures.wall / local_figures.wall:.2f}x, driver memory per child "
         f"{ray_figures.driver_per_child / max(local_figures.driver_per_child, 1):.2f}x"
