@@ -1,16 +1,20 @@
-"""What running a child over SSH costs against the local transport: streaming, round trips, start-up.
+"""What running a child over SSH or Ray costs against the local transport: streaming, round trips, start-up.
 
 In one run, on the same machine, the same API (``SubagentService`` + ``AcpProvider(transport=...)`` on
-the bundled stub agent) drives the child through two transports: ``local`` (the default, a child process
-of ours) and ``ssh`` (`subagent.acp.ssh.SshTransport` to a throwaway ``sshd`` on 127.0.0.1, started by
-this script with the SSH tests' own helper, ``tests/sshd.py``, and stopped at the end). Variants run
-round-robin, one of each per round, so a shared machine's load weighs on both alike; figures are
-medians, and the SSH ones are also given as ratios to local measured in the same run.
+the bundled stub agent) drives the child through three transports: ``local`` (the default, a child
+process of ours), ``ssh`` (`subagent.acp.ssh.SshTransport` to a throwaway ``sshd`` on 127.0.0.1, started
+by this script with the SSH tests' own helper, ``tests/sshd.py``, and stopped at the end) and ``ray``
+(`subagent.acp.ray.RayTransport` pinned to the second node of the Ray tests' two-node cluster,
+``tests/raycluster.py``, which this script starts, joins as its driver and stops at the end: an actor
+per child on another node, which on this machine is still loopback). Variants run round-robin, one of
+each per round, so a shared machine's load weighs on all alike; figures are medians, and the SSH and
+Ray ones are also given as ratios to local measured in the same run. Before the first round each
+variant runs once untimed (imports; over Ray, the actor class's export to the cluster).
 
 1. **Streaming**: one run whose turn streams ``--chunks`` ``agent_message_chunk`` updates (start,
    result, dispose). The turn is timed from the prompt leaving (``AcpSession.prompt`` called) to
    ``result()``, every chunk delivered in order; start to dispose is reported beside it.
-   Target (issue 13): ssh within 3x of local.
+   Target (issue 13): ssh and ray each within 3x of local.
 2. **Round trip**: on one open session, ``--turns`` further turns through ``resume()``, each a
    ``session/prompt`` answered after a one-chunk message (``pong``): one request's round trip, plus
    one notification ahead of its answer, through the whole seam. Median and p90.
@@ -20,15 +24,21 @@ medians, and the SSH ones are also given as ratios to local measured in the same
    minus that of the plain turn run just before it, in the same session; median and p90 of those
    differences, and of the asking turns themselves.
 4. **Start-up**: ``start()`` to ``started()``: spawn (over SSH: connect, log in, start the remote
-   supervisor), ``initialize`` and ``session/new`` answered. Median and p90 of ``2 x --repeat`` runs.
-   Beside it, SSH's own share: ``ssh`` with the transport's options running ``exit 0`` (connect, key
-   exchange, log in, the login shell), as often.
+   supervisor; over Ray: create the actor, which needs a worker process of its own on the node, and
+   start the agent there), ``initialize`` and ``session/new`` answered. Median and p90 of
+   ``2 x --repeat`` runs. Beside it, SSH's own share: ``ssh`` with the transport's options running
+   ``exit 0`` (connect, key exchange, log in, the login shell), as often; and Ray's: an empty actor
+   created on the same node and asked one call, then killed.
 
-Only the streaming figure has a target (PASS/MISS); the others are figures. Where OpenSSH (``sshd``,
-``ssh``, ``ssh-keygen``) is not installed, the script says that SSH is skipped and measures local
-alone (exit 0), unless ``SUBAGENT_REQUIRE_SSH`` is set (then it exits 1). It exits 1 when a run broke
-(a wrong result, a chunk missing) or when a process of the run is left behind (sshd's sessions, remote
-supervisors and agents included: they are our descendants, since sshd is our child).
+Only the streaming figures have a target (PASS/MISS); the others are figures. Where OpenSSH (``sshd``,
+``ssh``, ``ssh-keygen``) is not installed, the script says that SSH is skipped and measures the others
+(exit 0), unless ``SUBAGENT_REQUIRE_SSH`` is set (then it exits 1); where ``ray`` cannot be imported,
+the same for Ray under ``SUBAGENT_REQUIRE_RAY``. It exits 1 when a run broke (a wrong result, a chunk
+missing) or when a process of the run is left behind: every agent carries a leak tag in its
+environment (passed explicitly: neither an SSH nor a Ray child inherits ours), and afterwards no
+process with it may run, on any node, nor any descendant of ours (sshd's sessions and remote
+supervisors included, since sshd is our child). Ray's nodes are checked before they are stopped,
+which would kill what was left.
 
     python bench/transport.py [--chunks 100000] [--repeat 5] [--turns 20] [--backend asyncio|trio]
 """
@@ -37,6 +47,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib.util
 import os
 import statistics
 import sys
@@ -51,7 +63,6 @@ import anyio
 from _common import (
     BenchBroken,
     PromptClock,
-    live_descendants,
     median_p90_max,
     settle_descendants,
     verdict,
@@ -60,30 +71,40 @@ from _common import (
 
 from subagent.acp.handlers import PermissionQuestion
 from subagent.acp.process import supervision_available
+from subagent.acp.ray import START_TIMEOUT, RayTransport
 from subagent.acp.ssh import SshTransport
 from subagent.acp.transport import Transport
 from subagent.providers.acp import AcpProvider
 from subagent.service import SubagentService
+from subagent.testing.leaks import LEAK_TAG_VARIABLE, ProcessInfo, leak_tag, leaked_processes
 from subagent.types import ResumableRun, SubagentRequest
 
 T = TypeVar("T")
 
-# tests/sshd.py starts the loopback sshd the SSH tests use; the repository root makes `tests` importable.
+# tests/sshd.py starts the loopback sshd the SSH tests use, tests/raycluster.py the Ray tests' cluster; the
+# repository root makes `tests` importable.
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 STUB = [sys.executable, "-m", "subagent.testing.stub_agent"]
 REQUIRE_SSH_VARIABLE = "SUBAGENT_REQUIRE_SSH"
 """Set: a missing OpenSSH fails the benchmark instead of skipping its SSH half (the SSH tests read it too)."""
+REQUIRE_RAY_VARIABLE = "SUBAGENT_REQUIRE_RAY"
+"""Set: Ray missing fails the benchmark instead of skipping its Ray half (the Ray tests read it too)."""
+REMOTE_VARIANTS = ("ssh", "ray")
 PONG = "pong"
-SSH_TARGET = 3.0
-"""Issue 13: a 100,000-chunk turn over SSH within this many times the local one."""
+STREAM_TARGET = 3.0
+"""Issue 13: a 100,000-chunk turn over SSH, and over Ray, within this many times the local one."""
+SETTLE_LIMIT = 30.0
+"""Seconds the agents' processes may take to be gone once every run was disposed (a hang guard)."""
 
 
 # -- the runs ------------------------------------------------------------------------------------------------
 
 
 def provider(command: list[str], cwd: str, transport: Transport | None, **options: Any) -> AcpProvider:
-    return AcpProvider(command, name="stub", cwd=cwd, transport=transport, **options)
+    # The leak tag travels explicitly: an agent over SSH or in a Ray actor does not inherit our environment.
+    env = {LEAK_TAG_VARIABLE: os.environ[LEAK_TAG_VARIABLE]}
+    return AcpProvider(command, name="stub", cwd=cwd, transport=transport, env=env, **options)
 
 
 async def flood_run(
@@ -202,7 +223,79 @@ def ssh_variant() -> Iterator[SshTransport | None]:
             raise BenchBroken(f"processes left behind by the SSH runs: {left}")
 
 
+# -- Ray, when it is there ---------------------------------------------------------------------------------
+
+
+def ray_missing() -> str | None:
+    """Why Ray cannot be measured here, or None if it can."""
+    if importlib.util.find_spec("ray") is None:
+        return "ray is not installed: pip install 'subagent-seam[ray]'"
+    try:
+        import tests.raycluster  # noqa: F401
+    except ImportError as exc:  # tests/raycluster.py needs pytest (the dev extra)
+        return f"the test cluster helper (tests/raycluster.py) cannot be imported: {exc}"
+    if not supervision_available():
+        return "the agent's supervisor on the node needs Linux"
+    return None
+
+
+@contextlib.contextmanager
+def ray_variant(tag: str) -> Iterator[tuple[RayTransport, str] | None]:
+    """The Ray transport pinned to the second node of a two-node cluster started here, with that node's id,
+    or None (Ray skipped); on a normal exit, fails if a process of an agent (``tag``) is left on any node,
+    checked before the nodes are stopped (stopping them would kill it)."""
+    if ray_missing() is not None:
+        yield None
+        return
+    from tests.raycluster import running_ray_cluster
+
+    try:
+        with running_ray_cluster() as cluster:
+            yield RayTransport(node_id=cluster.second_node_id), cluster.second_node_id
+            left = left_behind(tag)
+            if left:
+                raise BenchBroken(f"processes left behind by the Ray runs: {left}")
+    except AssertionError as exc:  # the cluster's own check: a process of a node outlived its stop
+        raise BenchBroken(str(exc)) from exc
+
+
+def actor_floor(node_id: str) -> float:
+    """The floor of start-up over Ray: an empty actor created on ``node_id`` (a worker process started
+    for it there) and asked one call, as `RayTransport` places its actors; then killed."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    placement = NodeAffinitySchedulingStrategy(node_id, soft=False)
+    began = time.perf_counter()
+    actor = _empty_actor_class().options(num_cpus=0, scheduling_strategy=placement).remote()
+    ray.get(actor.ready.remote(), timeout=START_TIMEOUT)
+    elapsed = time.perf_counter() - began
+    ray.kill(actor)
+    return elapsed
+
+
+class _Empty:
+    def ready(self) -> int:
+        return os.getpid()
+
+
+@functools.cache
+def _empty_actor_class() -> Any:
+    import ray
+
+    return ray.remote(_Empty)
+
+
 # -- running ------------------------------------------------------------------------------------------------
+
+
+def left_behind(tag: str) -> list[ProcessInfo]:
+    """Processes of the agents (carrying ``tag``, on any node) or descendants of ours still running once
+    they had `SETTLE_LIMIT` to end: a child's own children end just after it."""
+    deadline = time.monotonic() + SETTLE_LIMIT
+    while (left := leaked_processes(tag)) and time.monotonic() < deadline:
+        time.sleep(0.05)  # A poll interval: the wait is bounded by the deadline.
+    return left
 
 
 def ms(seconds: float) -> str:
@@ -246,22 +339,35 @@ def main() -> int:
 
 def measure(chunks: int, repeat: int, turns: int, backend: str) -> int:
     load = os.getloadavg()
-    with tempfile.TemporaryDirectory() as work, ssh_variant() as ssh:
+    with (
+        leak_tag() as tag,
+        tempfile.TemporaryDirectory() as work,
+        ray_variant(tag) as ray,
+        ssh_variant() as ssh,
+    ):
         flood = [*STUB, "--scenario", str(write_scenario(work, "flood", flood_scenario(chunks)))]
         pong = [*STUB, "--scenario", str(write_scenario(work, "pong", {"turns": [[message(PONG)]]}))]
         pings = [*STUB, "--scenario", str(write_scenario(work, "pings", ping_scenario(turns)))]
         variants: dict[str, Transport | None] = {"local": None}
-        if ssh is None:
-            reason = ssh_missing()
-            if os.environ.get(REQUIRE_SSH_VARIABLE):
-                raise BenchBroken(f"{REQUIRE_SSH_VARIABLE} is set, and SSH cannot be measured: {reason}")
-            print(f"SKIP  ssh: {reason}; measuring local only")
-        else:
-            variants["ssh"] = ssh
+        remotes: tuple[tuple[str, Transport | None, Callable[[], str | None], str], ...] = (
+            ("ssh", ssh, ssh_missing, REQUIRE_SSH_VARIABLE),
+            ("ray", None if ray is None else ray[0], ray_missing, REQUIRE_RAY_VARIABLE),
+        )
+        for name, remote, missing, require in remotes:
+            if remote is None:
+                reason = missing()
+                if os.environ.get(require):
+                    raise BenchBroken(f"{require} is set, and {name} cannot be measured: {reason}")
+                print(f"SKIP  {name}: {reason}")
+            else:
+                variants[name] = remote
 
         def run(job: Callable[[], Awaitable[T]]) -> T:
             return anyio.run(job, backend=backend)
 
+        # Untimed: imports, the first spawn; over Ray, the actor class exported to the cluster.
+        for transport in variants.values():
+            run(partial(startup_run, pong, work, transport))
         turn: dict[str, list[float]] = {name: [] for name in variants}
         span: dict[str, list[float]] = {name: [] for name in variants}
         ready: dict[str, list[float]] = {name: [] for name in variants}
@@ -269,6 +375,7 @@ def measure(chunks: int, repeat: int, turns: int, backend: str) -> int:
         asking: dict[str, list[float]] = {name: [] for name in variants}
         question: dict[str, list[float]] = {name: [] for name in variants}
         login: list[float] = []
+        actor: list[float] = []
         for _ in range(repeat):
             for name, transport in variants.items():
                 turn_s, span_s = run(partial(flood_run, flood, work, transport, chunks))
@@ -284,16 +391,18 @@ def measure(chunks: int, repeat: int, turns: int, backend: str) -> int:
                     ready[name].append(run(partial(startup_run, pong, work, transport)))
                 if ssh is not None:
                     login.append(run(partial(login_run, ssh)))
-    left = live_descendants()
+                if ray is not None:
+                    actor.append(actor_floor(ray[1]))
+    left = left_behind(tag)
     if left:
         raise BenchBroken(f"processes left behind: {left}")
 
     end_load = os.getloadavg()
+    where = {"ssh": "ssh to 127.0.0.1", "ray": "ray on the second node of a local two-node cluster"}
     print(
-        f"{' vs '.join(variants)}{' to 127.0.0.1' if 'ssh' in variants else ''} through "
-        f"SubagentService + AcpProvider(transport=...), {backend}; "
-        f"{repeat} rounds, round-robin; cpus={os.cpu_count()}, "
-        f"load average {load[0]:.2f} -> {end_load[0]:.2f}"
+        f"{', '.join(where.get(name, name) for name in variants)} through "
+        f"SubagentService + AcpProvider(transport=...), {backend}; {repeat} rounds, round-robin; "
+        f"cpus={os.cpu_count()}, load average {load[0]:.2f} -> {end_load[0]:.2f}"
     )
     print(f"1. one turn streaming {chunks:,} chunks (prompt -> result; start -> dispose beside it)")
     for name in variants:
@@ -314,14 +423,15 @@ def measure(chunks: int, repeat: int, turns: int, backend: str) -> int:
         print(f"  {name:<6} {spread(ready[name])}")
     if login:
         print(f"  ssh login alone (ssh HOST 'exit 0'): {spread(login)}")
-    if "ssh" not in variants:
-        print(f"SKIP  a {chunks:,}-chunk turn over ssh <= {SSH_TARGET:g}x local: SSH not measured")
-        return 0
-    ratio = statistics.median(turn["ssh"]) / statistics.median(turn["local"])
-    print(
-        "ssh / local: "
-        + ", ".join(
-            f"{label} {statistics.median(figures['ssh']) / statistics.median(figures['local']):.2f}x"
+    if actor:
+        print(f"  ray actor alone (an empty actor on the node, one call): {spread(actor)}")
+    for name in REMOTE_VARIANTS:
+        target = f"a {chunks:,}-chunk turn over {name} <= {STREAM_TARGET:g}x local"
+        if name not in variants:
+            print(f"SKIP  {target}: {name} not measured")
+            continue
+        ratios = {
+            label: statistics.median(figures[name]) / statistics.median(figures["local"])
             for label, figures in (
                 ("streaming turn", turn),
                 ("start to dispose", span),
@@ -329,10 +439,10 @@ def measure(chunks: int, repeat: int, turns: int, backend: str) -> int:
                 ("permission round trip", question),
                 ("start-up", ready),
             )
-        )
-    )
-    target = f"a {chunks:,}-chunk turn over ssh <= {SSH_TARGET:g}x local"
-    print(verdict(ratio <= SSH_TARGET, target, f"{ratio:.2f}x"))
+        }
+        print(f"{name} / local: " + ", ".join(f"{label} {ratio:.2f}x" for label, ratio in ratios.items()))
+        streaming = ratios["streaming turn"]
+        print(verdict(streaming <= STREAM_TARGET, target, f"{streaming:.2f}x"))
     return 0
 
 
