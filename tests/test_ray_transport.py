@@ -338,6 +338,25 @@ async def test_env_and_cwd_reach_the_agent_on_its_node(transport: RayTransport, 
     assert report == {"cwd": str(tmp_path), "env": {"AGENT_TOKEN": "s3cret value", "UNSET": None}}
 
 
+async def test_children_run_at_once_each_relaying_its_own_stdio(transport: RayTransport) -> None:
+    count = 4
+    echoed: dict[int, tuple[bytes, str]] = {}
+
+    async def run_one(index: int) -> None:
+        async with transport.open(fixture_argv("echo_lines.py")) as channel:
+            await channel.stdin.send(b"child %d\n" % index)
+            echoed[index] = (await read_line(channel), channel.describe())
+
+    async with assert_no_leaks_beside_ray():
+        # A node starts one worker at a time (Ray's startup concurrency is its CPU count: 1 here).
+        with anyio.fail_after(WAIT * count):
+            async with anyio.create_task_group() as task_group:
+                for index in range(count):
+                    task_group.start_soon(run_one, index)
+    assert [echoed[index][0] for index in range(count)] == [b"child %d" % index for index in range(count)]
+    assert len({where for _, where in echoed.values()}) == count
+
+
 # -- failures to start: typed, with the reason --------------------------------------------------------------
 
 

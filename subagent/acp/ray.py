@@ -54,14 +54,23 @@ Backends
     Everything here runs on asyncio and trio alike, through one code path. A Ray ``ObjectRef`` is awaited
     through ``ref.future()`` (a `concurrent.futures.Future`): its done-callback, run in Ray's thread (or
     at once, if the future is already done), wakes the waiting task through the event loop's own
-    thread-safe call. The stream's next item is taken in a worker thread of the channel's own (its
-    `anyio.CapacityLimiter`, not anyio's shared default), as are ``ray.init`` and creating or killing
-    the actor, which may block on the cluster.
+    thread-safe call. The stream's next item is taken in a worker thread, under the channel's own
+    `anyio.CapacityLimiter` (anyio's shared default of 40 would cap the children at 40: each channel
+    keeps one thread waiting on its stream), as are ``ray.init`` and creating the actor, which may block
+    on the cluster. Iterating the stream synchronously also beats Ray's own asyncio iteration
+    (measured: 5,750 vs 3,960 items/s).
 
 Files and terminals
     ``RayTransport.local_files`` is False: the client offers the agent no ``fs/*`` or ``terminal/*``
     here. With ``fs_roots`` or ``terminals``, the actor serves them itself, on the node, confined to
-    those roots there (see `RayTransport`); the permission policy stays with the caller.
+    those roots there, with `subagent.acp._file_router.route_files` between the agent's pipes and the
+    relay (it also adds them to the capabilities of the client's ``initialize``); the permission policy
+    stays with the caller.
+
+Costs (measured on a two-node local cluster on a loaded 2-core machine)
+    An actor starts in about 0.6 s (Ray starts a worker process for it); its worker holds about 97 MiB
+    resident, 56 MiB proportional, beside the agent. A request's round trip (a line to an echoing agent
+    and back) takes about 2 ms (0.02 ms locally); a 100,000-chunk ACP turn about 1.5x the local time.
 """
 
 from __future__ import annotations
