@@ -20,13 +20,9 @@ from subagent.testing.contract import CONTRACT_CHECKS, ContractCheck, ProviderCo
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.raycluster import RayCluster
 from tests.test_provider_contract import OUTPUT, first_update
-from tests.test_ray_transport import (
-    LeakTaggedRayTransport,
-    assert_no_leaks_beside_ray,
-    ray_nodes,  # noqa: F401  (a fixture)
-)
+from tests.test_ray_transport import LeakTaggedRayTransport, assert_no_leaks_beside_ray
 
-pytestmark = [pytest.mark.anyio, pytest.mark.subprocess, pytest.mark.usefixtures("ray_nodes")]
+pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
 
 
 @pytest.fixture(autouse=True)

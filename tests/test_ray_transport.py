@@ -46,6 +46,12 @@ from subagent.testing.leaks import (
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.raycluster import SECOND_RESOURCE, RayCluster, RayNode, ray_or_skip, tagged_processes
 
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.subprocess,
+    pytest.mark.skipif(not supervision_available(), reason="the supervisor needs Linux"),
+]
+
 WAIT = 30  # seconds: a hang guard on one step, never a statement about speed
 
 
@@ -92,37 +98,6 @@ class LeakTaggedRayTransport(RayTransport):
             yield channel
 
 
-@pytest.fixture(scope="session")
-def ray_nodes(ray_cluster: RayCluster) -> RayCluster:
-    """The session's cluster, once this process has talked to an actor on each node: the first contact
-    with a node opens connections that stay (a leak check must not count them against a test)."""
-    ray = ray_or_skip()
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    probe = ray.remote(_Probe)
-    for node_id in (ray_cluster.head_node_id, ray_cluster.second_node_id):
-        strategy = NodeAffinitySchedulingStrategy(node_id, soft=False)
-        actor = probe.options(num_cpus=0, scheduling_strategy=strategy).remote()
-        assert ray.get(actor.node.remote(), timeout=WAIT) == node_id
-        with contextlib.suppress(ray.exceptions.ActorDiedError):
-            ray.get(actor.__ray_terminate__.remote(), timeout=WAIT)
-    return ray_cluster
-
-
-class _Probe:
-    def node(self) -> str:
-        import ray
-
-        node_id: str = ray.get_runtime_context().get_node_id()
-        return node_id
-
-
-pytestmark = [
-    pytest.mark.anyio,
-    pytest.mark.subprocess,
-    pytest.mark.skipif(not supervision_available(), reason="the supervisor needs Linux"),
-]
-
 ROOT = Path(__file__).resolve().parent.parent
 PROCS = ROOT / "fixtures" / "procs"
 SCENARIOS = ROOT / "fixtures" / "scenarios"
@@ -148,9 +123,9 @@ def ray_installed() -> None:
 
 
 @pytest.fixture
-def transport(ray_nodes: RayCluster) -> LeakTaggedRayTransport:
+def transport(ray_cluster: RayCluster) -> LeakTaggedRayTransport:
     """Children on the second node, given the leak tag."""
-    return LeakTaggedRayTransport(node_id=ray_nodes.second_node_id, stdin_close_timeout=SHORT_GRACE)
+    return LeakTaggedRayTransport(node_id=ray_cluster.second_node_id, stdin_close_timeout=SHORT_GRACE)
 
 
 def fixture_argv(name: str, *args: str) -> list[str]:
@@ -209,7 +184,7 @@ async def wait_gone(pids: list[int]) -> list[int]:
 
 
 async def test_a_stub_agent_turn_on_the_second_node_streams_the_reply_and_asks_the_local_permission_policy(
-    ray_nodes: RayCluster, transport: RayTransport, tmp_path: Path
+    ray_cluster: RayCluster, transport: RayTransport, tmp_path: Path
 ) -> None:
     async with (
         assert_no_leaks_beside_ray(),
@@ -219,8 +194,11 @@ async def test_a_stub_agent_turn_on_the_second_node_streams_the_reply_and_asks_t
     ):
         channel = client.process
         assert isinstance(channel, RayChannel)
-        assert (channel.node_id, channel.pid) == (ray_nodes.second_node_id, None)
-        assert channel.describe() == f"pid {channel.remote_pid} on ray node {short(ray_nodes.second_node_id)}"
+        assert isinstance(channel, Channel)
+        assert (channel.node_id, channel.pid) == (ray_cluster.second_node_id, None)
+        assert (
+            channel.describe() == f"pid {channel.remote_pid} on ray node {short(ray_cluster.second_node_id)}"
+        )
         with anyio.fail_after(WAIT):
             await client.initialize()
             session = await client.new_session(tmp_path)
@@ -303,7 +281,7 @@ async def test_a_message_of_several_mebibytes_on_stdin_arrives_intact_and_in_ord
 
 
 async def test_the_exit_status_and_stderr_tail_come_from_the_node(
-    ray_nodes: RayCluster, transport: RayTransport
+    ray_cluster: RayCluster, transport: RayTransport
 ) -> None:
     seen: list[str] = []
     async with (
@@ -315,7 +293,7 @@ async def test_the_exit_status_and_stderr_tail_come_from_the_node(
         with anyio.fail_after(WAIT):
             info = await channel.wait_exit()
             assert await read_to_end(channel.stdout) == b""
-    node = short(ray_nodes.second_node_id)
+    node = short(ray_cluster.second_node_id)
     assert (info.returncode, info.status_known, info.pid) == (3, True, channel.remote_pid)
     assert (info.via, info.stderr_tail) == (f"on ray node {node}", "loading\n\nboom\n")
     assert seen == ["loading", "", "boom"]
@@ -361,9 +339,9 @@ async def test_children_run_at_once_each_relaying_its_own_stdio(transport: RayTr
 
 
 async def test_a_missing_program_or_directory_on_the_node_is_a_spawn_error_naming_the_node(
-    ray_nodes: RayCluster, transport: RayTransport, tmp_path: Path
+    ray_cluster: RayCluster, transport: RayTransport, tmp_path: Path
 ) -> None:
-    node = short(ray_nodes.second_node_id)
+    node = short(ray_cluster.second_node_id)
     async with assert_no_leaks_beside_ray():
         with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as missing_program:
             async with transport.open([str(tmp_path / "no-such-agent")]):
@@ -382,7 +360,7 @@ async def test_a_missing_program_or_directory_on_the_node_is_a_spawn_error_namin
 
 
 async def test_a_node_that_is_not_there_or_resources_no_node_has_are_spawn_errors(
-    ray_nodes: RayCluster,
+    ray_cluster: RayCluster,
 ) -> None:
     gone = "ab" * 28
     async with assert_no_leaks_beside_ray():
@@ -392,7 +370,7 @@ async def test_a_node_that_is_not_there_or_resources_no_node_has_are_spawn_error
         with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as too_much:
             async with RayTransport(resources={SECOND_RESOURCE: 2}).open(["true"]):
                 pytest.fail("the agent started")
-        on_the_head = RayTransport(node_id=ray_nodes.head_node_id, resources={SECOND_RESOURCE: 1})
+        on_the_head = RayTransport(node_id=ray_cluster.head_node_id, resources={SECOND_RESOURCE: 1})
         with anyio.fail_after(WAIT), pytest.raises(AgentSpawnError) as elsewhere:
             async with on_the_head.open(["true"]):
                 pytest.fail("the agent started")
@@ -448,7 +426,7 @@ async def test_what_exec_cannot_carry_is_refused_before_anything_starts_without_
 
 
 async def test_sigkill_of_the_actors_worker_ends_the_run_with_an_error_and_leaves_no_process_of_the_child(
-    ray_nodes: RayCluster, transport: RayTransport
+    ray_cluster: RayCluster, transport: RayTransport
 ) -> None:
     async with assert_no_leaks_beside_ray() as tag:
         async with transport.open(STUBBORN_TREE) as channel:
@@ -457,7 +435,7 @@ async def test_sigkill_of_the_actors_worker_ends_the_run_with_an_error_and_leave
             assert {info.pid for info in tagged_processes(LEAK_TAG_VARIABLE, tag)} == set(tree)
             assert channel.worker_pid is not None
             os.kill(channel.worker_pid, signal.SIGKILL)
-            await wait_lost(channel, ray_nodes.second_node_id, "its worker process has died")
+            await wait_lost(channel, ray_cluster.second_node_id, "its worker process has died")
             with pytest.raises(anyio.BrokenResourceError):
                 await channel.stdin.send(b"anyone there?\n")
             # The supervisor saw its parent, the worker, gone: it ended the tree, then itself.
@@ -466,7 +444,7 @@ async def test_sigkill_of_the_actors_worker_ends_the_run_with_an_error_and_leave
 
 
 async def test_a_turn_whose_actor_dies_ends_with_an_agent_exited_error_naming_the_node(
-    ray_nodes: RayCluster, transport: RayTransport, stub_agent_command: StubAgentCommand, tmp_path: Path
+    ray_cluster: RayCluster, transport: RayTransport, stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
     argv = stub_agent_command({"turns": [[{"step": "message", "text": "working"}, {"step": "hang"}]]})
     async with assert_no_leaks_beside_ray():
@@ -490,15 +468,15 @@ async def test_a_turn_whose_actor_dies_ends_with_an_agent_exited_error_naming_th
                     await session.prompt("go")
         # The agent's supervisor saw its parent, the worker, gone: it ended the agent, then itself.
         assert await wait_gone([agent.pid, agent.ppid]) == []
-    node = short(ray_nodes.second_node_id)
+    node = short(ray_cluster.second_node_id)
     where = f"(pid {channel.remote_pid} on ray node {node}, ray actor died: its worker process has died)"
     assert where in str(caught.value)
 
 
 @pytest.fixture
-def doomed_node(ray_nodes: RayCluster) -> Iterator[RayNode]:
+def doomed_node(ray_cluster: RayCluster) -> Iterator[RayNode]:
     """A third node for one test that kills it (the shared nodes stay whole); stopped after."""
-    with ray_nodes.extra_node("doomed") as node:
+    with ray_cluster.extra_node("doomed") as node:
         yield node
 
 
@@ -515,14 +493,14 @@ async def test_a_dead_node_ends_the_run_with_an_error_naming_it_and_leaves_no_pr
 
 
 async def test_ray_kill_of_the_actor_ends_the_run_and_the_supervisor_ends_the_tree(
-    ray_nodes: RayCluster, transport: RayTransport
+    ray_cluster: RayCluster, transport: RayTransport
 ) -> None:
     ray = ray_or_skip()
     async with assert_no_leaks_beside_ray(), transport.open(STUBBORN_TREE) as channel:
         tree = await read_tree(channel)
         assert isinstance(channel, RayChannel)
         ray.kill(channel.actor)  # The worker exits by itself: Ray must leave its children alone.
-        await wait_lost(channel, ray_nodes.second_node_id, "it was killed by `ray.kill`")
+        await wait_lost(channel, ray_cluster.second_node_id, "it was killed by `ray.kill`")
         assert await wait_gone(tree) == []
 
 
@@ -579,7 +557,7 @@ async def test_an_agent_that_exits_at_stdin_eof_is_torn_down_gracefully(transpor
 
 
 async def test_the_agents_file_requests_are_served_on_its_node_inside_the_roots(
-    ray_nodes: RayCluster, stub_agent_command: StubAgentCommand, tmp_path: Path
+    ray_cluster: RayCluster, stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
     root = tmp_path / "root"
     root.mkdir()
@@ -594,7 +572,7 @@ async def test_the_agents_file_requests_are_served_on_its_node_inside_the_roots(
             ]
         }
     )
-    transport = LeakTaggedRayTransport(node_id=ray_nodes.second_node_id, fs_roots=[root])
+    transport = LeakTaggedRayTransport(node_id=ray_cluster.second_node_id, fs_roots=[root])
     async with assert_no_leaks_beside_ray(), spawn_agent(argv, transport=transport) as client:
         with anyio.fail_after(WAIT):
             await client.initialize()
