@@ -572,9 +572,7 @@ class ServiceRun(DisposeOnExit):
             self._service.events.emit("subagent/end", end_info)
 
     def _disposed_error(self, when: str) -> SubagentError:
-        return SubagentError(
-            ErrorCode.DISPOSED, f"run {self.id!r} was disposed {when}", provider=self.provider
-        )
+        return SubagentError.disposed(self.id, when, provider=self.provider)
 
 
 class _Steerable(ServiceRun):

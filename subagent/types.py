@@ -110,6 +110,11 @@ class SubagentError(Exception):
     def __repr__(self) -> str:
         return f"SubagentError({self.code.value}, {self.message!r})"
 
+    @classmethod
+    def disposed(cls, run_id: str, when: str, *, provider: str | None) -> SubagentError:
+        """``DISPOSED``: run ``run_id`` was disposed ``when`` (``"before its turn ended"``)."""
+        return cls(ErrorCode.DISPOSED, f"run {run_id!r} was disposed {when}", provider=provider)
+
 
 @dataclass(frozen=True, slots=True)
 class ToolFilter:

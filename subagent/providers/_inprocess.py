@@ -305,6 +305,4 @@ class InProcessRun(DisposeOnExit):
             self._done.set()
 
     def _disposed_error(self, when: str) -> SubagentError:
-        return SubagentError(
-            ErrorCode.DISPOSED, f"run {self.id!r} was disposed {when}", provider=self.provider.name
-        )
+        return SubagentError.disposed(self.id, when, provider=self.provider.name)

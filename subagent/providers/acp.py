@@ -651,11 +651,7 @@ class AcpRun(DisposeOnExit):
                 self._fail_start(f"run {self.id!r} was disposed {when}", code=ErrorCode.DISPOSED)
             if not self._result.is_set():
                 self._result.fail(
-                    SubagentError(
-                        ErrorCode.DISPOSED,
-                        f"run {self.id!r} was disposed before its turn ended",
-                        provider=self.provider.name,
-                    )
+                    SubagentError.disposed(self.id, "before its turn ended", provider=self.provider.name)
                 )
             self._child_exited.set()  # also when no child was ever spawned
             self._done.set()
