@@ -753,7 +753,8 @@ class RayChannel:
         self._connected = False
         self._stream: Any = None
         self._in_flight: collections.deque[Any] = collections.deque()
-        self._limiter = anyio.CapacityLimiter(2)  # the stream reader, and one control call
+        # One thread at a time: the actor's creation, then the stream reader.
+        self._limiter = anyio.CapacityLimiter(1)
         self._stdin = _StdinRelay()
         self._stdout = _StdoutRelay()
         self._tail = bytearray()
@@ -762,7 +763,6 @@ class RayChannel:
         self._lost: str | None = None
         self._exited = anyio.Event()
         self._stream_done = anyio.Event()
-        self._sender_done = anyio.Event()
         self._teardown_lock = anyio.Lock()
         self._teardown_report: TeardownReport | None = None
         self._killed = False
@@ -922,25 +922,22 @@ class RayChannel:
     async def _ship_stdin(self) -> None:
         relay, in_flight, actor = self._stdin, self._in_flight, self._actor
         seq = 0
-        try:
-            while not relay.broken:
-                if in_flight and (len(in_flight) >= STDIN_WINDOW or not (relay.buffer or relay.closed)):
+        while not relay.broken:
+            if in_flight and (len(in_flight) >= STDIN_WINDOW or not (relay.buffer or relay.closed)):
+                await self._settle_oldest()
+            elif relay.buffer:
+                data = bytes(relay.buffer[:CHUNK_BYTES])
+                del relay.buffer[:CHUNK_BYTES]
+                in_flight.append(actor.write.remote(seq, data))
+                seq += 1
+                relay.notify()
+            elif relay.closed:
+                in_flight.append(actor.write.remote(seq, None))
+                while in_flight and not relay.broken:
                     await self._settle_oldest()
-                elif relay.buffer:
-                    data = bytes(relay.buffer[:CHUNK_BYTES])
-                    del relay.buffer[:CHUNK_BYTES]
-                    in_flight.append(actor.write.remote(seq, data))
-                    seq += 1
-                    relay.notify()
-                elif relay.closed:
-                    in_flight.append(actor.write.remote(seq, None))
-                    while in_flight and not relay.broken:
-                        await self._settle_oldest()
-                    break
-                else:
-                    await relay.wait()
-        finally:
-            self._sender_done.set()
+                break
+            else:
+                await relay.wait()
 
     async def _settle_oldest(self) -> None:
         """Wait for the oldest write in flight to be done; a failed one breaks stdin."""
