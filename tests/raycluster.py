@@ -48,14 +48,24 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+import anyio
 import pytest
 
-from subagent.testing.leaks import LEAK_TAG_VARIABLE, ProcessInfo, process_info, process_is_gone
+from subagent.testing.leaks import (
+    LEAK_TAG_VARIABLE,
+    ProcessInfo,
+    leak_tag,
+    leaked_processes,
+    open_fds,
+    process_info,
+    process_is_gone,
+)
 
 __all__ = [
     "HEAD_RESOURCE",
@@ -64,6 +74,8 @@ __all__ = [
     "SECOND_RESOURCE",
     "RayCluster",
     "RayNode",
+    "assert_no_leaks_over_ray",
+    "files_but_sockets",
     "ray_cluster",
     "ray_or_skip",
     "tagged_processes",
@@ -84,6 +96,10 @@ STOP_TIMEOUT = 30.0
 """A hang guard on a node's processes exiting after SIGTERM, and again after SIGKILL."""
 OBJECT_STORE_BYTES = 100 * 1024 * 1024
 """Each node's object store: Ray's smallest allowed (75 MiB) with room; the tests move little data."""
+LEAK_SETTLE_TIMEOUT = 30.0
+"""How long `assert_no_leaks_over_ray` waits for what finished runs left on their nodes to be gone: an
+agent's supervisor ends its tree about a second after its worker dies, and Ray ends a killed actor's
+worker on its own schedule. A hang guard, never a statement about speed."""
 _POLL_INTERVAL = 0.05
 """How often a bounded wait here looks again (every wait has a deadline)."""
 _MAX_SOCKET_DIR = 40
@@ -172,6 +188,49 @@ def pss_bytes(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def files_but_sockets() -> Counter[str]:
+    """What this process's file descriptors point at, sockets and the scan's own descriptor left out: Ray's
+    driver opens and closes its gRPC connections (to raylets, to workers) on its own schedule."""
+    scan = f"/proc/{os.getpid()}/fd"
+    return Counter(
+        target for target in open_fds().values() if not target.startswith("socket:") and target != scan
+    )
+
+
+def _left_behind(tag: str, workers: Iterable[int | None]) -> list[ProcessInfo | int]:
+    left: list[ProcessInfo | int] = list(leaked_processes(tag))
+    return left + [pid for pid in workers if pid is not None and not process_is_gone(pid)]
+
+
+@contextlib.asynccontextmanager
+async def assert_no_leaks_over_ray(
+    workers: Callable[[], Iterable[int | None]] = tuple,
+) -> AsyncIterator[str]:
+    """`subagent.testing.leaks.assert_no_leaks` for runs over Ray; yields the leak tag.
+
+    Pass ``{LEAK_TAG_VARIABLE: tag}`` in the agent's environment (an actor's worker has its node's
+    environment, not ours). On exit it waits (bounded by `LEAK_SETTLE_TIMEOUT`) until no process carries
+    the tag or descends from this one, and none of the pids ``workers()`` then gives (the actors' worker
+    processes) runs; then it checks that this process has the same file descriptors as on entry, sockets
+    aside (see `files_but_sockets`).
+    """
+    with leak_tag() as tag:
+        files_before = files_but_sockets()
+        yield tag
+    pids = list(workers())
+    with anyio.move_on_after(LEAK_SETTLE_TIMEOUT):
+        while True:
+            if not _left_behind(tag, pids):
+                break
+            await anyio.sleep(_POLL_INTERVAL)  # The wait is bounded above.
+    left = _left_behind(tag, pids)
+    assert not left, f"processes left behind: {left}"
+    files_after = files_but_sockets()
+    assert files_after == files_before, (
+        f"descriptors opened {files_after - files_before}, closed {files_before - files_after}"
+    )
 
 
 @dataclass

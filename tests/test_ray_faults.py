@@ -25,7 +25,6 @@ import os
 import shlex
 import signal
 import tracemalloc
-from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -44,7 +43,7 @@ from subagent import (
     SubagentService,
 )
 from subagent.acp import schema
-from subagent.acp.client import AcpClient, spawn_agent
+from subagent.acp.client import AcpClient, AcpSession, spawn_agent
 from subagent.acp.errors import AgentExitedError, MessageTooLargeError, ProtocolError
 from subagent.acp.handlers import PermissionQuestion
 from subagent.acp.process import UNKNOWN_RETURNCODE, ExitInfo, TeardownStep, supervision_available
@@ -52,14 +51,10 @@ from subagent.acp.ray import CHUNK_BYTES, STREAM_WINDOW, RayChannel, RayTranspor
 from subagent.providers.acp import AcpProvider
 from subagent.testing.leaks import (
     LEAK_TAG_VARIABLE,
-    ProcessInfo,
-    leak_tag,
-    leaked_processes,
-    open_fds,
     process_is_gone,
 )
 from subagent.testing.pytest_plugin import StubAgentCommand
-from tests.raycluster import RayCluster, RayNode
+from tests.raycluster import RayCluster, RayNode, assert_no_leaks_over_ray
 from tests.test_faults import (
     CANCEL_PHASES,
     MIB,
@@ -81,10 +76,6 @@ pytestmark = [
 ]
 
 WAIT = 60  # seconds: a hang guard on one case (an extra node starts within it), never about speed
-LEAK_SETTLE_TIMEOUT = 30.0
-"""How long `assert_no_leaks_over_ray` waits for the processes of finished runs to be gone from their
-node: the agent's supervisor ends its tree about a second after its worker dies, and Ray ends a killed
-actor's worker on its own schedule. A hang guard, never a statement about speed."""
 SHORT_NODE_ID = 8
 """How many hex digits of a node id the transport's messages show."""
 
@@ -132,44 +123,9 @@ def ray_provider(
     return AcpProvider(argv, cwd=tmp_path, env={LEAK_TAG_VARIABLE: tag}, transport=transport, **options)
 
 
-def _left_behind(tag: str, workers: Sequence[int]) -> list[ProcessInfo | int]:
-    tagged: list[ProcessInfo | int] = list(leaked_processes(tag))
-    return tagged + [pid for pid in workers if not process_is_gone(pid)]
-
-
-def own_fds(fds: dict[int, str]) -> Counter[str]:
-    """What ``fds`` (`open_fds`) point to, but Ray's driver's sockets and event descriptors, and the
-    directory `open_fds` itself reads: Ray opens and closes those on its own schedule."""
-    return Counter(
-        target
-        for target in fds.values()
-        if not target.startswith(("socket:", "anon_inode:")) and not target.endswith("/fd")
-    )
-
-
-@asynccontextmanager
-async def assert_no_leaks_over_ray(*transports: RecordingRayTransport) -> AsyncIterator[str]:
-    """`assert_no_leaks` for runs over Ray; yields the leak tag.
-
-    Pass ``{LEAK_TAG_VARIABLE: tag}`` in the agent's environment (the actor's worker has the node's
-    environment, not ours). On exit it waits (bounded by `LEAK_SETTLE_TIMEOUT`) until no process carries
-    the tag and the workers of ``transports``' actors are gone, and checks that this process has the same
-    file descriptors as on entry, sockets aside: Ray's driver keeps a connection to each raylet and
-    worker it has talked to, opened and closed on its own schedule.
-    """
-    with leak_tag() as tag:
-        fds_before = open_fds()
-        yield tag
-    workers = [channel.worker_pid for transport in transports for channel in transport.channels]
-    known = [pid for pid in workers if pid is not None]
-    with anyio.move_on_after(LEAK_SETTLE_TIMEOUT):
-        while True:
-            if not _left_behind(tag, known):
-                break
-            await anyio.sleep(0.02)  # A poll interval; the wait is bounded above.
-    left = _left_behind(tag, known)
-    assert not left, f"processes left behind: {left}"
-    assert own_fds(open_fds()) == own_fds(fds_before)
+def workers_of(*transports: RecordingRayTransport) -> Callable[[], list[int | None]]:
+    """The worker pids of the actors ``transports`` opened, when asked (for `assert_no_leaks_over_ray`)."""
+    return lambda: [channel.worker_pid for transport in transports for channel in transport.channels]
 
 
 @asynccontextmanager
@@ -179,13 +135,33 @@ async def open_ray_service(
     """An open service recording lifecycle events, and the leak tag for its providers' agents. Once
     closed, no process (here or on a node), file descriptor or task may be left."""
     lifecycle = Lifecycle()
-    async with assert_no_leaks_over_ray(*transports) as tag:
+    async with assert_no_leaks_over_ray(workers_of(*transports)) as tag:
         before = running_task_ids()
         async with SubagentService() as service:
             service.events.on("subagent/start", lambda info: lifecycle.events.append(("start", info)))
             service.events.on("subagent/end", lambda info: lifecycle.events.append(("end", info)))
             yield service, lifecycle, tag
         assert running_task_ids() == before
+
+
+@asynccontextmanager
+async def ray_client(
+    cluster: RayCluster, argv: list[str], **options: Any
+) -> AsyncIterator[tuple[AcpClient, RecordingRayTransport]]:
+    """`spawn_agent` of ``argv`` on the second node, leak-tagged, inside `assert_no_leaks_over_ray`;
+    ``options`` go to `spawn_agent`."""
+    transport = ray_transport(cluster, argv)
+    async with (
+        assert_no_leaks_over_ray(workers_of(transport)) as tag,
+        spawn_agent(argv, env={LEAK_TAG_VARIABLE: tag}, transport=transport, **options) as client,
+    ):
+        yield client, transport
+
+
+async def ready_session(client: AcpClient, cwd: Path) -> AcpSession:
+    """Initialize ``client`` and open a session in ``cwd`` (under the case's hang guard)."""
+    await client.initialize()
+    return await client.new_session(cwd)
 
 
 def channel_of(client: AcpClient) -> RayChannel:
@@ -330,17 +306,10 @@ async def test_a_ray_child_killed_while_its_permission_question_is_pending_ends_
             withdrawn.set()
         return "allow"
 
-    transport = ray_transport(ray_cluster, argv)
-    async with (
-        assert_no_leaks_over_ray(transport) as tag,
-        spawn_agent(
-            argv, env={LEAK_TAG_VARIABLE: tag}, transport=transport, permission=kill_the_child_while_deciding
-        ) as client,
-    ):
+    async with ray_client(ray_cluster, argv, permission=kill_the_child_while_deciding) as (client, _):
         clients.append(client)
         with anyio.fail_after(WAIT):
-            await client.initialize()
-            session = await client.new_session(tmp_path)
+            session = await ready_session(client, tmp_path)
             with pytest.raises(AgentExitedError) as caught:
                 await session.prompt("edit it")
     info = caught.value.exit_info
@@ -456,17 +425,9 @@ async def test_a_wire_fault_mid_turn_over_ray_is_skipped_or_answered_and_reporte
     argv = stub_agent_command(fault.scenario())
     reported: list[ProtocolError] = []
     caplog.set_level(logging.WARNING)
-    transport = ray_transport(ray_cluster, argv)
-    async with (
-        assert_no_leaks_over_ray(transport) as tag,
-        spawn_agent(
-            argv, env={LEAK_TAG_VARIABLE: tag}, transport=transport, on_protocol_error=reported.append
-        ) as client,
-    ):
+    async with ray_client(ray_cluster, argv, on_protocol_error=reported.append) as (client, transport):
         with anyio.fail_after(WAIT):
-            await client.initialize()
-            session = await client.new_session(tmp_path)
-            result = await session.prompt("go")
+            result = await (await ready_session(client, tmp_path)).prompt("go")
     # No process of this host runs the agent: the connection's log names the transport instead.
     fault.check_turn(result, reported, caplog, transport.name)  # type: ignore[arg-type]
 
@@ -527,14 +488,9 @@ async def test_a_50_mib_stderr_flood_over_ray_deadlocks_nothing_and_leaves_a_bou
     argv = stub_agent_command(
         {"turns": [[{"step": "stderr", "bytes": flood}, {"step": "message", "text": "after the flood"}]]}
     )
-    transport = ray_transport(ray_cluster, argv)
-    async with (
-        assert_no_leaks_over_ray(transport) as tag,
-        spawn_agent(argv, env={LEAK_TAG_VARIABLE: tag}, transport=transport) as client,
-    ):
+    async with ray_client(ray_cluster, argv) as (client, transport):
         with anyio.fail_after(WAIT):
-            await client.initialize()
-            result = await (await client.new_session(tmp_path)).prompt("go")
+            result = await (await ready_session(client, tmp_path)).prompt("go")
         tail = channel_of(client).stderr_tail()
     info = channel_of(client).exit_info()
     assert result.output == "after the flood"
@@ -599,14 +555,9 @@ async def test_a_cancel_the_agent_on_a_ray_node_honours_ends_the_turn_cancelled(
     argv = stub_agent_command(
         {"turns": [[{"step": "message", "text": "working"}, {"step": "wait_for_cancel"}]]}
     )
-    transport = ray_transport(ray_cluster, argv)
-    async with (
-        assert_no_leaks_over_ray(transport) as tag,
-        spawn_agent(argv, env={LEAK_TAG_VARIABLE: tag}, transport=transport) as client,
-    ):
+    async with ray_client(ray_cluster, argv) as (client, _):
         with anyio.fail_after(WAIT):
-            await client.initialize()
-            session = await client.new_session(tmp_path)
+            session = await ready_session(client, tmp_path)
             first = anyio.Event()
             results: list[Any] = []
 
@@ -684,14 +635,9 @@ async def test_a_ray_agent_ignoring_stdin_eof_is_torn_down_on_its_node_by_escala
     last_signal: signal.Signals,
 ) -> None:
     argv = stub_agent_command({"onStdinEof": "ignore", "ignoreSigterm": ignore_sigterm})
-    transport = ray_transport(ray_cluster, argv)
-    async with (
-        assert_no_leaks_over_ray(transport) as tag,
-        spawn_agent(argv, env={LEAK_TAG_VARIABLE: tag}, transport=transport) as client,
-    ):
+    async with ray_client(ray_cluster, argv) as (client, _):
         with anyio.fail_after(WAIT):
-            await client.initialize()
-            await client.new_session(tmp_path)
+            await ready_session(client, tmp_path)
         report = await channel_of(client).aclose()
         info = channel_of(client).exit_info()
     # The actor ran the local teardown on the node: its steps, and the agent's real status.
@@ -719,14 +665,9 @@ async def test_a_grandchild_on_a_ray_node_is_gone_after_teardown(
             ]
         }
     )
-    transport = ray_transport(ray_cluster, argv)
-    async with (
-        assert_no_leaks_over_ray(transport) as tag,
-        spawn_agent(argv, env={LEAK_TAG_VARIABLE: tag}, transport=transport) as client,
-    ):
+    async with ray_client(ray_cluster, argv) as (client, _):
         with anyio.fail_after(WAIT):
-            await client.initialize()
-            result = await (await client.new_session(tmp_path)).prompt("go")
+            result = await (await ready_session(client, tmp_path)).prompt("go")
         grandchild = int(pid_file.read_text())
         assert not process_is_gone(grandchild)
     assert process_is_gone(grandchild)
