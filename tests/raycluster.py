@@ -19,9 +19,10 @@ own, so that two test sessions on one machine never meet:
   environment on to their workers), which is how `RayNode.processes` finds them: a worker renames itself
   ``ray::…``, so its command line does not say which cluster it belongs to.
 
-The nodes are detached from this process (their launcher exits at once, leaving ``ray start`` to init):
-a node's processes must not be descendants of the test session, or every `assert_no_leaks` in a later
-test would count the cluster as a leak. They are stopped by pid: SIGTERM to each node's ``ray start``
+The nodes are detached from this process: a node's processes must not be descendants of the test
+session, or every `assert_no_leaks` in a later test would count the cluster as a leak. Each node's
+``ray start`` is the child of a small keeper left to init, which reaps it and stops it if this session
+dies without doing so. They are stopped by pid: SIGTERM to each node's ``ray start``
 (it stops its processes; draining is turned off), then SIGKILL to whatever still carries the node's tag,
 and the fixture asserts that nothing does. Never ``ray stop``: it ends every Ray process on the machine,
 another session's cluster included.
@@ -104,15 +105,49 @@ _POLL_INTERVAL = 0.05
 """How often a bounded wait here looks again (every wait has a deadline)."""
 _MAX_SOCKET_DIR = 40
 """The longest cluster directory used: Ray adds about 65 bytes of session and socket names below it."""
-# A node's ``ray start --block`` must not be our child (see the module docstring): this launcher starts
-# it in a session of its own, prints its pid and exits, leaving it to init.
-_LAUNCHER = (
-    "import subprocess, sys\n"
-    "with open(sys.argv[1], 'ab') as log:\n"
-    "    node = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=log, stderr=log,"
-    " start_new_session=True)\n"
-    "print(node.pid, flush=True)\n"
-)
+_LAUNCHER = """
+import os, signal, subprocess, sys, time
+
+owner, log_path, argv = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+
+
+def owner_alive():
+    try:
+        with open(f"/proc/{owner}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+    except OSError:
+        return False
+
+
+read_end, write_end = os.pipe()
+if os.fork():
+    os.close(write_end)
+    with os.fdopen(read_end) as pid:
+        print(pid.read(), flush=True)
+    sys.exit(0)
+os.close(read_end)
+os.setsid()
+with open(log_path, "ab") as log:
+    node = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+os.write(write_end, str(node.pid).encode())
+os.close(write_end)
+null = os.open(os.devnull, os.O_RDWR)
+for fd in (0, 1, 2):
+    os.dup2(null, fd)
+while node.poll() is None:
+    if not owner_alive():
+        node.send_signal(signal.SIGTERM)
+        try:
+            node.wait(30)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait()
+    time.sleep(0.5)
+"""
+"""Starts a node without making it our descendant (see the module docstring): it forks a keeper, which
+starts ``ray start --block`` in a session of its own and hands its pid back, and exits; the keeper, left
+to init, reaps the node when it ends, and stops it (SIGTERM) if the test session that started it dies
+without stopping it (killed, say), so a cluster never outlives its session."""
 
 
 def ray_or_skip() -> ModuleType:
@@ -245,7 +280,7 @@ class RayNode:
     resource: str
     """The custom resource only this node has (one unit)."""
     launcher_pid: int
-    """The pid of the node's ``ray start --block`` (not our child: see the module docstring)."""
+    """The pid of the node's ``ray start --block`` (not our descendant: see the module docstring)."""
     node_id: str = ""
     """Ray's node id (hex), known once the node has joined."""
     address: str = ""
@@ -396,7 +431,7 @@ def _start_node(
     environ.update(environment)
     environ[NODE_TAG_VARIABLE] = node.tag
     launcher = subprocess.run(
-        [sys.executable, "-c", _LAUNCHER, str(node.log_file), *argv],
+        [sys.executable, "-c", _LAUNCHER, str(os.getpid()), str(node.log_file), *argv],
         env=environ,
         stdin=subprocess.DEVNULL,
         capture_output=True,
