@@ -8,6 +8,7 @@ stdout, writing the yielded stdin). Nothing sleeps to wait: every wait is for th
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -628,47 +629,65 @@ _METHODS = st.sampled_from(
 )
 
 
+def pieces(data: bytes, cuts: list[int]) -> list[bytes]:
+    """``data`` cut at the given positions (taken modulo its length): at most ``len(cuts) + 1`` pieces."""
+    positions = sorted({cut % len(data) for cut in cuts} | {0, len(data)}) if data else [0]
+    return [data[start:end] for start, end in itertools.pairwise(positions)]
+
+
+_CUTS = st.lists(st.integers(0, 100_000), max_size=20)
+"""Where a stream is cut between writes: anywhere, in a bounded number of pieces (a piece per write)."""
+
+
+# Built once: building a strategy (a recursive one above all) inside the composite costs more than the
+# example itself, thousands of times over under `make fuzz`.
+_JSON_VALUES = st.recursive(_JSON_LEAVES, lambda inner: st.lists(inner, max_size=3))
+_PARAMS = st.dictionaries(st.text(max_size=5), _JSON_LEAVES, max_size=3)
+_SEPARATORS = st.sampled_from([(",", ":"), (", ", ": ")])
+_KINDS = st.sampled_from(["message", "message", "junk", "json"])
+_METHOD_OR_NONE = st.one_of(st.none(), _METHODS)
+_JUNK = st.binary(max_size=40)
+
+
 @st.composite
 def _soups(draw: st.DrawFn) -> list[tuple[bytes, bool]]:
     """Lines of the agent's, each with whether the router serves it (an ``fs/*`` request). Requests get
     distinct ids, as an agent's requests in flight have."""
     soup: list[tuple[bytes, bool]] = []
-    for index in range(draw(st.integers(0, 30))):
-        kind = draw(st.sampled_from(["message", "message", "junk", "json"]))
+    for index in range(draw(st.integers(0, 20))):
+        kind = draw(_KINDS)
         if kind == "junk":
-            soup.append((draw(st.binary(max_size=40)).replace(b"\n", b" "), False))
+            soup.append((draw(_JUNK).replace(b"\n", b" "), False))
             continue
         if kind == "json":
-            value = draw(st.recursive(_JSON_LEAVES, lambda inner: st.lists(inner, max_size=3)))
-            soup.append((json.dumps(value).encode(), False))
+            soup.append((json.dumps(draw(_JSON_VALUES)).encode(), False))
             continue
         message: dict[str, Any] = {"jsonrpc": "2.0"}
-        method = draw(st.one_of(st.none(), _METHODS))
+        method = draw(_METHOD_OR_NONE)
         if method is not None:
             message["method"] = method
         has_id = draw(st.booleans())
         if has_id:
-            message["id"] = draw(st.sampled_from([index, f"id-{index}"]))
+            message["id"] = f"id-{index}" if draw(st.booleans()) else index
         if draw(st.booleans()):
-            message["params"] = draw(st.dictionaries(st.text(max_size=5), _JSON_LEAVES, max_size=3))
-        line = json.dumps(message, separators=draw(st.sampled_from([(",", ":"), (", ", ": ")]))).encode()
+            message["params"] = draw(_PARAMS)
+        line = json.dumps(message, separators=draw(_SEPARATORS)).encode()
         soup.append((line, has_id and method is not None and method.startswith("fs/")))
     return soup
 
 
 @pytest.mark.fuzz
-@given(soup=_soups(), cut=st.integers(1, 200))
+@given(soup=_soups(), cuts=_CUTS)
 async def test_every_line_not_served_comes_out_unchanged_and_in_order(
-    soup: list[tuple[bytes, bool]], cut: int, tmp_path_factory: pytest.TempPathFactory
+    soup: list[tuple[bytes, bool]], cuts: list[int], root: Path
 ) -> None:
-    root = tmp_path_factory.mktemp("root")
     end = update("end")
     data = b"".join(line + b"\n" for line, _ in soup) + end + b"\n"
     expected = [line for line, served in soup if not served] + [end]
     served = sum(1 for _, is_served in soup if is_served)
     async with routed(fs_roots=[root], max_line_bytes=4096) as router:
-        for index in range(0, len(data), cut):
-            await router.agent_stdout.writer.send(data[index : index + cut])
+        for piece in pieces(data, cuts):
+            await router.agent_stdout.writer.send(piece)
         assert await router.caller_hears(len(expected)) == expected
         for _ in range(served):  # each served request is answered once, with an error (no such params)
             assert "error" in msgspec.json.decode(await router.agent_hears())
@@ -691,11 +710,10 @@ _CALLER_LINES = st.one_of(
 
 
 @pytest.mark.fuzz
-@given(lines=st.lists(_CALLER_LINES, max_size=12), cuts=st.lists(st.integers(1, 100), min_size=1, max_size=5))
+@given(lines=st.lists(_CALLER_LINES, max_size=12), cuts=_CUTS)
 async def test_the_callers_bytes_reach_the_agent_unchanged_however_cut_but_the_first_initialize(
-    lines: list[bytes], cuts: list[int], tmp_path_factory: pytest.TempPathFactory
+    lines: list[bytes], cuts: list[int], root: Path
 ) -> None:
-    root = tmp_path_factory.mktemp("root")
     data = b"".join(line + b"\n" for line in lines)
     amended = INITIALIZE.replace(
         b'"readTextFile":false,"writeTextFile":false', b'"readTextFile":true,"writeTextFile":true'
@@ -703,11 +721,8 @@ async def test_the_callers_bytes_reach_the_agent_unchanged_however_cut_but_the_f
     expected = data.replace(INITIALIZE, amended, 1)
     received = b""
     async with routed(fs_roots=[root]) as router:
-        offset = 0
-        while offset < len(data):
-            size = cuts[offset % len(cuts)]
-            await router.stdin.send(data[offset : offset + size])
-            offset += size
+        for piece in pieces(data, cuts):
+            await router.stdin.send(piece)
         await router.stdin.aclose()
         with anyio.fail_after(EVENT_TIMEOUT):
             async for item in router.agent_stdin.items:
