@@ -8,6 +8,7 @@ stdout, writing the yielded stdin). Nothing sleeps to wait: every wait is for th
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -560,6 +561,23 @@ async def test_an_over_long_line_is_forwarded_in_pieces_in_bounded_memory(root: 
     assert forwarded == len(head) + size + 4 + len(update("next")) + 1
     # The line is 16 MiB, the limit 64 KiB: measured peak about 0.15 MiB.
     assert peak < 2 * 1024 * 1024, peak
+
+
+async def test_a_read_of_the_stdout_never_returns_more_than_asked(root: Path) -> None:
+    lines = [update("one"), b"[log] " + b"x" * 100, update("two")]
+    async with routed(fs_roots=[root], relay=False) as router:
+        await router.agent_stdout.writer.send(lines[0][:20])  # held: the rest comes in the next read
+        await router.agent_says(lines[0][20:], *lines[1:])
+        await router.agent_stdout.writer.aclose()
+        pieces: list[bytes] = []
+        with anyio.fail_after(EVENT_TIMEOUT):
+            with contextlib.suppress(anyio.EndOfStream):
+                while True:
+                    pieces.append(await router.stdout.receive(7))
+            with pytest.raises(anyio.EndOfStream):  # the end stays the end
+                await router.stdout.receive(7)
+    assert max(map(len, pieces)) == 7
+    assert b"".join(pieces) == b"".join(line + b"\n" for line in lines)
 
 
 async def test_the_stdout_ends_after_everything_before_the_end_and_cancels_local_requests(

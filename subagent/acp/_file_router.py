@@ -100,6 +100,8 @@ STDIN_CLOSE_FLUSH_TIMEOUT: Final = 1.0
 """When the caller closes stdin, how long its held partial line may take to reach the agent (whose stdin
 may be full) before the agent's stdin is closed anyway."""
 
+_MIN_READ: Final = 4096
+"""The least the router asks of the agent's stdout in one read."""
 _FS_PREFIX: Final = "fs/"
 _TERMINAL_PREFIX: Final = "terminal/"
 _INITIALIZE_MARK: Final = b'"initialize"'
@@ -322,8 +324,11 @@ class _AgentStdout(anyio.abc.ByteReceiveStream):
                 raise anyio.EndOfStream
             if feed.queued >= MAX_QUEUED_ROUTED_BYTES:
                 await feed.wait_taken(MAX_QUEUED_ROUTED_BYTES)
+            # Room for the start of a line held from the last read: the chunk then goes out whole, in
+            # one receive of the relay's, rather than in a full piece and a sliver.
+            room = max(max_bytes - len(self._partial), _MIN_READ)
             try:
-                chunk = await self._agent.receive()
+                chunk = await self._agent.receive(room)
             except anyio.EndOfStream:
                 self._end()
             else:
