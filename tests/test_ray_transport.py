@@ -30,7 +30,14 @@ from subagent.acp import schema
 from subagent.acp.client import spawn_agent
 from subagent.acp.errors import AgentExitedError, AgentSpawnError
 from subagent.acp.process import UNKNOWN_RETURNCODE, TeardownReport, TeardownStep, supervision_available
-from subagent.acp.ray import RayChannel, RayTransport, transport_from_url
+from subagent.acp.ray import (
+    CHUNK_BYTES,
+    STDIN_BUFFER_BYTES,
+    STDIN_WINDOW,
+    RayChannel,
+    RayTransport,
+    transport_from_url,
+)
 from subagent.acp.transport import Channel, Transport
 from subagent.acp.transport import transport_from_url as any_transport_from_url
 from subagent.providers.acp import AcpProvider
@@ -278,6 +285,39 @@ async def test_a_message_of_several_mebibytes_on_stdin_arrives_intact_and_in_ord
     assert len(echoed) == len(message)
     assert echoed == message
     assert (info.returncode, info.status_known) == (0, True)
+
+
+async def test_a_writer_to_an_agent_that_reads_nothing_is_held_once_the_bounded_buffers_are_full(
+    transport: RayTransport,
+) -> None:
+    piece = b"x" * 65536
+    sent = 0
+    async with (
+        assert_no_leaks_beside_ray(),
+        transport.open([sys.executable, "-c", "import time; time.sleep(600)"]) as channel,
+        anyio.create_task_group() as task_group,
+    ):
+        assert isinstance(channel, RayChannel)
+
+        async def write_forever() -> None:
+            nonlocal sent
+            while True:
+                await channel.stdin.send(piece)
+                sent += len(piece)
+
+        task_group.start_soon(write_forever)
+        # Full: the buffer here, and the window of writes in flight, none of which the actor can finish
+        # (the first waits on the agent's full pipe, the others on the first). Nothing moves after that.
+        with anyio.fail_after(WAIT):
+            while True:
+                if len(channel._stdin.buffer) == STDIN_BUFFER_BYTES and channel._in_flight == STDIN_WINDOW:
+                    break
+                await anyio.sleep(0.01)  # A poll interval: the wait is bounded above.
+        await anyio.wait_all_tasks_blocked()
+        # Buffered here, in flight (at most a window of batches), and what went before into the agent's
+        # pipe and the writer's buffer on the node (64 KiB each).
+        assert STDIN_BUFFER_BYTES < sent <= STDIN_BUFFER_BYTES + STDIN_WINDOW * CHUNK_BYTES + CHUNK_BYTES
+        task_group.cancel_scope.cancel()
 
 
 async def test_the_exit_status_and_stderr_tail_come_from_the_node(

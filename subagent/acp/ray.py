@@ -449,6 +449,9 @@ class _StdinRelay(anyio.abc.ByteSendStream):
     async def wait(self) -> None:
         await self._changed.wait()
 
+    def is_broken(self) -> bool:
+        return self.broken
+
     async def send(self, item: bytes) -> None:
         """Buffer ``item`` (waiting while the buffer is full); `anyio.BrokenResourceError` once the agent's
         stdin is gone."""
@@ -752,7 +755,8 @@ class RayChannel:
         self._start_abandoned = False
         self._connected = False
         self._stream: Any = None
-        self._in_flight: collections.deque[Any] = collections.deque()
+        self._in_flight = 0
+        """stdin writes sent to the actor and not answered yet."""
         # One thread at a time: the actor's creation, then the stream reader.
         self._limiter = anyio.CapacityLimiter(1)
         self._stdin = _StdinRelay()
@@ -920,32 +924,34 @@ class RayChannel:
     # -- stdin -----------------------------------------------------------------------------------------------
 
     async def _ship_stdin(self) -> None:
-        relay, in_flight, actor = self._stdin, self._in_flight, self._actor
+        relay, actor = self._stdin, self._actor
+        window = anyio.Semaphore(STDIN_WINDOW)
         seq = 0
-        while not relay.broken:
-            if in_flight and (len(in_flight) >= STDIN_WINDOW or not (relay.buffer or relay.closed)):
-                await self._settle_oldest()
-            elif relay.buffer:
-                data = bytes(relay.buffer[:CHUNK_BYTES])
+        async with anyio.create_task_group() as acks:
+            while not relay.broken:
+                if not (relay.buffer or relay.closed):
+                    await relay.wait()
+                    continue
+                await window.acquire()  # Every write in flight is settled by a task of its own.
+                if relay.is_broken():  # While waiting: an answer said so, or teardown began.
+                    break
+                data = None if not relay.buffer else bytes(relay.buffer[:CHUNK_BYTES])
                 del relay.buffer[:CHUNK_BYTES]
-                in_flight.append(actor.write.remote(seq, data))
-                seq += 1
+                self._in_flight += 1
+                acks.start_soon(self._settle, actor.write.remote(seq, data), window)
                 relay.notify()
-            elif relay.closed:
-                in_flight.append(actor.write.remote(seq, None))
-                while in_flight and not relay.broken:
-                    await self._settle_oldest()
-                break
-            else:
-                await relay.wait()
+                if data is None:  # stdin's end: nothing follows.
+                    break
+                seq += 1
 
-    async def _settle_oldest(self) -> None:
-        """Wait for the oldest write in flight to be done; a failed one breaks stdin."""
+    async def _settle(self, ref: Any, window: anyio.Semaphore) -> None:
+        """Wait for one write to be done (a failed one breaks stdin), and free its place in the window."""
         try:
-            answer = await _resolve(self._in_flight[0])
+            answer = await _resolve(ref)
         except Exception:
             answer = "broken"  # The actor is gone; the stream says how.
-        self._in_flight.popleft()
+        self._in_flight -= 1
+        window.release()
         if answer != "ok":
             self._stdin.broken = True
             self._stdin.buffer.clear()
