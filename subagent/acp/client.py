@@ -48,6 +48,7 @@ import msgspec
 
 from subagent._version import __version__
 from subagent.acp import schema
+from subagent.acp._file_router import serve_file_request
 from subagent.acp._frozen import freeze_json
 from subagent.acp._usage import TurnUsage
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
@@ -909,22 +910,12 @@ class AcpClient:
         return session
 
     async def _serve_request(self, method: str, params: msgspec.Raw | None) -> Any:
-        data = params if params is not None else b"null"
         if method == schema.SESSION_REQUEST_PERMISSION:
+            data = params if params is not None else b"null"
             return await self._on_permission(schema.decode(data, type=schema.RequestPermissionRequest))
-        if method == schema.FS_READ_TEXT_FILE and self.fs is not None:
-            read = schema.decode(data, type=schema.ReadTextFileRequest)
-            self._touch(read.session_id)
-            content = await self.fs.read_text(read.path, line=read.line, limit=read.limit)
-            return schema.ReadTextFileResponse(content=content)
-        if method == schema.FS_WRITE_TEXT_FILE and self.fs is not None:
-            write = schema.decode(data, type=schema.WriteTextFileRequest)
-            self._touch(write.session_id)
-            await self.fs.write_text(write.path, write.content)
-            return schema.WriteTextFileResponse()
-        if method.startswith("terminal/") and self.terminals is not None:
-            return await self.terminals.serve(method, data)
-        raise RequestError.method_not_found(method)
+        return await serve_file_request(
+            method, params, fs=self.fs, terminals=self.terminals, on_session=self._touch
+        )
 
     def _touch(self, session_id: str) -> None:
         self._session_for(session_id).last_activity = time.monotonic()
