@@ -68,7 +68,7 @@ format: $(STAMP) ## apply ruff's formatting and safe fixes
 demo: $(STAMP) ## a full turn against the bundled stub agent: no network, no keys
 	$(BIN)/subagent demo
 
-bench: $(STAMP) ## run every benchmark under bench/ (installs the bench-only extra first); about 5 minutes
+bench: $(STAMP) ## run every benchmark under bench/ (installs the bench-only extra first); about 13 minutes (two Ray clusters, an sshd)
 	$(BIN)/python -m pip install --quiet -e '.[dev,bench]'
 	@start=$$(date +%s); for script in bench/[!_]*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done; \
 		echo "== make bench: every script ran in $$(( $$(date +%s) - start )) s"
