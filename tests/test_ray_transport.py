@@ -596,31 +596,35 @@ async def test_an_agent_that_exits_at_stdin_eof_is_torn_down_gracefully(transpor
 # -- files and terminals on the node ------------------------------------------------------------------------
 
 
-async def test_the_agents_file_requests_are_served_on_its_node_inside_the_roots(
+async def test_the_agents_file_and_terminal_requests_are_served_on_its_node_inside_the_roots(
     ray_cluster: RayCluster, stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
     root = tmp_path / "root"
     root.mkdir()
     (root / "input.txt").write_text("read on the node\n")
+    terminal = {"sessionId": "any", "command": "true", "cwd": str(root)}
     argv = stub_agent_command(
         {
             "turns": [
                 [
                     {"step": "read_file", "path": str(root / "input.txt")},
                     {"step": "read_file", "path": str(tmp_path / "outside.txt")},
+                    {"step": "call", "method": "terminal/create", "params": terminal},
                 ]
             ]
         }
     )
-    transport = LeakTaggedRayTransport(node_id=ray_cluster.second_node_id, fs_roots=[root])
+    transport = LeakTaggedRayTransport(node_id=ray_cluster.second_node_id, fs_roots=[root], terminals=True)
     async with assert_no_leaks_beside_ray(), spawn_agent(argv, transport=transport) as client:
         with anyio.fail_after(WAIT):
             await client.initialize()
             session = await client.new_session(tmp_path)
             result = await session.prompt("go")
-    inside, outside = (json.loads(text) for text in texts(result.updates))
+    inside, outside, created = (json.loads(text) for text in texts(result.updates))
     assert inside == {"method": "fs/read_text_file", "result": {"content": "read on the node\n"}}
     assert outside["error"]["code"] == -32602
+    assert created["method"] == "terminal/create"
+    assert set(created["result"]) == {"terminalId"}
 
 
 # -- naming and options --------------------------------------------------------------------------------------

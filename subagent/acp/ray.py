@@ -656,7 +656,8 @@ class RayTransport:
                 host, _, port = self.address.rpartition(":")
                 with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT):
                     pass
-            ray.init(address=self.address or "auto")
+            # The agent's stderr comes on the stream; Ray's workers' own output stays in the node's logs.
+            ray.init(address=self.address or "auto", log_to_driver=False)
 
     def _placement_problem(self) -> str | None:
         """Why no live node can take the actor, if that is certain now (blocking)."""
