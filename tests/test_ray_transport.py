@@ -432,6 +432,30 @@ async def test_an_actor_that_cannot_be_placed_in_time_fails_the_start_after_the_
     assert caught.value.reason == "its ray actor was not placed and started within 1s"
 
 
+def actor_workers(node: RayNode) -> list[int]:
+    """The pids of the node's worker processes running our actor (Ray names a worker after its actor)."""
+    return [info.pid for info in node.processes() if info.comm.startswith("ray::_AgentAct")]
+
+
+async def test_a_start_cancelled_at_any_moment_leaves_no_actor_and_no_agent(
+    ray_cluster: RayCluster, transport: RayTransport
+) -> None:
+    async with assert_no_leaks_beside_ray() as tag:
+        async with transport.open(fixture_argv("echo_lines.py")) as channel:
+            assert channel.worker_pid in actor_workers(ray_cluster.second)
+        for delay in (0.0, 0.05, 0.2, 0.5, 1.0, 2.0):
+            with anyio.move_on_after(delay):
+                async with transport.open(fixture_argv("echo_lines.py")):
+                    await anyio.sleep_forever()
+        # A start given up after the agent started leaves its end to the supervisor, once ray.kill
+        # ended the worker: wait for that.
+        with anyio.fail_after(WAIT):
+            while True:
+                if not actor_workers(ray_cluster.second) and not tagged_processes(LEAK_TAG_VARIABLE, tag):
+                    break
+                await anyio.sleep(0.05)  # A poll interval: the wait is bounded above.
+
+
 @pytest.mark.usefixtures("ray_installed")
 def test_an_unreachable_cluster_is_a_spawn_error_at_once_in_a_process_of_its_own(tmp_path: Path) -> None:
     # This process is connected to the session's cluster already; a fresh one connects for itself.
