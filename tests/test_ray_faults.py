@@ -246,11 +246,6 @@ async def test_killing_the_raylet_or_the_actor_worker_mid_turn_ends_the_run_with
 
 # -- the agent's signal state -----------------------------------------------------------------------------
 
-INHERITED_SIGNAL_STATE = pytest.mark.xfail(
-    reason="the agent inherits the signal mask of the actor's event-loop thread in Ray's worker, SIGINT "
-    "blocked (SigBlk 0x2): a SIGINT stays pending and the agent lives on",
-    strict=True,
-)
 SIGNAL_STATE = (
     "print(''.join(line for line in open('/proc/self/status') if line.startswith(('SigBlk', 'SigIgn'))))"
 )
@@ -268,7 +263,6 @@ async def signal_state(transport: Transport) -> str:
     return printed.decode()
 
 
-@INHERITED_SIGNAL_STATE
 async def test_an_agent_on_a_ray_node_starts_with_the_signal_state_of_a_local_agent(
     ray_cluster: RayCluster,
 ) -> None:
@@ -290,7 +284,6 @@ async def test_an_agent_on_a_ray_node_starts_with_the_signal_state_of_a_local_ag
             "authenticate",
             signal.SIGINT,
             id="during authenticate",
-            marks=INHERITED_SIGNAL_STATE,
         ),
         pytest.param("newSession", signal.SIGTERM, id="during session/new"),
     ],

@@ -673,3 +673,20 @@ async def test_a_sigterm_sent_to_the_supervisor_by_anyone_stops_the_whole_tree()
         )
         for pid in (proc.supervisor_pid, *helper_pids):
             assert_no_such_process(pid)
+
+
+async def test_an_agent_starts_with_no_signal_blocked_whatever_the_spawning_thread_blocked() -> None:
+    # A Ray worker's event-loop thread blocks SIGINT; a blocked signal survives fork and exec.
+    program = "print(next(line for line in open('/proc/self/status') if line.startswith('SigBlk')))"
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        async with assert_no_leaks(), open_agent_process([sys.executable, "-c", program]) as process:
+            printed = b""
+            with anyio.fail_after(WAIT):
+                while not printed.endswith(b"\n"):
+                    printed += await process.stdout.receive()
+                info = await process.wait_exit()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    assert printed == b"SigBlk:\t0000000000000000\n"
+    assert info.returncode == 0

@@ -59,7 +59,6 @@ import time
 TYPE_CHECKING = False  # Not typing's: importing typing would cost more start-up time than it is worth here.
 if TYPE_CHECKING:
     import signal
-    from collections.abc import Iterable
 else:
     # Every spawn waits for our start, so it is kept short. The public signal module is this C module plus
     # enums, and importing enum is 4 ms of a 15 ms start (measured); signals are plain ints here.
@@ -184,7 +183,7 @@ class Supervisor:
             self.parent_gone = True
         return not self.parent_gone
 
-    def spawn(self, original_mask: Iterable[int], stdout_fd: int = -1) -> int:
+    def spawn(self, stdout_fd: int = -1) -> int:
         with open("/proc/self/environ", "rb") as environ_file:
             environ = environ_file.read()
         env: dict[bytes, bytes] = {}
@@ -203,7 +202,9 @@ class Supervisor:
                     os.dup2(stdout_fd, 1)  # The copy is inheritable; the pipe's own fds close on exec.
                 for sig in _RESET_FOR_AGENT:
                     signal.signal(sig, signal.SIG_DFL)
-                signal.pthread_sigmask(signal.SIG_SETMASK, original_mask)
+                # Nothing blocked, whatever our starter's thread blocked (a Ray worker's event-loop thread
+                # blocks SIGINT): a blocked signal stays blocked across exec, and teardown relies on them.
+                signal.pthread_sigmask(signal.SIG_SETMASK, ())
                 os.execvpe(self.command[0], self.command, env)
             except (OSError, ValueError) as exc:
                 code = exc.errno if isinstance(exc, OSError) and exc.errno else 0
@@ -317,7 +318,7 @@ class Supervisor:
 
     def run(self) -> int:
         # Blocked signals stay pending until sigtimedwait() takes them: none is lost, no handler races.
-        original_mask = signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
+        signal.pthread_sigmask(signal.SIG_BLOCK, _WATCHED)
         # An ignored SIGCHLD (inherited) would make the kernel reap children for us, status and all.
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.set_inheritable(self.status_fd, False)
@@ -331,7 +332,7 @@ class Supervisor:
         if self.relay_stdout:
             stdout_read, stdout_write = os.pipe()
         try:
-            self.agent_pid = self.spawn(original_mask, stdout_write)
+            self.agent_pid = self.spawn(stdout_write)
         except OSError as exc:
             code = exc.errno or 0
             self.report(f"error {code} {exc.strerror or exc}")
