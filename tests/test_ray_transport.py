@@ -23,7 +23,6 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import pytest
-from anyio.streams.buffered import BufferedByteReceiveStream
 
 from subagent import SubagentRequest, SubagentResult, SubagentService
 from subagent.acp import schema
@@ -48,10 +47,11 @@ from subagent.testing.leaks import (
     leaked_processes,
     open_fds,
     process_info,
-    process_is_gone,
 )
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.raycluster import SECOND_RESOURCE, RayCluster, RayNode, ray_or_skip, tagged_processes
+from tests.test_faults import texts
+from tests.test_ssh_transport import SCENARIOS, fixture_argv, read_line, wait_gone
 
 pytestmark = [
     pytest.mark.anyio,
@@ -105,18 +105,7 @@ class LeakTaggedRayTransport(RayTransport):
             yield channel
 
 
-ROOT = Path(__file__).resolve().parent.parent
-PROCS = ROOT / "fixtures" / "procs"
-SCENARIOS = ROOT / "fixtures" / "scenarios"
 SHORT_GRACE = 0.5  # for a teardown step the agent ignores: it always runs out, and decides nothing
-
-
-def texts(updates: Sequence[schema.SessionUpdate]) -> list[str]:
-    return [
-        update.content.text
-        for update in updates
-        if isinstance(update, schema.AgentMessageChunk) and isinstance(update.content, schema.TextContent)
-    ]
 
 
 def short(node_id: str) -> str:
@@ -133,16 +122,6 @@ def ray_installed() -> None:
 def transport(ray_cluster: RayCluster) -> LeakTaggedRayTransport:
     """Children on the second node, given the leak tag."""
     return LeakTaggedRayTransport(node_id=ray_cluster.second_node_id, stdin_close_timeout=SHORT_GRACE)
-
-
-def fixture_argv(name: str, *args: str) -> list[str]:
-    """``fixtures/procs/<name>`` run by this interpreter (the nodes run on this machine)."""
-    return [sys.executable, str(PROCS / name), *args]
-
-
-async def read_line(channel: Channel) -> bytes:
-    with anyio.fail_after(WAIT):
-        return await BufferedByteReceiveStream(channel.stdout).receive_until(b"\n", 64 * 1024)
 
 
 STUBBORN_TREE = fixture_argv("escaping_descendants.py", "ignore-sigterm", "ignore-sigterm")
@@ -175,16 +154,6 @@ async def wait_lost(channel: RayChannel, node_id: str, why: str) -> None:
     assert (info.status_known, info.returncode, info.pid) == (False, UNKNOWN_RETURNCODE, channel.remote_pid)
     assert info.via is not None
     assert re.fullmatch(f"on ray node {short(node_id)}, ray actor died: {why}", info.via), info.via
-
-
-async def wait_gone(pids: list[int]) -> list[int]:
-    """Wait (bounded) until none of ``pids`` runs; those still running then."""
-    with anyio.move_on_after(WAIT):
-        while True:
-            if all(process_is_gone(pid) for pid in pids):
-                break
-            await anyio.sleep(0.02)  # A poll interval: the wait is bounded above.
-    return [pid for pid in pids if not process_is_gone(pid)]
 
 
 # -- whole turns ------------------------------------------------------------------------------------------
