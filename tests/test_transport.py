@@ -17,8 +17,17 @@ from hypothesis import strategies as st
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentService
 from subagent.acp import AgentProcess, ExitInfo
 from subagent.acp.client import spawn_agent
+from subagent.acp.errors import AgentSpawnError
 from subagent.acp.handlers import FsSandbox
-from subagent.acp.transport import TRANSPORT_SCHEMES, Channel, LocalTransport, Transport, transport_from_url
+from subagent.acp.transport import (
+    TRANSPORT_SCHEMES,
+    BaseTransport,
+    Channel,
+    Launch,
+    LocalTransport,
+    Transport,
+    transport_from_url,
+)
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks
@@ -97,6 +106,70 @@ def test_an_exit_elsewhere_names_its_route_and_an_unknown_pid() -> None:
     )
     located = ExitInfo(("agent",), 42, 0, "", 0, via="via ssh to build-1")
     assert str(located) == "agent `agent` (pid 42 via ssh to build-1) exited with status 0; stderr was empty"
+
+
+# -- BaseTransport ---------------------------------------------------------------------------------------
+
+
+class RecordingTransport(BaseTransport):
+    """Records what `launch` is given; never starts anything."""
+
+    name = "recording"
+    local_files = False
+    stdin_close_timeout = 1.0
+
+    def __init__(self) -> None:
+        self.launched: list[Launch] = []
+
+    def launch(self, launch: Launch) -> Any:
+        self.launched.append(launch)
+        return "a context manager"
+
+
+def test_a_base_transport_launches_the_checked_command_with_a_copy_of_env() -> None:
+    transport = RecordingTransport()
+    env = {"KEY": "value"}
+    on_line = print
+    assert isinstance(transport, Transport)
+    assert transport.open([Path("/bin/agent"), "--acp"], env=env, cwd="/srv", on_stderr_line=on_line) == (
+        "a context manager"
+    )
+    env["KEY"] = "changed later"
+    assert transport.launched == [Launch(("/bin/agent", "--acp"), {"KEY": "value"}, "/srv", on_line)]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "error", "message"),
+    [
+        (
+            "agent --acp",
+            None,
+            TypeError,
+            "argv must be a sequence of arguments, not a string: no shell is used",
+        ),
+        ([], None, ValueError, "argv must name a program"),
+        (
+            ["agent", "a\0b"],
+            None,
+            AgentSpawnError,
+            "cannot start agent `agent 'a\x00b'`: argument 1 contains a NUL character",
+        ),
+        (
+            ["agent"],
+            {"TOKEN": "hunter\0 22"},
+            AgentSpawnError,
+            "cannot start agent `agent`: the value of environment variable 'TOKEN' contains a NUL character",
+        ),
+    ],
+)
+def test_a_base_transport_refuses_what_exec_cannot_carry_before_launching_anything(
+    argv: Any, env: dict[str, str] | None, error: type[Exception], message: str
+) -> None:
+    transport = RecordingTransport()
+    with pytest.raises(error) as caught:
+        transport.open(argv, env=env)
+    assert str(caught.value) == message
+    assert transport.launched == []
 
 
 # -- transport_from_url ------------------------------------------------------------------------------

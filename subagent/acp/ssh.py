@@ -89,7 +89,7 @@ from subagent.acp.process import (
     TeardownReport,
     open_agent_process,
 )
-from subagent.acp.transport import check_command
+from subagent.acp.transport import BaseTransport, Launch
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -222,7 +222,7 @@ def _encode_request(request: Mapping[str, object]) -> bytes:
     return b"%d\n" % len(body) + body
 
 
-class SshTransport:
+class SshTransport(BaseTransport):
     """Child agents on ``host``, reached with the system ``ssh`` client (see the module docstring).
 
     Args:
@@ -341,14 +341,7 @@ class SshTransport:
         return _encode_request(place) + _encode_request(supervise)
 
     @contextlib.asynccontextmanager
-    async def open(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        on_stderr_line: Callable[[str], object] | None = None,
-    ) -> AsyncIterator[SshChannel]:
+    async def launch(self, launch: Launch) -> AsyncIterator[SshChannel]:
         """Start ``argv`` on the host and own it until the block exits; then tear it down.
 
         ``env`` is set over the remote login's environment (ours is not forwarded); ``cwd`` is a path
@@ -360,7 +353,7 @@ class SshTransport:
                 or an argument, ``cwd`` or ``env`` entry holds what exec cannot carry. No environment
                 value is ever quoted.
         """
-        command = check_command(argv, env, cwd)
+        command, env, cwd, on_stderr_line = launch.argv, launch.env, launch.cwd, launch.on_stderr_line
         marker = secrets.token_hex(16)
         channel = SshChannel(self, command, marker, on_stderr_line, cwd)
         try:

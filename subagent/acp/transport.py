@@ -12,7 +12,8 @@ transports put the child on another host; `transport_from_url` builds one from a
 ``transport`` give it.
 
 Every transport's ``open`` first applies `check_command` (from `subagent.acp.process`, re-exported
-here) to ``argv``, ``env`` and ``cwd``, so a command is refused the same way wherever it would run.
+here) to ``argv``, ``env`` and ``cwd``, so a command is refused the same way wherever it would run:
+`BaseTransport` does it once for the transports here, which implement its ``launch``.
 
 Files and terminals
     The client serves the agent's ``fs/*`` and ``terminal/*`` requests on *this* host. A transport whose
@@ -22,11 +23,13 @@ Files and terminals
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import importlib
 import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import anyio.abc
@@ -41,7 +44,9 @@ from subagent.acp.process import (
 
 __all__ = [
     "TRANSPORT_SCHEMES",
+    "BaseTransport",
     "Channel",
+    "Launch",
     "LocalTransport",
     "Transport",
     "check_command",
@@ -160,7 +165,40 @@ class Transport(Protocol):
         ...
 
 
-class LocalTransport:
+@dataclass(frozen=True, slots=True)
+class Launch:
+    """What `Transport.open` was asked to start, once `check_command` accepted it."""
+
+    argv: tuple[str, ...]
+    """The program and its arguments, as strings."""
+    env: Mapping[str, str] | None
+    cwd: str | None
+    on_stderr_line: Callable[[str], object] | None
+
+
+class BaseTransport(abc.ABC):
+    """The part of every transport that is the same: `open` applies `check_command` and hands the checked
+    command to `launch`, which a transport implements (with `Transport`'s ``name``, ``local_files`` and
+    ``stdin_close_timeout``). Subclassing it is optional: any object with `Transport`'s members is one."""
+
+    def open(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        on_stderr_line: Callable[[str], object] | None = None,
+    ) -> AbstractAsyncContextManager[Channel]:
+        """`Transport.open`: `check_command` (raising at once), then `launch`."""
+        argv = check_command(argv, env, cwd)
+        return self.launch(Launch(argv, None if env is None else dict(env), cwd, on_stderr_line))
+
+    @abc.abstractmethod
+    def launch(self, launch: Launch) -> AbstractAsyncContextManager[Channel]:
+        """Start a checked command and own it until the block exits (`Transport.open` says the rest)."""
+
+
+class LocalTransport(BaseTransport):
     """A child process of ours, supervised, torn down with its whole tree: the default transport.
 
     ``process_options`` are the keyword options of `subagent.acp.process.open_agent_process` (teardown
@@ -188,17 +226,14 @@ class LocalTransport:
         return float(self.process_options.get("stdin_close_timeout", STDIN_CLOSE_TIMEOUT))
 
     @contextlib.asynccontextmanager
-    async def open(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        on_stderr_line: Callable[[str], object] | None = None,
-    ) -> AsyncIterator[Channel]:
+    async def launch(self, launch: Launch) -> AsyncIterator[Channel]:
         """`open_agent_process` with this transport's options; the channel is its `AgentProcess`."""
         async with open_agent_process(
-            argv, env=env, cwd=cwd, on_stderr_line=on_stderr_line, **self.process_options
+            launch.argv,
+            env=launch.env,
+            cwd=launch.cwd,
+            on_stderr_line=launch.on_stderr_line,
+            **self.process_options,
         ) as process:
             yield process
 
