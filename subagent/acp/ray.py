@@ -82,6 +82,7 @@ import collections
 import contextlib
 import functools
 import importlib.util
+import logging
 import os
 import re
 import signal
@@ -659,7 +660,9 @@ class RayTransport:
                 with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT):
                     pass
             # The agent's stderr comes on the stream; Ray's workers' own output stays in the node's logs.
-            ray.init(address=self.address or "auto", log_to_driver=False)
+            # Ray's own lines ("Connecting to existing Ray cluster", a warning that a worker thread sets
+            # no SIGTERM handler) would land on the caller's stderr, a CLI's included: errors only.
+            ray.init(address=self.address or "auto", log_to_driver=False, logging_level=logging.ERROR)
 
     def _placement_problem(self) -> str | None:
         """Why no live node can take the actor, if that is certain now (blocking)."""
