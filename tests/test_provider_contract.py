@@ -18,7 +18,7 @@ import pytest
 from anyio.abc import TaskGroup
 
 from subagent import SubagentProvider, SubagentRequest, SubagentResult, SubagentRun
-from subagent.acp.transport import LocalTransport
+from subagent.acp.transport import LocalTransport, Transport
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
@@ -106,9 +106,15 @@ async def first_update(run: SubagentRun) -> None:
         stop_listening()
 
 
-def acp_contract(stub_agent_command: StubAgentCommand, cwd: Path) -> ProviderContract:
+def acp_contract(
+    stub_agent_command: StubAgentCommand, cwd: Path, transport: Transport | None = None
+) -> ProviderContract:
+    """ACP on the stub agent, through ``transport`` (None: a local child with fast teardown)."""
+
     def agent(scenario: dict[str, object]) -> Callable[[], SubagentProvider]:
-        return lambda: AcpProvider(stub_agent_command(scenario), cwd=cwd, process_options=FAST)
+        if transport is None:
+            return lambda: AcpProvider(stub_agent_command(scenario), cwd=cwd, process_options=FAST)
+        return lambda: AcpProvider(stub_agent_command(scenario), cwd=cwd, transport=transport)
 
     return ProviderContract(
         completing=agent({"turns": [[{"step": "message", "text": OUTPUT}]]}),
@@ -122,20 +128,7 @@ def acp_contract(stub_agent_command: StubAgentCommand, cwd: Path) -> ProviderCon
 
 def relayed_acp_contract(stub_agent_command: StubAgentCommand, cwd: Path) -> ProviderContract:
     """ACP on the stub agent, each child opened through a transport of the test's own around the local one."""
-
-    def agent(scenario: dict[str, object]) -> Callable[[], SubagentProvider]:
-        return lambda: AcpProvider(
-            stub_agent_command(scenario), cwd=cwd, transport=RelayTransport(LocalTransport(**FAST))
-        )
-
-    return ProviderContract(
-        completing=agent({"turns": [[{"step": "message", "text": OUTPUT}]]}),
-        working=agent({"turns": [[{"step": "message", "text": "working"}, {"step": "wait_for_cancel"}]]}),
-        failing_start=agent({"initialize": {"steps": [{"step": "exit", "code": 3}]}}),
-        output=OUTPUT,
-        resumable=True,
-        turn_under_way=first_update,
-    )
+    return acp_contract(stub_agent_command, cwd, RelayTransport(LocalTransport(**FAST)))
 
 
 def in_process_acp_contract(cwd: Path) -> ProviderContract:

@@ -9,17 +9,14 @@ the node is found by the tag, although it is no descendant of ours.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from subagent import SubagentProvider
-from subagent.providers.acp import AcpProvider
 from subagent.testing.contract import CONTRACT_CHECKS, ContractCheck, ProviderContract
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.raycluster import RayCluster
-from tests.test_provider_contract import OUTPUT, first_update
+from tests.test_provider_contract import acp_contract
 from tests.test_ray_transport import LeakTaggedRayTransport, assert_no_leaks_beside_ray
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
@@ -31,18 +28,10 @@ def leak_check_beside_ray(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def ray_contract(stub_agent_command: StubAgentCommand, cwd: Path, cluster: RayCluster) -> ProviderContract:
-    transport = LeakTaggedRayTransport(node_id=cluster.second_node_id, stdin_close_timeout=1.0)
-
-    def agent(scenario: dict[str, object]) -> Callable[[], SubagentProvider]:
-        return lambda: AcpProvider(stub_agent_command(scenario), cwd=cwd, transport=transport)
-
-    return ProviderContract(
-        completing=agent({"turns": [[{"step": "message", "text": OUTPUT}]]}),
-        working=agent({"turns": [[{"step": "message", "text": "working"}, {"step": "wait_for_cancel"}]]}),
-        failing_start=agent({"initialize": {"steps": [{"step": "exit", "code": 3}]}}),
-        output=OUTPUT,
-        resumable=True,
-        turn_under_way=first_update,
+    return acp_contract(
+        stub_agent_command,
+        cwd,
+        LeakTaggedRayTransport(node_id=cluster.second_node_id, stdin_close_timeout=1.0),
     )
 
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import shlex
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
-from subagent import ErrorCode, ResumableRun, SubagentError, SubagentProvider, SubagentRequest, SubagentResult
+from subagent import ErrorCode, ResumableRun, SubagentError, SubagentRequest, SubagentResult
 from subagent.acp.process import ExitInfo, supervision_available
 from subagent.acp.ssh import SshTransport
 from subagent.providers.acp import AcpProvider
@@ -28,7 +28,7 @@ from subagent.testing.contract import CONTRACT_CHECKS, ContractCheck, ProviderCo
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.sshd import SshServer, running_sshd
 from tests.test_faults import WIRE_FAULTS, acp_run, open_service, texts
-from tests.test_provider_contract import OUTPUT, first_update
+from tests.test_provider_contract import acp_contract
 
 pytestmark = [
     pytest.mark.anyio,
@@ -45,18 +45,10 @@ def sshd() -> Iterator[SshServer]:
 
 
 def ssh_contract(stub_agent_command: StubAgentCommand, cwd: Path, server: SshServer) -> ProviderContract:
-    transport = SshTransport(server.inetd_host, config_file=server.config_file, stdin_close_timeout=1.0)
-
-    def agent(scenario: dict[str, object]) -> Callable[[], SubagentProvider]:
-        return lambda: AcpProvider(stub_agent_command(scenario), cwd=cwd, transport=transport)
-
-    return ProviderContract(
-        completing=agent({"turns": [[{"step": "message", "text": OUTPUT}]]}),
-        working=agent({"turns": [[{"step": "message", "text": "working"}, {"step": "wait_for_cancel"}]]}),
-        failing_start=agent({"initialize": {"steps": [{"step": "exit", "code": 3}]}}),
-        output=OUTPUT,
-        resumable=True,
-        turn_under_way=first_update,
+    return acp_contract(
+        stub_agent_command,
+        cwd,
+        SshTransport(server.inetd_host, config_file=server.config_file, stdin_close_timeout=1.0),
     )
 
 
