@@ -425,6 +425,141 @@ async def test_a_start_cancelled_at_any_moment_leaves_no_actor_and_no_agent(
                 await anyio.sleep(0.05)  # A poll interval: the wait is bounded above.
 
 
+class GatedStarts:
+    """Records, in order, when each start of a channel takes its turn (``("begin", n)``) and ends
+    (``("end", n)``), the n-th start to take its turn numbered from 0; the first start waits at its
+    beginning until `release` is set (its start timeout does not run yet)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.log: list[tuple[str, int]] = []
+        self.release = anyio.Event()
+        self.first_began = anyio.Event()
+        place_and_start = RayChannel._place_and_start
+
+        async def recorded(channel: RayChannel, env: Mapping[str, str] | None, cwd: str | None) -> None:
+            number = sum(1 for event, _ in self.log if event == "begin")
+            self.log.append(("begin", number))
+            if number == 0:
+                self.first_began.set()
+                await self.release.wait()
+            try:
+                await place_and_start(channel, env, cwd)
+            finally:
+                self.log.append(("end", number))
+
+        monkeypatch.setattr(RayChannel, "_place_and_start", recorded)
+
+
+async def wait_for_waiting_starts(transport: RayTransport, count: int) -> None:
+    """Until ``count`` starts wait for their turn (bounded by the caller's fail_after)."""
+    while True:
+        if transport._start_turn().statistics().tasks_waiting >= count:
+            break
+        await anyio.sleep(0.01)  # A poll interval: the semaphore has no event to wait on.
+
+
+class Opened:
+    """The channels opened by `open_and_hold`, in order, a way to wait for them, and `done`: set, they
+    are closed."""
+
+    def __init__(self) -> None:
+        self.channels: list[RayChannel] = []
+        self.done = anyio.Event()
+        self._changed = anyio.Event()
+
+    def add(self, channel: RayChannel) -> None:
+        self.channels.append(channel)
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait_for(self, count: int) -> None:
+        while len(self.channels) < count:
+            await self._changed.wait()
+
+
+async def open_and_hold(
+    transport: RayTransport, opened: Opened, task_status: anyio.abc.TaskStatus[None]
+) -> None:
+    """Open an echoing agent, note its channel in ``opened``, and hold it open until ``opened.done``."""
+    task_status.started()
+    async with transport.open(fixture_argv("echo_lines.py")) as channel:
+        opened.add(channel)
+        await opened.done.wait()
+
+
+async def test_with_max_starting_one_a_second_start_begins_only_after_the_first_ended(
+    ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transport = LeakTaggedRayTransport(node_id=ray_cluster.second_node_id, max_starting=1)
+    starts = GatedStarts(monkeypatch)
+    opened = Opened()
+    async with assert_no_leaks_beside_ray(), anyio.create_task_group() as task_group:
+        with anyio.fail_after(WAIT):
+            await task_group.start(open_and_hold, transport, opened)
+            await starts.first_began.wait()
+            await task_group.start(open_and_hold, transport, opened)
+            await wait_for_waiting_starts(transport, 1)
+            assert starts.log == [("begin", 0)]
+            starts.release.set()
+            await opened.wait_for(2)
+            opened.done.set()
+    assert starts.log == [("begin", 0), ("end", 0), ("begin", 1), ("end", 1)]
+    assert len({channel.worker_pid for channel in opened.channels}) == 2
+
+
+async def test_a_start_cancelled_while_waiting_for_its_turn_leaves_no_actor(
+    ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transport = LeakTaggedRayTransport(node_id=ray_cluster.second_node_id, max_starting=1)
+    starts = GatedStarts(monkeypatch)
+    opened = Opened()
+    async with assert_no_leaks_beside_ray(), anyio.create_task_group() as task_group:
+        with anyio.fail_after(WAIT):
+            await task_group.start(open_and_hold, transport, opened)
+            await starts.first_began.wait()
+            async with anyio.create_task_group() as waiting:
+                await waiting.start(open_and_hold, transport, opened)
+                await wait_for_waiting_starts(transport, 1)
+                waiting.cancel_scope.cancel()
+            starts.release.set()
+            await opened.wait_for(1)
+            assert actor_workers(ray_cluster.second) == [opened.channels[0].worker_pid]
+            opened.done.set()
+    assert starts.log == [("begin", 0), ("end", 0)]
+    assert len(opened.channels) == 1
+
+
+async def test_waiting_for_a_turn_does_not_count_against_the_start_timeout(
+    ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The two later starts wait longer than the start timeout for their turns (the first is held back
+    # that long), then each has its whole timeout for itself: all three start.
+    start_timeout = 5.0
+    transport = LeakTaggedRayTransport(
+        node_id=ray_cluster.second_node_id, max_starting=1, start_timeout=start_timeout
+    )
+    starts = GatedStarts(monkeypatch)
+    opened = Opened()
+    async with assert_no_leaks_beside_ray(), anyio.create_task_group() as task_group:
+        with anyio.fail_after(WAIT + start_timeout):
+            await task_group.start(open_and_hold, transport, opened)
+            await starts.first_began.wait()
+            for _ in range(2):
+                await task_group.start(open_and_hold, transport, opened)
+            await wait_for_waiting_starts(transport, 2)
+            await anyio.sleep(start_timeout + 0.5)  # The scenario: time passes while they wait.
+            starts.release.set()
+            await opened.wait_for(3)
+            opened.done.set()
+    assert [event for event, _ in starts.log] == ["begin", "end"] * 3
+
+
+def test_max_starting_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_starting") as caught:
+        RayTransport(max_starting=0)
+    assert str(caught.value) == "max_starting must be at least 1"
+
+
 @pytest.mark.usefixtures("ray_installed")
 def test_an_unreachable_cluster_is_a_spawn_error_at_once_in_a_process_of_its_own(tmp_path: Path) -> None:
     # This process is connected to the session's cluster already; a fresh one connects for itself.
