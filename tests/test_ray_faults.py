@@ -528,23 +528,7 @@ async def test_a_50_mib_stderr_flood_over_ray_deadlocks_nothing_and_leaves_a_bou
 # -- the caller cancelled --------------------------------------------------------------------------------
 
 
-CANCELLED_BEFORE_READY = ("during initialize", "during session/new")
-UNGRACEFUL_CANCEL = pytest.mark.xfail(
-    reason="cancelled before ready, the channel's stream relay is cancelled with the start, so teardown "
-    "finds the stream over and kills the actor: the agent is ended by its supervisor, no exit status",
-    strict=True,
-)
-
-
-@pytest.mark.parametrize(
-    "phase",
-    [
-        pytest.param(
-            phase, marks=[UNGRACEFUL_CANCEL] if phase in ("during initialize", "during session/new") else []
-        )
-        for phase in CANCEL_PHASES
-    ],
-)
+@pytest.mark.parametrize("phase", CANCEL_PHASES)
 async def test_cancelling_the_caller_at_any_phase_disposes_the_ray_run_and_leaves_nothing_anywhere(
     ray_cluster: RayCluster, stub_agent_command: StubAgentCommand, tmp_path: Path, phase: str
 ) -> None:
@@ -572,6 +556,14 @@ async def test_cancelling_the_caller_at_any_phase_disposes_the_ray_run_and_leave
         assert process_is_gone(remote_pid)
         assert info is not None
         assert (info.pid, info.returncode, info.status_known) == (remote_pid, caller.spec.returncode, True)
+        # Torn down on its node as locally, whenever the caller was cancelled: stdin closed first, and the
+        # agent exited at that (or, ignoring it, at SIGTERM).
+        gracefully = caller.spec.returncode == 0
+        assert channel.teardown_report is not None
+        assert list(channel.teardown_report.steps) == (
+            [TeardownStep.CLOSE_STDIN] if gracefully else [TeardownStep.CLOSE_STDIN, TeardownStep.SIGTERM]
+        )
+        assert info.teardown_signal == (None if gracefully else signal.SIGTERM)
     caller.check_disposed(result_error.value, remote_pid, lifecycle)
 
 

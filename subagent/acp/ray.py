@@ -88,7 +88,7 @@ import re
 import signal
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 from urllib.parse import urlsplit
@@ -761,6 +761,7 @@ class RayTransport:
                     try:
                         await channel.aclose()
                     finally:
+                        channel._stop_relays()
                         task_group.cancel_scope.cancel()
         finally:
             await channel.aclose()
@@ -813,6 +814,7 @@ class RayChannel:
         self._teardown_lock = anyio.Lock()
         self._teardown_report: TeardownReport | None = None
         self._killed = False
+        self._relay_scopes: list[anyio.CancelScope] = []
 
     def __repr__(self) -> str:
         return f"<RayChannel {self.describe()} command={self.command!r}>"
@@ -938,8 +940,22 @@ class RayChannel:
         ).remote()
 
     def _start_relays(self, task_group: anyio.abc.TaskGroup) -> None:
-        task_group.start_soon(self._read_stream, name=f"ray stream of agent {self.describe()}")
-        task_group.start_soon(self._ship_stdin, name=f"ray stdin of agent {self.describe()}")
+        task_group.start_soon(
+            self._shielded, self._read_stream, name=f"ray stream of agent {self.describe()}"
+        )
+        task_group.start_soon(self._shielded, self._ship_stdin, name=f"ray stdin of agent {self.describe()}")
+
+    async def _shielded(self, relay: Callable[[], Awaitable[None]]) -> None:
+        # Shielded, so that a caller cancelled mid-run (before the agent is ready, too) still has its
+        # teardown go through the relays: what was written reaches the agent before its stdin closes,
+        # and the agent's exit and last stderr arrive. `_stop_relays` ends them once teardown is over.
+        with anyio.CancelScope(shield=True) as scope:
+            self._relay_scopes.append(scope)
+            await relay()
+
+    def _stop_relays(self) -> None:
+        for scope in self._relay_scopes:
+            scope.cancel()
 
     # -- the stream ------------------------------------------------------------------------------------------
 
