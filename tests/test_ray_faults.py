@@ -22,6 +22,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import sys
@@ -70,6 +71,7 @@ from tests.test_faults import (
     teardown_options,
     texts,
 )
+from tests.test_ray_transport import NODE_LOST
 
 pytestmark = [
     pytest.mark.anyio,
@@ -235,7 +237,9 @@ async def test_killing_the_raylet_or_the_actor_worker_mid_turn_ends_the_run_with
     assert result == SubagentResult(output="working", stop_reason="error", error=str(info))
     assert (info.pid, info.status_known, info.returncode) == (agent, False, UNKNOWN_RETURNCODE)
     assert info.via is not None
-    assert info.via.startswith(f"on ray node {node.node_id[:SHORT_NODE_ID]}, ray actor died: ")
+    why = NODE_LOST if victim == "raylet" else "its worker process has died"
+    expected = f"on ray node {node.node_id[:SHORT_NODE_ID]}, ray actor died: ({why})"
+    assert re.fullmatch(expected, info.via), info.via
     assert str(info) == (
         f"agent `{shlex.join(argv)}` (pid {agent} {info.via}) ended with an unknown status; stderr was empty"
     )

@@ -46,7 +46,9 @@ When the actor, its worker or its node dies
     The stream raises Ray's actor error here within seconds (about 2-4 s after a raylet is killed): the
     channel's stdout ends (`anyio.EndOfStream` for the client), `RayChannel.exit_info` reports an
     unknown status with ``via`` naming the node and why (``"on ray node 3f2a9c1b, ray actor died: its
-    worker process has died"``), and `RayChannel.wait_exit` returns. A raylet killed on a live machine
+    worker process has died"``; a killed raylet first reads ``"its worker or its node is unreachable
+    (RpcError: ...)"``, as Ray knows no more then, or ``"its node has died"`` once it does), and
+    `RayChannel.wait_exit` returns. A raylet killed on a live machine
     takes its workers along, and the supervisor cleans up as above (tested); a machine that is gone
     takes everything of the agent with it.
 
@@ -423,12 +425,20 @@ def _short(node_id: str) -> str:
 
 
 _BECAUSE = re.compile(r"[Tt]he actor (?:is dead|died) because (?:of )?(.+?)\.(?:\s|$)")
+_UNAVAILABLE = re.compile(r"is unavailable: (?:The actor is temporarily unavailable: )?(.+?)\. The task may")
 
 
 def _why_actor_died(exc: BaseException) -> str:
     """A short phrase for Ray's actor error: ``"its worker process has died"``, ``"it was killed by
-    `ray.kill`"``, or the error an actor's creation raised (``"ModuleNotFoundError: ..."``)."""
+    `ray.kill`"``, ``"its node has died"``, or the error an actor's creation raised
+    (``"ModuleNotFoundError: ..."``)."""
     text = str(exc)
+    if type(exc).__name__ == "ActorUnavailableError":
+        # What a killed raylet first looks like from here: the worker's connection dropped, and Ray does
+        # not know yet (nor say) whether the node died; its supervisor ends the agent either way.
+        unavailable = _UNAVAILABLE.search(text)
+        cause = unavailable.group(1) if unavailable else "no answer"
+        return f"its worker or its node is unreachable ({cause})"
     errors = [line.strip() for line in text.splitlines() if re.match(r"\s*\w+(Error|Exception):", line)]
     match = _BECAUSE.search(text)
     if match and not (errors and "error" in match.group(1)):
