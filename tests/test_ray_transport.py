@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -480,22 +481,34 @@ async def open_and_hold(
         await opened.done.wait()
 
 
-async def test_with_max_starting_one_a_second_start_begins_only_after_the_first_ended(
-    ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    transport = LeakTaggedRayTransport(node_id=ray_cluster.second_node_id, max_starting=1)
+@contextlib.asynccontextmanager
+async def first_start_held(
+    ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch, **options: Any
+) -> AsyncIterator[tuple[RayTransport, GatedStarts, Opened, anyio.abc.TaskGroup]]:
+    """A transport with ``max_starting=1`` (and ``options``) whose first start, of an echoing agent held
+    open, is held back at its beginning; yields it, its starts, its opened channels and the task group
+    to open more in. On exit every agent opened is closed, and nothing of them may be left."""
+    transport = LeakTaggedRayTransport(node_id=ray_cluster.second_node_id, max_starting=1, **options)
     starts = GatedStarts(monkeypatch)
     opened = Opened()
     async with assert_no_leaks_over_ray(), anyio.create_task_group() as task_group:
         with anyio.fail_after(WAIT):
             await task_group.start(open_and_hold, transport, opened)
             await starts.first_began.wait()
+        yield transport, starts, opened, task_group
+        opened.done.set()
+
+
+async def test_with_max_starting_one_a_second_start_begins_only_after_the_first_ended(
+    ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with first_start_held(ray_cluster, monkeypatch) as (transport, starts, opened, task_group):
+        with anyio.fail_after(WAIT):
             await task_group.start(open_and_hold, transport, opened)
             await wait_for_waiting_starts(transport, 1)
             assert starts.log == [("begin", 0)]
             starts.release.set()
             await opened.wait_for(2)
-            opened.done.set()
     assert starts.log == [("begin", 0), ("end", 0), ("begin", 1), ("end", 1)]
     assert len({channel.worker_pid for channel in opened.channels}) == 2
 
@@ -503,13 +516,8 @@ async def test_with_max_starting_one_a_second_start_begins_only_after_the_first_
 async def test_a_start_cancelled_while_waiting_for_its_turn_leaves_no_actor(
     ray_cluster: RayCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    transport = LeakTaggedRayTransport(node_id=ray_cluster.second_node_id, max_starting=1)
-    starts = GatedStarts(monkeypatch)
-    opened = Opened()
-    async with assert_no_leaks_over_ray(), anyio.create_task_group() as task_group:
+    async with first_start_held(ray_cluster, monkeypatch) as (transport, starts, opened, _):
         with anyio.fail_after(WAIT):
-            await task_group.start(open_and_hold, transport, opened)
-            await starts.first_began.wait()
             async with anyio.create_task_group() as waiting:
                 await waiting.start(open_and_hold, transport, opened)
                 await wait_for_waiting_starts(transport, 1)
@@ -517,7 +525,6 @@ async def test_a_start_cancelled_while_waiting_for_its_turn_leaves_no_actor(
             starts.release.set()
             await opened.wait_for(1)
             assert actor_workers(ray_cluster.second) == [opened.channels[0].worker_pid]
-            opened.done.set()
     assert starts.log == [("begin", 0), ("end", 0)]
     assert len(opened.channels) == 1
 
@@ -528,22 +535,15 @@ async def test_waiting_for_a_turn_does_not_count_against_the_start_timeout(
     # The two later starts wait longer than the start timeout for their turns (the first is held back
     # that long), then each has its whole timeout for itself: all three start.
     start_timeout = 5.0
-    transport = LeakTaggedRayTransport(
-        node_id=ray_cluster.second_node_id, max_starting=1, start_timeout=start_timeout
-    )
-    starts = GatedStarts(monkeypatch)
-    opened = Opened()
-    async with assert_no_leaks_over_ray(), anyio.create_task_group() as task_group:
+    held = first_start_held(ray_cluster, monkeypatch, start_timeout=start_timeout)
+    async with held as (transport, starts, opened, task_group):
         with anyio.fail_after(WAIT + start_timeout):
-            await task_group.start(open_and_hold, transport, opened)
-            await starts.first_began.wait()
             for _ in range(2):
                 await task_group.start(open_and_hold, transport, opened)
             await wait_for_waiting_starts(transport, 2)
             await anyio.sleep(start_timeout + 0.5)  # The scenario: time passes while they wait.
             starts.release.set()
             await opened.wait_for(3)
-            opened.done.set()
     assert [event for event, _ in starts.log] == ["begin", "end"] * 3
 
 
