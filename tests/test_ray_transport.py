@@ -66,10 +66,6 @@ pytestmark = [
 WAIT = 30  # seconds: a hang guard on one step, never a statement about speed
 
 
-assert_no_leaks_beside_ray = assert_no_leaks_over_ray
-"""The name tests/test_ray_contract.py imports (the same check)."""
-
-
 class LeakTaggedRayTransport(RayTransport):
     """A `RayTransport` that hands each child this process's leak tag (`LEAK_TAG_VARIABLE`), as set when
     the child is opened (by `subagent.testing.leaks.assert_no_leaks`): the child runs on a Ray node,

@@ -111,7 +111,11 @@ def test_an_exit_elsewhere_names_its_route_and_an_unknown_pid() -> None:
 # -- BaseTransport ---------------------------------------------------------------------------------------
 
 
-class RecordingTransport(BaseTransport):
+OPENED = object()
+"""What `RecordingTransport.launch` returns in place of a context manager."""
+
+
+class RecordingTransport(BaseTransport[Channel]):
     """Records what `launch` is given; never starts anything."""
 
     name = "recording"
@@ -123,7 +127,7 @@ class RecordingTransport(BaseTransport):
 
     def launch(self, launch: Launch) -> Any:
         self.launched.append(launch)
-        return "a context manager"
+        return OPENED
 
 
 def test_a_base_transport_launches_the_checked_command_with_a_copy_of_env() -> None:
@@ -131,9 +135,8 @@ def test_a_base_transport_launches_the_checked_command_with_a_copy_of_env() -> N
     env = {"KEY": "value"}
     on_line = print
     assert isinstance(transport, Transport)
-    assert transport.open([Path("/bin/agent"), "--acp"], env=env, cwd="/srv", on_stderr_line=on_line) == (
-        "a context manager"
-    )
+    opened: object = transport.open(["/bin/agent", "--acp"], env=env, cwd="/srv", on_stderr_line=on_line)
+    assert opened is OPENED
     env["KEY"] = "changed later"
     assert transport.launched == [Launch(("/bin/agent", "--acp"), {"KEY": "value"}, "/srv", on_line)]
 

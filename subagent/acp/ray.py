@@ -114,7 +114,7 @@ from subagent.acp.process import (
     TeardownStep,
     open_agent_process,
 )
-from subagent.acp.transport import check_command
+from subagent.acp.transport import BaseTransport, Launch
 
 __all__ = [
     "CHUNK_BYTES",
@@ -527,7 +527,7 @@ class _StdoutRelay(anyio.abc.ByteReceiveStream):
         await anyio.lowlevel.checkpoint()
 
 
-class RayTransport:
+class RayTransport(BaseTransport["RayChannel"]):
     """Child agents in Ray actors, one per child, on the cluster at ``address`` (see the module docstring).
 
     Constructing it is cheap: nothing connects until a channel is opened, and then only if Ray is not
@@ -736,14 +736,7 @@ class RayTransport:
         return f"it asks for more than {where} has ({shown})"
 
     @contextlib.asynccontextmanager
-    async def open(
-        self,
-        argv: Sequence[str],
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        on_stderr_line: Callable[[str], object] | None = None,
-    ) -> AsyncIterator[RayChannel]:
+    async def launch(self, launch: Launch) -> AsyncIterator[RayChannel]:
         """Start ``argv`` in an actor on a node of the cluster and own it until the block exits; then tear
         its whole tree down there and end the actor.
 
@@ -755,9 +748,8 @@ class RayTransport:
                 enough resources), the actor died or did not start in time, or the program or ``cwd`` is
                 missing on its node (the reason names the node). No environment value is ever quoted.
         """
-        command = check_command(argv, env, cwd)
-        channel = RayChannel(self, command, on_stderr_line)
-        await channel._start(env, cwd)
+        channel = RayChannel(self, launch.argv, launch.on_stderr_line)
+        await channel._start(launch.env, launch.cwd)
         body_error: BaseException | None = None
         try:
             async with anyio.create_task_group() as task_group:

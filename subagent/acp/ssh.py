@@ -222,7 +222,7 @@ def _encode_request(request: Mapping[str, object]) -> bytes:
     return b"%d\n" % len(body) + body
 
 
-class SshTransport(BaseTransport):
+class SshTransport(BaseTransport["SshChannel"]):
     """Child agents on ``host``, reached with the system ``ssh`` client (see the module docstring).
 
     Args:

@@ -30,7 +30,7 @@ import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
 import anyio.abc
 
@@ -176,7 +176,11 @@ class Launch:
     on_stderr_line: Callable[[str], object] | None
 
 
-class BaseTransport(abc.ABC):
+ChannelT = TypeVar("ChannelT", bound=Channel, covariant=True)
+"""The kind of channel a `BaseTransport` opens."""
+
+
+class BaseTransport(abc.ABC, Generic[ChannelT]):
     """The part of every transport that is the same: `open` applies `check_command` and hands the checked
     command to `launch`, which a transport implements (with `Transport`'s ``name``, ``local_files`` and
     ``stdin_close_timeout``). Subclassing it is optional: any object with `Transport`'s members is one."""
@@ -188,17 +192,17 @@ class BaseTransport(abc.ABC):
         env: Mapping[str, str] | None = None,
         cwd: str | None = None,
         on_stderr_line: Callable[[str], object] | None = None,
-    ) -> AbstractAsyncContextManager[Channel]:
+    ) -> AbstractAsyncContextManager[ChannelT]:
         """`Transport.open`: `check_command` (raising at once), then `launch`."""
         argv = check_command(argv, env, cwd)
         return self.launch(Launch(argv, None if env is None else dict(env), cwd, on_stderr_line))
 
     @abc.abstractmethod
-    def launch(self, launch: Launch) -> AbstractAsyncContextManager[Channel]:
+    def launch(self, launch: Launch) -> AbstractAsyncContextManager[ChannelT]:
         """Start a checked command and own it until the block exits (`Transport.open` says the rest)."""
 
 
-class LocalTransport(BaseTransport):
+class LocalTransport(BaseTransport[Channel]):
     """A child process of ours, supervised, torn down with its whole tree: the default transport.
 
     ``process_options`` are the keyword options of `subagent.acp.process.open_agent_process` (teardown
