@@ -215,6 +215,16 @@ class ExitInfo:
     supervisor that died before reporting the exit (`SUPERVISOR_DIED`); None for a local child whose
     status is known."""
 
+    @classmethod
+    def lost(
+        cls, command: tuple[str, ...], pid: int | None, stderr_tail: str, stderr_bytes_total: int, via: str
+    ) -> ExitInfo:
+        """The end of an agent elsewhere whose route here was lost before its status arrived: an unknown
+        status, ``via`` saying where it ran and why (``"via ssh to build-1, connection lost: ..."``)."""
+        return cls(
+            command, pid, UNKNOWN_RETURNCODE, stderr_tail, stderr_bytes_total, status_known=False, via=via
+        )
+
     @property
     def killed_by(self) -> signal.Signals | None:
         """The signal that killed the child; None if it exited (or the number is unknown here)."""

@@ -107,7 +107,6 @@ from subagent.acp.process import (
     STDERR_SETTLE_TIMEOUT,
     STDERR_TAIL_BYTES,
     STDIN_CLOSE_TIMEOUT,
-    UNKNOWN_RETURNCODE,
     AgentProcess,
     ExitInfo,
     TeardownReport,
@@ -1065,14 +1064,9 @@ class RayChannel:
             )
         if self._lost is None:
             return None
-        return ExitInfo(
-            command=self.command,
-            pid=self.remote_pid,
-            returncode=UNKNOWN_RETURNCODE,
-            stderr_tail=self.stderr_tail(),
-            stderr_bytes_total=self._stderr_bytes_total,
-            status_known=False,
-            via=f"{self.via}, ray actor died: {self._lost}",
+        lost_because = f"{self.via}, ray actor died: {self._lost}"
+        return ExitInfo.lost(
+            self.command, self.remote_pid, self.stderr_tail(), self._stderr_bytes_total, lost_because
         )
 
     async def wait_exit(self) -> ExitInfo:

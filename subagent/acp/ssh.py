@@ -83,7 +83,6 @@ from subagent.acp.errors import AgentSpawnError
 from subagent.acp.process import (
     STDERR_TAIL_BYTES,
     STDIN_CLOSE_TIMEOUT,
-    UNKNOWN_RETURNCODE,
     AgentProcess,
     ExitInfo,
     TeardownReport,
@@ -602,24 +601,14 @@ class SshChannel:
     def exit_info(self) -> ExitInfo | None:
         """How the agent ended: its exit status as its remote supervisor reported it, or, if ssh ended
         without that report (the connection was lost), an unknown status; None while it runs."""
+        tail, total = self.stderr_tail(), self._stderr_bytes_total
         if self._remote_returncode is not None:
-            return self._describe(self._remote_returncode, status_known=True)
+            return ExitInfo(self.command, self.remote_pid, self._remote_returncode, tail, total, via=self.via)
         local = self._local.exit_info()
         if local is None:
             return None
-        return self._describe(UNKNOWN_RETURNCODE, status_known=False, lost=f"ssh {local.status}")
-
-    def _describe(self, returncode: int, *, status_known: bool, lost: str | None = None) -> ExitInfo:
-        via = self.via if lost is None else f"{self.via}, connection lost: {lost}"
-        return ExitInfo(
-            command=self.command,
-            pid=self.remote_pid,
-            returncode=returncode,
-            stderr_tail=self.stderr_tail(),
-            stderr_bytes_total=self._stderr_bytes_total,
-            status_known=status_known,
-            via=via,
-        )
+        lost_because = f"{self.via}, connection lost: ssh {local.status}"
+        return ExitInfo.lost(self.command, self.remote_pid, tail, total, lost_because)
 
     async def wait_exit(self) -> ExitInfo:
         """Wait until the agent exits (as reported from the remote host) or ssh ends, and describe it."""
