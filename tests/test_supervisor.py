@@ -677,7 +677,7 @@ async def test_a_sigterm_sent_to_the_supervisor_by_anyone_stops_the_whole_tree()
 
 async def test_an_agent_starts_with_no_signal_blocked_whatever_the_spawning_thread_blocked() -> None:
     # A Ray worker's event-loop thread blocks SIGINT; a blocked signal survives fork and exec.
-    program = "print(next(line for line in open('/proc/self/status') if line.startswith('SigBlk')))"
+    program = "print(next(line.strip() for line in open('/proc/self/status') if line.startswith('SigBlk')))"
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         async with assert_no_leaks(), open_agent_process([sys.executable, "-c", program]) as process:
