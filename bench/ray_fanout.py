@@ -168,7 +168,7 @@ def _left_behind(tag: str) -> list[Any]:
 
     try:
         wait_until(lambda: not tagged_processes(LEAK_TAG_VARIABLE, tag), SETTLE_LIMIT, "the children to go")
-    except AssertionError:
+    except TimeoutError:
         return tagged_processes(LEAK_TAG_VARIABLE, tag)
     return []
 
