@@ -15,7 +15,8 @@ in-process runtime (:class:`~subagent.runtime.Agent`):
   as a ``tool_call`` (``pending`` while its permission is asked, else ``in_progress``) and ends
   with a ``tool_call_update`` (``completed`` or ``failed``, with the text the model read). Tool
   calls of the session's subagents are shown too, as calls of the session (ids prefixed by the
-  subagent's id). Stop reasons map as follows:
+  subagent's id). So is every run below the session (its children, their children, ...), as a
+  tool call of its own (see *The tree of runs* below). Stop reasons map as follows:
 
   ==================  =====================================================================
   runtime             ACP answer
@@ -49,6 +50,20 @@ starts, so the server wraps it: with ``depth_limit=N`` every run started through
 ``depth_limit`` at most N (a larger value the model asks for is lowered, a missing one set), and
 the tool's description says so. The seam counts depth along the parent chain, so the limit holds
 for the whole tree below each session.
+
+The tree of runs: each run of the service that belongs to a session (its parent is the session's
+agent, or a run that belongs to the session) is shown to the session's client as a tool call with
+id ``run/<run id>``, kind ``other`` (a run is delegated work, like the ``subagent`` call that
+started it, not the agent's own reasoning, which ``think`` would claim), and title
+``<provider> subagent: <prompt excerpt>``: ``in_progress`` when the child is ready, a
+``tool_call_update`` whose content is the heartbeat's line (``child alive, last update 3 s ago``)
+at each ``subagent/progress``, and ``completed`` (with an excerpt of the child's last message) or
+``failed`` (with its error) at its end. Every one of these updates repeats the title and carries
+``_meta["subagent-seam/run"]`` (:data:`~subagent.types.RUN_META_KEY`): ``runId``, ``parentId``
+(the session's id for the session's own children), ``provider``, ``depth`` below the session,
+``state`` (``running``, ``completed``, ``failed``, ``cancelled``) and, once ended with one,
+``stopReason``; so a client can draw the tree. Runs are shown while a turn is reported; one still
+open when the turn ends is shown failed, like any call left open.
 """
 
 from __future__ import annotations
@@ -79,6 +94,7 @@ from subagent.acp.agent import (
     serve_stdio,
 )
 from subagent.acp.errors import AcpError, MessageTooLargeError, RequestError, RpcErrorCode
+from subagent.events import EventHub
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime.agent import (
@@ -95,7 +111,17 @@ from subagent.runtime.messages import TextDelta, ToolSpec
 from subagent.runtime.tools import Tool, ToolError, ToolInvocation
 from subagent.service import SubagentService
 from subagent.tool import DEFAULT_TOOL_NAME, SubagentTool
-from subagent.types import LINEAGE_META_KEY, SubagentResult, freeze_json, thaw_json
+from subagent.types import (
+    LINEAGE_META_KEY,
+    RUN_META_KEY,
+    Disposer,
+    SubagentProgressInfo,
+    SubagentResult,
+    SubagentRunEndInfo,
+    SubagentRunInfo,
+    freeze_json,
+    thaw_json,
+)
 
 __all__ = [
     "AGENT_NAME",
@@ -139,6 +165,10 @@ _STOP_REASONS: Final[Mapping[str, schema.StopReason]] = MappingProxyType(
 
 _TITLE_EXCERPT: Final = 80
 """How much of a subagent's prompt a tool call's title shows."""
+_RUN_TEXT_EXCERPT: Final = 1000
+"""How much of a run's last message (or error) its tool call shows at its end: the ``subagent``
+call that started it carries the whole of it already."""
+_RUN_CALL_PREFIX: Final = "run/"
 _UNFINISHED: Final = "the turn ended before this call finished"
 _NOT_APPROVED: Final = "error: this tool call was not approved, so it did not run"
 
@@ -347,6 +377,7 @@ class ServedAgent(AgentHandler):
             raise
         reporter.agent = agent
         agent.on_event(reporter.on_event)
+        reporter.watch(self.service.events)
         self._sessions[session_id] = ServedSession(session_id, params.cwd, agent, subagent_tool, reporter)
         logger.info("session %s opened in %s", session_id, params.cwd)
         return schema.NewSessionResponse(session_id=session_id)
@@ -396,10 +427,13 @@ class ServedAgent(AgentHandler):
 
     async def _close_session(self, session: ServedSession) -> None:
         self._sessions.pop(session.id, None)
-        with anyio.CancelScope(shield=True):
-            await session.agent.close("the session was closed")
-        if session.subagent_tool is not None:
-            session.subagent_tool.close()
+        try:
+            with anyio.CancelScope(shield=True):
+                await session.agent.close("the session was closed")
+            if session.subagent_tool is not None:
+                session.subagent_tool.close()
+        finally:
+            session.reporter.unwatch()
         logger.info("session %s closed", session.id)
 
 
@@ -485,7 +519,10 @@ class _Reporter:
         """The session's own agent (set once it exists)."""
         self._delegate_tool = delegate_tool
         self._outbox: MemoryObjectSendStream[schema.SessionUpdate | anyio.Event] | None = None
-        self._open_calls: dict[str, None] = {}  # shown to the client and not finished, in order
+        # Shown to the client and not finished, in order; the value is the run a run's call shows.
+        self._open_calls: dict[str, _Run | None] = {}
+        self._runs: dict[str, _Run] = {}  # the session's runs that have not ended, by id
+        self._unwatch: tuple[Disposer, ...] = ()
 
     @property
     def in_turn(self) -> bool:
@@ -502,8 +539,11 @@ class _Reporter:
 
     def end_turn(self) -> None:
         """Fail the calls left open (the turn was cut short), then stop queueing."""
-        for key in tuple(self._open_calls):
-            self._finish(key, f"error: {_UNFINISHED}", failed=True)
+        for key, run in tuple(self._open_calls.items()):
+            if run is None:
+                self._finish(key, f"error: {_UNFINISHED}", failed=True)
+            else:
+                self._finish_run(run, f"error: {_UNFINISHED}", "failed")
         outbox, self._outbox = self._outbox, None
         if outbox is not None:
             outbox.close()
@@ -640,6 +680,88 @@ class _Reporter:
             self._finish(key, _NOT_APPROVED, failed=True)
         return allowed
 
+    # -- the tree of runs --------------------------------------------------------------------------------
+
+    def watch(self, events: EventHub) -> None:
+        """Follow the session's runs on the service's ``events`` until :meth:`unwatch`."""
+        self._unwatch = (
+            events.on("subagent/start", self.run_started),
+            events.on("subagent/progress", self.run_progress),
+            events.on("subagent/end", self.run_ended),
+        )
+
+    def unwatch(self) -> None:
+        """Stop following runs (the session closed): no listener stays behind."""
+        for dispose in self._unwatch:
+            dispose()
+        self._unwatch = ()
+
+    def run_started(self, info: SubagentRunInfo) -> None:
+        """A run of the service is ready: shown as a call of its own if it belongs to this session."""
+        parent_id = info.parent_id
+        if parent_id == self.session_id:
+            depth = 1
+        else:
+            parent = self._runs.get(parent_id) if parent_id is not None else None
+            if parent_id is None or parent is None:
+                return  # another session's run
+            depth = parent.depth + 1
+        title = f"{info.provider} subagent: {_excerpt(info.prompt)}"
+        run = _Run(info.id, parent_id, info.provider, depth, title)
+        self._runs[info.id] = run
+        if not self.in_turn:
+            return  # followed for its descendants' sake, but there is no turn to show it in
+        self._open_calls[run.call_id] = run
+        self._queue(
+            schema.ToolCall(
+                tool_call_id=run.call_id,
+                title=run.title,
+                kind="other",
+                status="in_progress",
+                meta={RUN_META_KEY: run.meta("running")},
+            )
+        )
+
+    def run_progress(self, info: SubagentProgressInfo) -> None:
+        """A heartbeat of a run shown: its line becomes the call's content."""
+        run = self._runs.get(info.id)
+        if run is None or run.call_id not in self._open_calls:
+            return
+        self._queue(
+            schema.ToolCallProgress(
+                tool_call_id=run.call_id,
+                title=run.title,
+                content=_text_content(info.describe()),
+                meta={RUN_META_KEY: run.meta("running")},
+            )
+        )
+
+    def run_ended(self, info: SubagentRunEndInfo) -> None:
+        """A run ended: its call finishes with its last message, or its error."""
+        run = self._runs.pop(info.id, None)
+        if run is None or run.call_id not in self._open_calls:
+            return
+        stop_reason = info.stop_reason
+        if stop_reason == "completed":
+            state: _RunState = "completed"
+            text = info.last_assistant_message or ""
+        else:
+            state = "cancelled" if stop_reason == "cancelled" else "failed"
+            text = f"error: {info.error}" if info.error else f"the run stopped ({stop_reason})"
+        self._finish_run(run, _truncated(text, _RUN_TEXT_EXCERPT), state, stop_reason)
+
+    def _finish_run(self, run: _Run, text: str, state: _RunState, stop_reason: str | None = None) -> None:
+        self._open_calls.pop(run.call_id, None)
+        self._queue(
+            schema.ToolCallProgress(
+                tool_call_id=run.call_id,
+                title=run.title,
+                status="completed" if state == "completed" else "failed",
+                content=_text_content(text),
+                meta={RUN_META_KEY: run.meta(state, stop_reason)},
+            )
+        )
+
     # -- helpers -----------------------------------------------------------------------------------------
 
     def _show(self, key: str, title: str, arguments: Any, status: schema.ToolCallStatus) -> None:
@@ -679,6 +801,38 @@ class _Reporter:
         return title if owner is None else f"{owner}: {title}"
 
 
+_RunState = Literal["running", "completed", "failed", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """A run below a session, as its client is shown it."""
+
+    id: str
+    parent_id: str
+    provider: str
+    depth: int  # levels below the session: 1 for the session's own children
+    title: str
+
+    @property
+    def call_id(self) -> str:
+        """The id of the tool call that shows the run."""
+        return _RUN_CALL_PREFIX + self.id
+
+    def meta(self, state: _RunState, stop_reason: str | None = None) -> dict[str, Any]:
+        """The run's ``_meta`` entry (:data:`~subagent.types.RUN_META_KEY`) in one of its updates."""
+        meta: dict[str, Any] = {
+            "runId": self.id,
+            "parentId": self.parent_id,
+            "provider": self.provider,
+            "depth": self.depth,
+            "state": state,
+        }
+        if stop_reason is not None:
+            meta["stopReason"] = stop_reason
+        return meta
+
+
 def _inherited_depth_budget(meta: Mapping[str, Any] | None) -> int | None:
     """The depth budget the client's chain left this session (``LINEAGE_META_KEY``), if it sent one."""
     lineage = meta.get(LINEAGE_META_KEY) if meta is not None else None
@@ -695,8 +849,11 @@ def _text_content(text: str) -> list[schema.ToolCallContent]:
 
 
 def _excerpt(text: str) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= _TITLE_EXCERPT else line[: _TITLE_EXCERPT - 1] + "…"
+    return _truncated(" ".join(text.split()), _TITLE_EXCERPT)
+
+
+def _truncated(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _decoded_arguments(text: str) -> Any:

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LINEAGE_META_KEY",
+    "RUN_META_KEY",
     "START_TIME_FEATURES",
     "Disposer",
     "ErrorCode",
@@ -180,6 +181,13 @@ LINEAGE_META_KEY = "subagent-seam/lineage"
 """The ``_meta`` key under which the ACP provider tells a child agent its place in the chain:
 ``{"depth": int, "depthBudget": int}`` in ``session/new``, sent when a depth budget applies.
 ``subagent serve`` honours it, so a depth limit holds across the process boundary too."""
+
+RUN_META_KEY = "subagent-seam/run"
+"""The ``_meta`` key under which ``subagent serve`` marks the tool call that shows one run of its
+subagent tree to the client: ``{"runId", "parentId", "provider", "state", "depth"}`` plus
+``"stopReason"`` once the run ended with one. ``state`` is ``running``, ``completed``, ``failed``
+or ``cancelled``; ``parentId`` is the session's id for the session's own children, and ``depth``
+counts levels below the session (1 for those children)."""
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

@@ -100,7 +100,13 @@ def holding(arrived: anyio.Event) -> Callable[[], Awaitable[object]]:
 
 
 def tool_updates(updates: Iterable[schema.SessionUpdate]) -> list[schema.SessionUpdate]:
-    return [update for update in updates if isinstance(update, schema.ToolCall | schema.ToolCallProgress)]
+    """The updates of tool calls, but for the calls that show runs (tests/test_serve_tree.py has those)."""
+    return [
+        update
+        for update in updates
+        if isinstance(update, schema.ToolCall | schema.ToolCallProgress)
+        and not update.tool_call_id.startswith("run/")
+    ]
 
 
 def content(text: str) -> list[schema.ToolCallContent]:
