@@ -26,14 +26,23 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Self, TypedDict
+from typing import Any, Literal, Self, TypedDict, TypeVar
 
 import anyio
 
 from subagent._outcome import raise_sole_error
+from subagent._tool_result import Spill, SubagentToolResult, invalid, map_result, seam_failure
+from subagent.background import (
+    BackgroundChildren,
+    BackgroundError,
+    BackgroundOptions,
+    Notice,
+    WaitOutcome,
+)
+from subagent.runtime.agent import Agent, _calling_agent
 from subagent.runtime.messages import ToolSpec
 from subagent.runtime.tools import ToolError, ToolInvocation
 from subagent.service import ServiceRun, SubagentService
@@ -44,16 +53,26 @@ from subagent.types import (
     ObservableRun,
     ProviderSnapshot,
     StartTimeFeature,
-    StopReason,
     SubagentError,
     SubagentRequest,
     SubagentResult,
     ToolFilter,
-    Usage,
     thaw_json,
 )
 
-__all__ = ["DEFAULT_TOOL_NAME", "AgentSubagentTool", "SubagentTool", "SubagentToolResult", "ToolDefinition"]
+__all__ = [
+    "COMPANION_ACTIONS",
+    "DEFAULT_TOOL_NAME",
+    "HOST_PARENT",
+    "AgentCompanionTool",
+    "AgentSubagentTool",
+    "Spill",
+    "SubagentTool",
+    "SubagentToolResult",
+    "ToolDefinition",
+]
+
+T = TypeVar("T")
 
 DEFAULT_TOOL_NAME = "subagent"
 """The name the tool has unless the host picks another."""
@@ -63,7 +82,14 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 name fails in the host's code, not as an API error in the middle of a conversation."""
 
 _ARGUMENTS = ("prompt", "provider", *START_TIME_FEATURES)
-"""Every argument the tool takes; a call with any other is refused as invalid."""
+"""Every argument the tool takes without background delegation; a call with any other is refused as
+invalid."""
+
+COMPANION_ACTIONS = ("list", "wait", "send", "cancel", "result")
+"""The companion tools of a tool with background delegation, named ``<tool name>_<action>``."""
+
+HOST_PARENT = "host"
+"""The parent a tool without a ``parent_id`` keeps its background children under: the host itself."""
 
 # -- wording ----------------------------------------------------------------------------------------
 
@@ -84,6 +110,13 @@ _FRESH_CONTEXT = (
     "starts fresh and does not see this conversation, so `prompt` must carry everything it needs."
 )
 _INHERITED_CONTEXT = "sees this conversation's earlier turns, so `prompt` may refer to them."
+_BACKGROUND_PROPERTY: dict[str, Any] = {
+    "type": "boolean",
+    "description": (
+        "Start the subagent in the background: this call returns a handle as soon as the subagent has "
+        "started, and you keep working; its result reaches you as a notice when it ends."
+    ),
+}
 
 _PROMPT_PROPERTY: dict[str, Any] = {
     "type": "string",
@@ -128,15 +161,6 @@ _FEATURE_PROPERTIES: dict[StartTimeFeature, dict[str, Any]] = {
         "type": "string",
         "description": 'A system prompt giving the subagent its role, e.g. "a meticulous code reviewer".',
     },
-}
-
-_STOP_EXPLANATIONS: dict[StopReason, str] = {
-    "cancelled": "it was cancelled.",
-    "error": "it failed.",
-    "timeout": "it was silent for longer than the inactivity timeout and was stopped.",
-    "max_tokens": "it reached its output token limit.",
-    "max_turns": "it reached its limit on turns.",
-    "refusal": "it refused the task.",
 }
 
 
@@ -224,70 +248,6 @@ class ToolDefinition:
         }
 
 
-# -- the result -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class SubagentToolResult:
-    """What one call of the tool came to, for the model (:meth:`render`) and for the host (the fields).
-
-    ``is_error`` is False only for a run that completed. ``output`` is the child's final message,
-    partial when it stopped early, empty when no child ran. ``stop_reason`` is the child's, None when
-    no child got as far as a result. ``error`` says what went wrong, phrased for the model.
-    ``error_code`` is the seam's code when the seam refused or failed the call (``NO_PROVIDER``,
-    ``UNSUPPORTED_CAPABILITY``, ``START_FAILED``, ``DISPOSED``); it is None for invalid arguments and
-    for a child that stopped early. ``structured`` is the validated JSON value when the call asked for
-    ``output_schema``. ``run_id`` and ``provider`` name the run when one was started.
-    """
-
-    is_error: bool
-    output: str = ""
-    error: str | None = None
-    stop_reason: StopReason | None = None
-    structured: Any = None
-    error_code: ErrorCode | None = None
-    run_id: str | None = None
-    provider: str | None = None
-    usage: Usage | None = None
-
-    @property
-    def text(self) -> str:
-        """The model-facing text; the same as :meth:`render`."""
-        return self.render()
-
-    def render(self) -> str:
-        """The text to send to the model as the tool's result.
-
-        Success: the structured value as JSON when one was asked for, else the child's output. Error:
-        ``Error: `` and the explanation, then, when a child ran, its partial output. The ``Error:``
-        prefix carries the outcome in formats that have no error flag (OpenAI's tool messages).
-        """
-        if not self.is_error:
-            if self.structured is not None:
-                try:
-                    return json.dumps(self.structured, ensure_ascii=False)
-                except (TypeError, ValueError):
-                    pass  # a provider handed back a non-JSON value: its text output still says it
-            return self.output or "(the subagent finished without output)"
-        text = f"Error: {self.error}"
-        if self.stop_reason is not None:
-            text += f"\n\nPartial output:\n{self.output}" if self.output else "\n\nIt produced no output."
-        return text
-
-    def to_openai(self, tool_call_id: str) -> dict[str, Any]:
-        """An OpenAI chat-completions tool message answering ``tool_call_id``."""
-        return {"role": "tool", "tool_call_id": tool_call_id, "content": self.render()}
-
-    def to_anthropic(self, tool_use_id: str) -> dict[str, Any]:
-        """An Anthropic ``tool_result`` content block answering ``tool_use_id``."""
-        return {
-            "type": "tool_result",
-            "tool_use_id": tool_use_id,
-            "content": self.render(),
-            "is_error": self.is_error,
-        }
-
-
 ACTIVITY_POLL_INTERVAL = 0.25
 """Seconds between two looks at a child's liveness for ``execute(on_activity=...)``: short against
 any inactivity timeout worth setting, and an attribute read costs nothing."""
@@ -310,34 +270,34 @@ async def _result_reporting_activity(run: ServiceRun, on_activity: Callable[[], 
                 seen = latest
                 on_activity()
 
+    return await _awaited_beside(run.result(), watch)
+
+
+async def _reporting_activity(awaitable: Awaitable[T], on_activity: Callable[[], object]) -> T:
+    """``awaitable``'s value, calling ``on_activity`` every ``ACTIVITY_POLL_INTERVAL`` seconds until
+    then: a parent waiting on its background children (a bounded wait) is not silent."""
+
+    async def tick() -> None:
+        while True:
+            await anyio.sleep(ACTIVITY_POLL_INTERVAL)
+            on_activity()
+
+    return await _awaited_beside(awaitable, tick)
+
+
+async def _awaited_beside(awaitable: Awaitable[T], companion: Callable[[], Coroutine[Any, Any, None]]) -> T:
+    """``awaitable``'s value, with ``companion`` running beside it until then."""
     try:
         async with anyio.create_task_group() as task_group:
-            task_group.start_soon(watch)
+            task_group.start_soon(companion)
             try:
-                result = await run.result()
+                value = await awaitable
             finally:
                 task_group.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        raise_sole_error(group)  # the result's error as itself, not inside the task group's group
+        raise_sole_error(group)  # the awaited error as itself, not inside the task group's group
         raise
-    return result
-
-
-def _invalid(problems: Sequence[str]) -> SubagentToolResult:
-    lines = "\n".join(f"- {problem}" for problem in problems)
-    return SubagentToolResult(is_error=True, error=f"invalid arguments, no subagent was started:\n{lines}")
-
-
-def _seam_failure(
-    error: SubagentError, *, lead: str, provider: str, run_id: str | None = None
-) -> SubagentToolResult:
-    return SubagentToolResult(
-        is_error=True,
-        error=f"{lead} ({error.code.value}): {error.message}",
-        error_code=error.code,
-        run_id=run_id,
-        provider=provider,
-    )
+    return value
 
 
 # -- the tool ---------------------------------------------------------------------------------------
@@ -356,9 +316,18 @@ class SubagentTool:
         cwd: the working directory every run gets, when the host fixes one.
         on_change: called with the new definition each time the registry changes it (the host then
             sends the tool list again). Runs inside the registry's event; one that raises is logged.
+        background: offer background delegation (:mod:`subagent.background`): the tool takes
+            ``background: true`` and has companion tools (:attr:`companion_definitions`,
+            :meth:`agent_tools`) to list, wait for, message, cancel and read background children;
+            outputs longer than the options' ``spill_bytes`` are spilled to a file (foreground ones
+            too). None (the default): no background delegation, no spilling.
+        on_notice: called with each background child's :class:`~subagent.background.Notice` as it
+            ends (the host's way to hear back; an in-process parent agent also gets it in its log).
 
     The tool follows the registry from construction until :meth:`close` (or the end of its ``with``
-    block). Raises ``ValueError`` for a name the tool-calling APIs would refuse or a timeout <= 0.
+    block). With background delegation, use it as an async context manager (or call :meth:`aclose`):
+    closing it cancels and disposes every background child. Raises ``ValueError`` for a name the
+    tool-calling APIs would refuse (with its companions' suffixes) or a timeout <= 0.
     """
 
     def __init__(
@@ -370,9 +339,15 @@ class SubagentTool:
         timeout: float | None = None,
         cwd: str | None = None,
         on_change: Callable[[ToolDefinition], object] | None = None,
+        background: BackgroundOptions | None = None,
+        on_notice: Callable[[Notice], object] | None = None,
     ) -> None:
         if not _TOOL_NAME.match(name):
             raise ValueError(f"a tool name must match {_TOOL_NAME.pattern}, got {name!r}")
+        if background is not None and not _TOOL_NAME.match(f"{name}_cancel"):
+            raise ValueError(
+                f"a tool name with background delegation must leave room for '_cancel', got {name!r}"
+            )
         if timeout is not None and not timeout > 0:  # `not >` also refuses NaN
             raise ValueError(f"timeout must be > 0 seconds, got {timeout}")
         self._service = service
@@ -382,6 +357,10 @@ class SubagentTool:
         self._on_change = on_change
         self._version = 0
         self._closed = False
+        self._background = BackgroundChildren(service, background) if background is not None else None
+        self._notice_disposer: Disposer | None = None
+        if self._background is not None and on_notice is not None:
+            self._notice_disposer = self._background.on_notice(on_notice)
         self._definition = self._build_definition()
         # The listeners re-read the registry rather than the payload: the registry is the truth, and
         # a removal's payload (a name) could not say what a remaining provider supports.
@@ -428,6 +407,37 @@ class SubagentTool:
         """Whether the tool has stopped following the registry."""
         return self._closed
 
+    @property
+    def background(self) -> BackgroundChildren | None:
+        """The background children started through the tool; None without background delegation."""
+        return self._background
+
+    @property
+    def companion_definitions(self) -> tuple[ToolDefinition, ...]:
+        """The companion tools (``<name>_list``, ``_wait``, ``_send``, ``_cancel``, ``_result``); empty
+        without background delegation. They do not change with the registry."""
+        if self._background is None:
+            return ()
+        return tuple(_companion_definition(self._name, action) for action in COMPANION_ACTIONS)
+
+    async def aclose(self) -> None:
+        """:meth:`close`, then cancel and dispose every background child and remove a spill directory
+        the tool created. Idempotent; returns once none of them is running."""
+        self.close()
+        if self._background is not None:
+            await self._background.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
     def close(self) -> None:
         """Stop following the registry: the definition and version stay as they are. Idempotent.
 
@@ -435,6 +445,9 @@ class SubagentTool:
         """
         self._closed = True
         disposers, self._disposers = self._disposers, []
+        if self._notice_disposer is not None:
+            disposers.append(self._notice_disposer)
+            self._notice_disposer = None
         for dispose in disposers:
             dispose()
 
@@ -457,6 +470,14 @@ class SubagentTool:
         sees is this tool's current definition, re-read at every model call.
         """
         return AgentSubagentTool(self)
+
+    def agent_tools(self) -> tuple[AgentSubagentTool | AgentCompanionTool, ...]:
+        """:meth:`for_agents` and, with background delegation, the companion tools, as tools of
+        in-process agents. A calling agent is the parent of the children it starts in the background:
+        it hears of their ends at its idle points, and they die with it (closed, or its turn
+        cancelled)."""
+        companions = tuple(AgentCompanionTool(self, action) for action in COMPANION_ACTIONS)
+        return (self.for_agents(), *(companions if self._background is not None else ()))
 
     def _snapshots(self) -> list[ProviderSnapshot]:
         snapshots = (self._service.get_provider(name) for name in self._service.list())
@@ -489,6 +510,8 @@ class SubagentTool:
                 optional = _code_names(_supported(snapshot)) or "none"
                 lines.append(f"- {json.dumps(snapshot.name)}: {context} Optional parameters: {optional}.")
             paragraphs += ["\n".join(lines), _ERROR_NOTE]
+            if self._background is not None:
+                paragraphs.append(self._background_note())
         else:
             paragraphs.append(_NO_PROVIDER_NOTE)
 
@@ -511,6 +534,8 @@ class SubagentTool:
             if len(supporters[feature]) < len(names):
                 feature_property["description"] += f" Supported only by {_quoted(supporters[feature])}."
             properties[feature] = feature_property
+        if self._background is not None and names:
+            properties["background"] = dict(_BACKGROUND_PROPERTY)
 
         return ToolDefinition(
             name=self._name,
@@ -553,20 +578,31 @@ class SubagentTool:
             RuntimeError: the service was never opened (a host bug, not the model's).
             Exception: whatever a faulty provider's result raised other than a ``SubagentError``.
         """
+        return await self._execute(arguments, parent_id, on_activity, None)
+
+    async def _execute(
+        self,
+        arguments: Mapping[str, Any] | str | bytes,
+        parent_id: str | None,
+        on_activity: Callable[[], object] | None,
+        agent: Agent | None,
+    ) -> SubagentToolResult:
         prepared = self._prepare(arguments, parent_id if parent_id is not None else self._template.parent_id)
         if isinstance(prepared, SubagentToolResult):
             return prepared
-        provider, request = prepared
+        provider, request, background = prepared
+        if background:
+            return await self._start_background(provider, request, agent)
         try:
             run = self._service.start(provider, request)
         except SubagentError as exc:
-            return _seam_failure(exc, lead="the subagent could not be started", provider=provider)
+            return seam_failure(exc, lead="the subagent could not be started", provider=provider)
         # Leaving the block disposes the run, shielded, whatever the exit: return, exception, cancel.
         async with run:
             try:
                 await run.started()
             except SubagentError as exc:
-                return _seam_failure(
+                return seam_failure(
                     exc, lead="the subagent could not be started", provider=provider, run_id=run.id
                 )
             try:
@@ -575,45 +611,152 @@ class SubagentTool:
                 else:
                     result = await _result_reporting_activity(run, on_activity)
             except SubagentError as exc:
-                return _seam_failure(exc, lead="the subagent run failed", provider=provider, run_id=run.id)
-        return self._map_result(result, request, provider=provider, run_id=run.id)
+                return seam_failure(exc, lead="the subagent run failed", provider=provider, run_id=run.id)
+        spill = None
+        if self._background is not None and (request.output_schema is None or result.structured is None):
+            spill = await self._background.spill(result.output, label=run.id)
+        return map_result(result, request, provider=provider, run_id=run.id, spill=spill)
 
-    def _map_result(
-        self, result: SubagentResult, request: SubagentRequest, *, provider: str, run_id: str
+    async def _start_background(
+        self, provider: str, request: SubagentRequest, agent: Agent | None
     ) -> SubagentToolResult:
-        structured = result.structured if request.output_schema is not None else None
-        if result.stop_reason == "completed":
-            return SubagentToolResult(
-                is_error=False,
-                output=result.output,
-                stop_reason="completed",
-                structured=structured,
-                run_id=run_id,
-                provider=provider,
-                usage=result.usage,
+        background = self._background
+        assert background is not None  # `background` is accepted only with it
+        parent = request.parent_id if request.parent_id is not None else HOST_PARENT
+        if agent is not None and agent.id == parent:
+            background.bind_agent(agent)
+        try:
+            child = await background.start(parent, provider, request)
+        except SubagentError as exc:
+            return seam_failure(exc, lead="the subagent could not be started", provider=provider)
+        except BackgroundError as exc:
+            return SubagentToolResult(is_error=True, error=exc.reason, provider=provider)
+        if child.state == "queued":
+            status = (
+                f"Queued background subagent {child.handle} ({provider}): {background.options.max_running} "
+                "of yours are running, the most at once; it starts when one of them ends."
             )
-        explanation = _STOP_EXPLANATIONS.get(result.stop_reason, "it stopped early.")
-        if result.stop_reason == "error" and result.error:
-            explanation = f"it failed: {result.error}"
-        elif result.stop_reason == "timeout" and request.timeout is not None:
-            explanation = (
-                f"it was silent for longer than the inactivity timeout ({request.timeout:g} s) "
-                "and was stopped."
-            )
+        else:
+            status = f"Started background subagent {child.handle} ({provider}); it is running."
         return SubagentToolResult(
-            is_error=True,
-            output=result.output,
-            error=f"the subagent stopped before finishing (stop reason: {result.stop_reason}): {explanation}",
-            stop_reason=result.stop_reason,
-            run_id=run_id,
+            is_error=False,
+            output=(
+                f"{status} Its result will reach you as a notice when it ends; meanwhile, go on with "
+                f"other work. `{self._name}_wait` waits for it, `{self._name}_send` sends it a message, "
+                f"`{self._name}_cancel` stops it."
+            ),
+            run_id=child.run_id,
             provider=provider,
-            usage=result.usage,
+            handle=child.handle,
         )
+
+    def _background_note(self) -> str:
+        assert self._background is not None
+        options = self._background.options
+        note = (
+            "Background: set `background` to true to start a subagent and get its handle at once; "
+            "you keep working, and a notice with its result reaches you when it ends. "
+            f"At most {options.max_running} of yours run at once; more are queued. "
+            f"`{self._name}_list` lists your background subagents, `{self._name}_wait` waits for them, "
+            f"`{self._name}_send` messages one, `{self._name}_cancel` stops one, `{self._name}_result` "
+            "reads one's result."
+        )
+        if options.spill_bytes is not None:
+            note += (
+                f" A result longer than {options.spill_bytes} bytes is saved to a file: you get its start, "
+                "its end and the file's path."
+            )
+        return note
+
+    # -- the companion tools -------------------------------------------------------------------------
+
+    async def execute_companion(
+        self,
+        action: str,
+        arguments: Mapping[str, Any] | str | bytes,
+        *,
+        parent_id: str | None = None,
+        on_activity: Callable[[], object] | None = None,
+    ) -> SubagentToolResult:
+        """Run one call of a companion tool: ``action`` is one of :data:`COMPANION_ACTIONS` (or the
+        companion's full name). ``parent_id`` is the caller's, as for :meth:`execute`: a parent sees
+        and touches only its own children. Bad input and refusals come back as error results.
+
+        Raises:
+            ValueError: no such companion, or the tool has no background delegation (host bugs).
+        """
+        background = self._background
+        if background is None:
+            raise ValueError("this tool has no background delegation, so no companion tools")
+        action = action.removeprefix(f"{self._name}_")
+        if action not in COMPANION_ACTIONS:
+            raise ValueError(f"no companion tool {action!r}; they are {', '.join(COMPANION_ACTIONS)}")
+        parent = parent_id if parent_id is not None else self._template.parent_id
+        parent = parent if parent is not None else HOST_PARENT
+        decoded = _decode(arguments)
+        if isinstance(decoded, str):
+            return invalid([decoded], lead="invalid arguments")
+        problems = _check_companion_arguments(action, decoded)
+        if problems:
+            return invalid(problems, lead="invalid arguments")
+        try:
+            if action == "list":
+                children = background.children(parent)
+                if not children:
+                    return SubagentToolResult(is_error=False, output="You have no background subagents.")
+                return SubagentToolResult(
+                    is_error=False, output="\n".join(f"- {child.describe()}" for child in children)
+                )
+            if action == "wait":
+                return await self._wait(background, parent, decoded, on_activity)
+            handle = decoded["handle"]
+            if action == "send":
+                await background.send(parent, handle, decoded["message"])
+                return SubagentToolResult(
+                    is_error=False,
+                    output=f"Sent to {handle}; it reads the message at its next pause between steps.",
+                    handle=handle,
+                )
+            notice = (
+                await background.cancel(parent, handle)
+                if action == "cancel"
+                else background.result(parent, handle)
+            )
+        except BackgroundError as exc:
+            return SubagentToolResult(is_error=True, error=exc.reason)
+        except SubagentError as exc:
+            return seam_failure(exc, lead="the message was not delivered", provider="")
+        # The call did what it was asked; how the child ended is in the text.
+        result = notice.result
+        return SubagentToolResult(
+            is_error=False,
+            output=notice.text,
+            stop_reason=result.stop_reason,
+            structured=result.structured,
+            run_id=result.run_id,
+            provider=result.provider,
+            usage=result.usage,
+            handle=result.handle,
+        )
+
+    async def _wait(
+        self,
+        background: BackgroundChildren,
+        parent: str,
+        arguments: Mapping[str, Any],
+        on_activity: Callable[[], object] | None,
+    ) -> SubagentToolResult:
+        handles = arguments.get("handles")
+        mode: Literal["any", "all"] = "all" if arguments.get("mode") == "all" else "any"
+        timeout = arguments.get("timeout")
+        wait = background.wait(parent, handles, mode=mode, timeout=timeout)
+        outcome = await (wait if on_activity is None else _reporting_activity(wait, on_activity))
+        return SubagentToolResult(is_error=False, output=_render_wait(outcome, handles is None))
 
     def _prepare(
         self, arguments: Mapping[str, Any] | str | bytes, parent_id: str | None
-    ) -> tuple[str, SubagentRequest] | SubagentToolResult:
-        """Validate the model's arguments into ``(provider, request)``, or an error result."""
+    ) -> tuple[str, SubagentRequest, bool] | SubagentToolResult:
+        """Validate the model's arguments into ``(provider, request, background)``, or an error result."""
         if not self._service.list():
             return SubagentToolResult(
                 is_error=True,
@@ -622,11 +765,11 @@ class SubagentTool:
             )
         decoded = _decode(arguments)
         if isinstance(decoded, str):
-            return _invalid([decoded])
+            return invalid([decoded])
         parsed = _Parsed()
         problems = self._check_arguments(decoded, parsed)
         if problems:
-            return _invalid(problems)
+            return invalid(problems)
         # No problems means both required arguments were set.
         assert parsed.prompt is not None
         assert parsed.provider is not None
@@ -634,13 +777,14 @@ class SubagentTool:
         unsupported = self._unsupported(parsed.provider, request)
         if unsupported is not None:
             return unsupported
-        return parsed.provider, request
+        return parsed.provider, request, parsed.background
 
     def _check_arguments(self, arguments: Mapping[str, Any], parsed: _Parsed) -> list[str]:
         names = self._service.list()
         problems: list[str] = []
 
-        unknown = [str(key) for key in arguments if key not in _ARGUMENTS]
+        accepted = (*_ARGUMENTS, "background") if self._background is not None else _ARGUMENTS
+        unknown = [str(key) for key in arguments if key not in accepted]
         if unknown:
             offered = list(self._definition.input_schema["properties"])
             problems.append(
@@ -704,6 +848,13 @@ class SubagentTool:
                 parsed.options["persona"] = persona
             else:
                 problems.append(f"`persona` must be a string, got {_json_type(persona)}.")
+
+        background = arguments.get("background")
+        if background is not None and "background" in accepted:
+            if isinstance(background, bool):
+                parsed.background = background
+            else:
+                problems.append(f"`background` must be true or false, got {_json_type(background)}.")
         return problems
 
     def _unsupported(self, provider: str, request: SubagentRequest) -> SubagentToolResult | None:
@@ -749,6 +900,7 @@ class _ModelOptions(TypedDict, total=False):
 class _Parsed:
     prompt: str | None = None
     provider: str | None = None
+    background: bool = False
     options: _ModelOptions = field(default_factory=lambda: _ModelOptions())
 
 
@@ -825,12 +977,148 @@ class AgentSubagentTool:
                 its message is what the model reads.
         """
         arguments = thaw_json(invocation.arguments)
-        # The calling agent's inactivity clock must not run out while its child is busy.
-        result = await self.subagent_tool.execute(
-            arguments, parent_id=invocation.context.id, on_activity=invocation.context.touch
+        # The calling agent's inactivity clock must not run out while its child is busy; a background
+        # child reports to the calling agent and dies with it.
+        context = invocation.context
+        result = await self.subagent_tool._execute(
+            arguments, context.id, context.touch, _calling_agent(context)
         )
         text = result.render()
         if result.is_error:
             # Raised, so the agent reports a failed call to its listeners; it words the error itself.
             raise ToolError(text.removeprefix("Error: "))
         return text
+
+
+class AgentCompanionTool:
+    """A companion tool of :class:`SubagentTool` (``<name>_<action>``) as a tool of in-process agents:
+    see :meth:`SubagentTool.agent_tools`. The calling agent is the parent whose children it lists,
+    waits for, messages, cancels or reads."""
+
+    needs_approval = False
+
+    def __init__(self, tool: SubagentTool, action: str) -> None:
+        if action not in COMPANION_ACTIONS:
+            raise ValueError(f"no companion tool {action!r}; they are {', '.join(COMPANION_ACTIONS)}")
+        self.subagent_tool = tool
+        self.action = action
+        definition = _companion_definition(tool.name, action)
+        self.spec = ToolSpec(definition.name, definition.description, definition.input_schema)
+
+    def __repr__(self) -> str:
+        return f"<AgentCompanionTool {self.spec.name!r}>"
+
+    async def run(self, invocation: ToolInvocation) -> str:
+        """Run the companion call for the calling agent; a refusal is raised as :class:`ToolError`."""
+        context = invocation.context
+        result = await self.subagent_tool.execute_companion(
+            self.action, thaw_json(invocation.arguments), parent_id=context.id, on_activity=context.touch
+        )
+        text = result.render()
+        if result.is_error:
+            raise ToolError(text.removeprefix("Error: "))
+        return text
+
+
+_HANDLE_PROPERTY: dict[str, Any] = {"type": "string", "description": "The background subagent's handle."}
+
+_COMPANIONS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
+    "list": (
+        "List your background subagents: handle, provider, state (queued, running, completed, failed, "
+        "cancelled), last activity, and the start of the task.",
+        {},
+        (),
+    ),
+    "wait": (
+        "Wait for your background subagents to end and get the results of those that did. `mode` "
+        '"any" (the default) returns as soon as one has ended, "all" once all have. Without `handles`: '
+        "every background subagent whose result you have not received yet. The wait ends after "
+        "`timeout` seconds at most, with whatever ended by then.",
+        {
+            "handles": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "The handles to wait for (default: every one whose result you lack).",
+            },
+            "mode": {"type": "string", "enum": ["any", "all"], "description": "Wait for any or for all."},
+            "timeout": {"type": "number", "minimum": 0, "description": "The longest wait, in seconds."},
+        },
+        (),
+    ),
+    "send": (
+        "Send a message to a running background subagent: it reads it at its next pause between steps. "
+        "Refused, with the reason, when its provider's subagents cannot take messages.",
+        {
+            "handle": _HANDLE_PROPERTY,
+            "message": {"type": "string", "minLength": 1, "description": "The message."},
+        },
+        ("handle", "message"),
+    ),
+    "cancel": (
+        "Stop a background subagent (a queued one never starts) and get what it produced so far.",
+        {"handle": _HANDLE_PROPERTY},
+        ("handle",),
+    ),
+    "result": (
+        "Read the result of a background subagent that has ended.",
+        {"handle": _HANDLE_PROPERTY},
+        ("handle",),
+    ),
+}
+
+
+def _companion_definition(name: str, action: str) -> ToolDefinition:
+    description, properties, required = _COMPANIONS[action]
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": copy.deepcopy(properties),
+        "required": list(required),
+        "additionalProperties": False,
+    }
+    return ToolDefinition(f"{name}_{action}", description, schema)
+
+
+def _check_companion_arguments(action: str, arguments: Mapping[str, Any]) -> list[str]:
+    _description, properties, required = _COMPANIONS[action]
+    problems: list[str] = []
+    unknown = [str(key) for key in arguments if key not in properties]
+    if unknown:
+        takes = _code_names(list(properties)) if properties else "no parameters"
+        problems.append(
+            f"unknown parameter{'s' if len(unknown) > 1 else ''} {_code_names(unknown)}; it takes {takes}."
+        )
+    for key in required:
+        value = arguments.get(key)
+        if not isinstance(value, str) or not value.strip():
+            problems.append(f"`{key}` is required: a non-empty string.")
+    handles = arguments.get("handles")
+    if handles is not None and not (
+        isinstance(handles, list | tuple) and all(isinstance(handle, str) for handle in handles)
+    ):
+        problems.append("`handles` must be a list of handles (strings).")
+    mode = arguments.get("mode")
+    if mode is not None and mode not in ("any", "all"):
+        problems.append(
+            f'`mode` must be "any" or "all", got {json.dumps(mode) if isinstance(mode, str) else _json_type(mode)}.'  # noqa: E501
+        )
+    timeout = arguments.get("timeout")
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+    ):
+        problems.append("`timeout` must be a number of seconds >= 0.")
+    return problems
+
+
+def _render_wait(outcome: WaitOutcome, every: bool) -> str:
+    parts = [notice.text for notice in outcome.ended]
+    if not outcome.ended and not outcome.live:
+        return (
+            "You have no background subagent whose result you have not received."
+            if every
+            else "None of those subagents is running."
+        )
+    if outcome.live:
+        still = "\n".join(f"- {child.describe()}" for child in outcome.live)
+        lead = "The wait timed out. " if outcome.timed_out and not outcome.ended else ""
+        parts.append(f"{lead}Still running or queued:\n{still}")
+    return "\n\n".join(parts)

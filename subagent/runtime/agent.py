@@ -48,15 +48,20 @@ from subagent.types import Disposer, StopReason, SubagentResult, Usage, freeze_j
 __all__ = [
     "DEFAULT_MAX_MODEL_CALLS",
     "Agent",
+    "AgentClosed",
     "AgentClosedError",
     "AgentEvent",
+    "AgentLifecycleEvent",
     "AgentRegistry",
     "MessageDelivered",
     "MessageRefused",
     "MessageRefusedError",
+    "ModelCallStarted",
     "PendingMessage",
     "ToolCallFinished",
     "ToolCallStarted",
+    "TurnCancelRequested",
+    "TurnEnded",
 ]
 
 logger = logging.getLogger(__name__)
@@ -93,7 +98,7 @@ class PendingMessage:
 
     def __init__(self, text: str) -> None:
         self.text = text
-        self.status: Literal["queued", "delivered", "refused"] = "queued"
+        self.status: Literal["queued", "delivered", "refused", "withdrawn"] = "queued"
         self.reason: str | None = None
         """Why the message was refused, when it was."""
         self._outcome: Outcome[None] = Outcome()
@@ -117,6 +122,11 @@ class PendingMessage:
         self.status = "refused"
         self.reason = reason
         self._outcome.fail(MessageRefusedError(reason))
+
+    def _withdraw(self) -> None:
+        self.status = "withdrawn"
+        self.reason = "withdrawn by its sender before it was delivered"
+        self._outcome.fail(MessageRefusedError(self.reason))
 
 
 # -- events -------------------------------------------------------------------------------------------
@@ -159,6 +169,40 @@ AgentEvent = (
 """What an agent reports to its listeners while it works, in order."""
 
 
+@dataclass(frozen=True, slots=True)
+class ModelCallStarted:
+    """A model call of the turn begins: the idle point before it has passed (queued messages are in
+    the log, so the model sees them)."""
+
+    index: int
+    """1 for the turn's first call."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    """A turn ended, with how (queued messages were delivered into the log just before)."""
+
+    result: SubagentResult
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCancelRequested:
+    """:meth:`Agent.cancel` reached a turn in flight (or one beginning)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AgentClosed:
+    """:meth:`Agent.close` was called; ``reason`` is what queued messages were refused with."""
+
+    reason: str
+
+
+AgentLifecycleEvent = ModelCallStarted | TurnEnded | TurnCancelRequested | AgentClosed
+"""What happens to an agent as a whole (:meth:`Agent.on_lifecycle`), apart from the work it reports
+as :data:`AgentEvent`: for owners of things bound to its turns or its life, such as its background
+children."""
+
+
 # -- what a tool sees ---------------------------------------------------------------------------------
 
 
@@ -193,6 +237,15 @@ class _AgentContext:
         agent = self._agent()
         if agent is not None:
             agent.touch()
+
+
+def _calling_agent(context: ToolContext) -> Agent | None:
+    """The agent behind a tool context of this runtime (None for another context, or a dropped agent).
+
+    For the library's own tools that owe the caller something beyond the call: the subagent tool's
+    background children report to their parent agent and die with it. Not for tools in general.
+    """
+    return context._agent() if isinstance(context, _AgentContext) else None
 
 
 # -- the registry -------------------------------------------------------------------------------------
@@ -321,6 +374,9 @@ class Agent:
         self._listeners: Listeners[AgentEvent] = Listeners(
             logger, f"agent {self.id}: an event listener raised"
         )
+        self._lifecycle: Listeners[AgentLifecycleEvent] = Listeners(
+            logger, f"agent {self.id}: a lifecycle listener raised"
+        )
         self._turn_scope: anyio.CancelScope | None = None
         self._turn_lock = anyio.Lock()
         self._cancel_next_turn = False  # cancel() arrived while a turn was taking the lock
@@ -393,6 +449,11 @@ class Agent:
         logged and changes nothing."""
         return self._listeners.add(listener)
 
+    def on_lifecycle(self, listener: Callable[[AgentLifecycleEvent], object]) -> Disposer:
+        """Call ``listener`` when a model call begins, a turn ends, a turn is cancelled or the agent
+        closes; returns the disposer. A listener that raises is logged and changes nothing."""
+        return self._lifecycle.add(listener)
+
     # -- messages -----------------------------------------------------------------------------------
 
     def send_message(self, text: str) -> PendingMessage:
@@ -408,6 +469,17 @@ class Agent:
         if not self.busy:
             self._deliver_pending()
         return pending
+
+    def withdraw_message(self, pending: PendingMessage) -> bool:
+        """Take back a message that is still queued: True when it was (it will never enter the log;
+        its ``wait()`` raises :class:`MessageRefusedError`), False when it was delivered or refused
+        already. For a sender whose news reached the agent another way first."""
+        try:
+            self._inbox.remove(pending)
+        except ValueError:
+            return False
+        pending._withdraw()
+        return True
 
     def _deliver_pending(self) -> bool:
         delivered = False
@@ -431,6 +503,9 @@ class Agent:
             self._turn_scope.cancel()
         elif self._turn_lock.locked():
             self._cancel_next_turn = True
+        else:
+            return
+        self._lifecycle.emit(TurnCancelRequested())
 
     async def run_turn(
         self,
@@ -455,12 +530,14 @@ class Agent:
                     raise AgentClosedError(f"agent {self.id!r} is closed")
                 inside = _TURNS_IN_FLIGHT.set((*_TURNS_IN_FLIGHT.get(), self))
                 try:
-                    return await self._run_turn_locked(prompt, output_schema, idle_timeout)
+                    result = await self._run_turn_locked(prompt, output_schema, idle_timeout)
                 finally:
                     _TURNS_IN_FLIGHT.reset(inside)
             finally:
                 # A cancel() meant for this turn must never reach the next one.
                 self._cancel_next_turn = False
+        self._lifecycle.emit(TurnEnded(result))
+        return result
 
     async def _run_turn_locked(
         self, prompt: str, output_schema: Any, idle_timeout: float | None
@@ -547,6 +624,7 @@ class Agent:
                 )
             self._deliver_pending()  # an idle point: before each model call
             calls += 1
+            self._lifecycle.emit(ModelCallStarted(calls))
             try:
                 completion = await self._call_model(wanted)
             except LlmError as exc:
@@ -680,6 +758,7 @@ class Agent:
         """
         if not self._closed:
             self._closed = True
+            self._lifecycle.emit(AgentClosed(reason))
             self.cancel()
             while self._inbox:
                 pending = self._inbox.popleft()
