@@ -812,6 +812,13 @@ class BackgroundChildren:
             if spill_dir is not None:
                 await anyio.to_thread.run_sync(lambda: shutil.rmtree(spill_dir, ignore_errors=True))
 
+    def discard_spill_directory(self) -> None:
+        """Remove the private spill directory now, synchronously, if one was made (for an owner that
+        cannot await :meth:`aclose`: its service is closed, so no child is left to write there)."""
+        spill_dir, self._spill_dir = self._spill_dir, None
+        if spill_dir is not None:
+            shutil.rmtree(spill_dir, ignore_errors=True)
+
     async def __aenter__(self) -> BackgroundChildren:
         return self
 

@@ -423,7 +423,7 @@ class SubagentTool:
     async def aclose(self) -> None:
         """:meth:`close`, then cancel and dispose every background child and remove a spill directory
         the tool created. Idempotent; returns once none of them is running."""
-        self.close()
+        self._stop_following()
         if self._background is not None:
             await self._background.aclose()
 
@@ -441,8 +441,20 @@ class SubagentTool:
     def close(self) -> None:
         """Stop following the registry: the definition and version stay as they are. Idempotent.
 
-        :meth:`execute` keeps working and validates against the registry as it is at the call.
+        :meth:`execute` keeps working and validates against the registry as it is at the call. With
+        background delegation, prefer :meth:`aclose`, which returns once the background children are
+        gone; this only starts their disposal (in the service's task group, which the service's own
+        close awaits).
         """
+        if not self._closed and self._background is not None:
+            background = self._background
+            try:
+                self._service._require_open().start_soon(background.aclose, name="close background children")
+            except (SubagentError, RuntimeError):
+                background.discard_spill_directory()  # the service is gone, and its runs with it
+        self._stop_following()
+
+    def _stop_following(self) -> None:
         self._closed = True
         disposers, self._disposers = self._disposers, []
         if self._notice_disposer is not None:
