@@ -5,11 +5,21 @@
   permission decision, and a note on interrupts. Plain text, with ANSI colour only when the
   stream is a terminal and ``NO_COLOR`` is unset. Text from the agent is stripped of control
   characters, so an agent cannot drive the terminal. With ``progress=False`` it shows only what
-  needs a person: permission prompts and interrupt notes.
+  needs a person: permission prompts and interrupt notes. A tool call that shows a run of the
+  agent's subagent tree (``subagent serve`` marks them, see below) reads ``run <title>: <status>``,
+  indented one step per level below the session.
 * :class:`EventView`: one JSON object per line (``--events``), each with an ``"event"`` member:
   ``spawn``, ``start``, ``update`` (the ACP ``session/update`` params: ``sessionId`` and the update,
-  camelCase as on the wire), ``permission_request``, ``permission``, ``interrupt``,
+  camelCase as on the wire), ``run``, ``permission_request``, ``permission``, ``interrupt``,
   ``start_failed``, ``end`` and ``log``.
+
+  ``run`` follows each ``update`` of a tool call that shows one run of the agent's subagent tree
+  (its ``_meta["subagent-seam/run"]``, see :data:`~subagent.types.RUN_META_KEY`, which
+  ``subagent serve`` sends): ``runId``, ``parentId``, ``provider``, ``state`` (``running``,
+  ``completed``, ``failed``, ``cancelled``), ``stopReason``, ``depth`` and the call's ``title``;
+  a member the agent did not send (or sent with the wrong type) is null. A ``parentId`` equal to
+  the session's id reads as this run's own ``runId`` (the one of the ``start`` event), so the
+  ``run`` events form one tree rooted at the command line's run.
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
 
@@ -26,12 +36,14 @@ from subagent.acp import schema
 from subagent.acp.handlers import PermissionDecision, PermissionOption, PermissionOutcome, PermissionQuestion
 from subagent.cli.console import Console, sanitize
 from subagent.cli.tool_calls import ToolCallState
-from subagent.types import SubagentResult
+from subagent.types import RUN_META_KEY, SubagentResult
 
 __all__ = ["EventView", "HumanView", "RunView", "StartInfo"]
 
 _RAW_INPUT_CHARS: Final = 400
 """How much of a tool call's input a permission question shows (as JSON)."""
+_MAX_RUN_INDENT: Final = 20
+"""The deepest level of the subagent tree whose lines are indented to it (an agent chooses the depth)."""
 
 
 def _call_name(call: ToolCallState) -> str:
@@ -98,6 +110,7 @@ class RunView:
         """A log record (``message`` is formatted) for the user."""
 
 
+_TOOL_CALL_UPDATES: Final = (schema.ToolCall, schema.ToolCallProgress)
 _STATUS_COLOR: Final = {"pending": "33", "in_progress": "33", "completed": "32", "failed": "31"}
 _PLAN_MARK: Final = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
 
@@ -143,6 +156,10 @@ class HumanView(RunView):
             console.write(console.paint(text, "2", "3"))
         elif changed_call is not None:
             self._block()
+            run = _run_meta(update) if isinstance(update, _TOOL_CALL_UPDATES) else None
+            if run is not None:
+                self._run_line(run, changed_call)
+                return
             kind = f" ({changed_call.kind})" if changed_call.kind else ""
             status = console.paint(changed_call.status, _STATUS_COLOR.get(changed_call.status, "0"))
             console.line(
@@ -223,6 +240,14 @@ class HumanView(RunView):
         )
         self.console.line(self.console.paint(f"subagent: {record.levelname.lower()}: {message}", color))
 
+    def _run_line(self, run: Mapping[str, Any], call: ToolCallState) -> None:
+        """A run of the agent's subagent tree started or ended: one line, indented by its depth."""
+        console = self.console
+        depth = run.get("depth")
+        indent = "  " * (depth if isinstance(depth, int) and 0 < depth <= _MAX_RUN_INDENT else 1)
+        status = console.paint(call.status, _STATUS_COLOR.get(call.status, "0"))
+        console.line(f"{indent}{console.paint('run', '36')} {sanitize(_call_name(call))}: {status}")
+
     def _block(self) -> None:
         """Something other than streamed text follows: end the streamed line."""
         self._streaming = None
@@ -241,6 +266,7 @@ class EventView(RunView):
         # the events instead of failing the run.
         self.console = Console(stream, color=False)
         self._session_id: str | None = None
+        self._run_id: str | None = None
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event line (``fields`` are already JSON-ready and camelCase)."""
@@ -251,6 +277,7 @@ class EventView(RunView):
 
     def started(self, info: StartInfo) -> None:
         self._session_id = info.session_id
+        self._run_id = info.run_id
         agent = None if info.agent_name is None else {"name": info.agent_name, "version": info.agent_version}
         self.emit(
             "start",
@@ -264,6 +291,24 @@ class EventView(RunView):
 
     def update(self, update: schema.SessionUpdate, changed_call: ToolCallState | None) -> None:
         self.emit("update", sessionId=self._session_id, update=schema.to_builtins(update))
+        if not isinstance(update, _TOOL_CALL_UPDATES):
+            return
+        run = _run_meta(update)
+        if run is not None:
+            parent_id = _text_or_none(run.get("parentId"))
+            if parent_id is not None and parent_id == self._session_id:
+                parent_id = self._run_id  # the session's own children hang below this run
+            depth = run.get("depth")
+            self.emit(
+                "run",
+                runId=run["runId"],
+                parentId=parent_id,
+                provider=_text_or_none(run.get("provider")),
+                state=_text_or_none(run.get("state")),
+                stopReason=_text_or_none(run.get("stopReason")),
+                depth=depth if isinstance(depth, int) and not isinstance(depth, bool) else None,
+                title=update.title,
+            )
 
     def question(self, question: PermissionQuestion, call: ToolCallState, timeout: float) -> None:
         self.emit(
@@ -306,6 +351,20 @@ class EventView(RunView):
 
     def log(self, record: logging.LogRecord, message: str) -> None:
         self.emit("log", level=record.levelname.lower(), logger=record.name, message=record.getMessage())
+
+
+def _run_meta(update: schema.ToolCall | schema.ToolCallProgress) -> Mapping[str, Any] | None:
+    """The run a tool call update shows (its ``RUN_META_KEY`` entry, with a string ``runId``), else None."""
+    if update.meta is None:
+        return None
+    run = update.meta.get(RUN_META_KEY)
+    if not isinstance(run, Mapping) or not isinstance(run.get("runId"), str):
+        return None
+    return run
+
+
+def _text_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _option_json(option: PermissionOption) -> dict[str, str]:
