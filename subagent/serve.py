@@ -10,13 +10,22 @@ in-process runtime (:class:`~subagent.runtime.Agent`):
 * ``session/new`` makes one runtime agent per session, whose id is the session id. Its tools are
   the model-facing ``subagent`` tool over a :class:`~subagent.service.SubagentService` the server
   owns, with the ``spawn`` and ``fork`` providers registered (same LLM, same agent registry), so
-  the served agent can delegate to in-process children; plus any extra tools given.
-* ``session/prompt`` runs one turn. Text streams as ``agent_message_chunk``; each tool call shows
-  as a ``tool_call`` (``pending`` while its permission is asked, else ``in_progress``) and ends
-  with a ``tool_call_update`` (``completed`` or ``failed``, with the text the model read). Tool
-  calls of the session's subagents are shown too, as calls of the session (ids prefixed by the
-  subagent's id). So is every run below the session (its children, their children, ...), as a
-  tool call of its own (see *The tree of runs* below). Stop reasons map as follows:
+  the served agent can delegate to in-process children, with background delegation
+  (:mod:`subagent.background`: the tool takes ``background: true`` and comes with its companion
+  tools ``subagent_list``, ``_wait``, ``_send``, ``_cancel`` and ``_result``); plus any extra
+  tools given.
+* ``session/prompt`` runs one turn, then, while the session's background children are live or
+  their notices unseen, one more turn each time they call for it (the notices are its prompt),
+  all within the one prompt request, so the client sees the children's progress while the agent
+  goes on: at most ``max_model_calls`` turns (then ``max_turn_requests``); the answer is the last
+  turn's, the usage all of theirs. Background children still live when the prompt ends (a turn
+  failed, or it was cancelled) are disposed then. Text streams as ``agent_message_chunk``; each
+  tool call shows as a ``tool_call`` (``pending`` while its permission is asked, else
+  ``in_progress``) and ends with a ``tool_call_update`` (``completed`` or ``failed``, with the text
+  the model read). Tool calls of the session's subagents are shown too, as calls of the session
+  (ids prefixed by the subagent's id). So is every run below the session (its children, their
+  children, ...), as a tool call of its own (see *The tree of runs* below). Stop reasons map as
+  follows:
 
   ==================  =====================================================================
   runtime             ACP answer
@@ -34,7 +43,8 @@ in-process runtime (:class:`~subagent.runtime.Agent`):
   diagnosis; Zed shows it as an error) must learn that the turn failed. The unstable ``usage``
   of the prompt response is sent when the model reported its token counts.
 * ``session/cancel`` aborts the turn at once (its answer is ``cancelled``) and disposes every
-  subagent it started; ``session/close`` does the same and then closes the session's agent.
+  subagent it started, in the background too; ``session/close`` does the same and then closes the
+  session's agent.
 * A tool that needs approval asks the client with ``session/request_permission`` (options
   ``allow_once`` and ``reject_once``) on the frozen invocation, and runs with exactly that
   invocation, or not at all. Subagents inherit the approver, so their questions reach the client
@@ -69,6 +79,7 @@ open when the turn ends is shown failed, like any call left open.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -94,6 +105,7 @@ from subagent.acp.agent import (
     serve_stdio,
 )
 from subagent.acp.errors import AcpError, MessageTooLargeError, RequestError, RpcErrorCode
+from subagent.background import BackgroundOptions
 from subagent.events import EventHub
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
@@ -105,12 +117,13 @@ from subagent.runtime.agent import (
     AgentRegistry,
     ToolCallFinished,
     ToolCallStarted,
+    _UsageSum,
 )
 from subagent.runtime.llm import LlmAdapter
 from subagent.runtime.messages import TextDelta, ToolSpec
 from subagent.runtime.tools import Tool, ToolError, ToolInvocation
 from subagent.service import SubagentService
-from subagent.tool import DEFAULT_TOOL_NAME, SubagentTool
+from subagent.tool import COMPANION_ACTIONS, DEFAULT_TOOL_NAME, SubagentTool
 from subagent.types import (
     LINEAGE_META_KEY,
     RUN_META_KEY,
@@ -232,7 +245,8 @@ class ServedAgent(AgentHandler):
             ``""`` for none.
         max_model_calls: model calls one turn may make (sessions and subagents alike) before it
             ends with ``max_turn_requests``.
-        delegate: give each session's agent the ``subagent`` tool (``spawn`` and ``fork``).
+        delegate: give each session's agent the ``subagent`` tool (``spawn`` and ``fork``), with
+            background delegation and its companion tools.
         depth_limit: the largest ``depth_limit`` a subagent gets: how many levels of subagents it
             may start below itself (0: none). None leaves it to the model.
         tools: more tools for every session's agent (subagents inherit them, narrowed by any
@@ -240,7 +254,7 @@ class ServedAgent(AgentHandler):
 
     Raises:
         ValueError: ``max_model_calls`` < 1, a negative ``depth_limit``, ``depth_limit`` without
-            ``delegate``, or a tool named like the ``subagent`` tool.
+            ``delegate``, or a tool named like the ``subagent`` tool or one of its companions.
     """
 
     def __init__(
@@ -259,8 +273,13 @@ class ServedAgent(AgentHandler):
             raise ValueError(f"depth_limit must be >= 0, got {depth_limit}")
         if depth_limit is not None and not delegate:
             raise ValueError("depth_limit limits delegation, so it needs delegate=True")
-        if delegate and any(tool.spec.name == DEFAULT_TOOL_NAME for tool in tools):
-            raise ValueError(f"a tool named {DEFAULT_TOOL_NAME!r} would clash with the subagent tool")
+        delegation_tools = {
+            DEFAULT_TOOL_NAME,
+            *(f"{DEFAULT_TOOL_NAME}_{action}" for action in COMPANION_ACTIONS),
+        }
+        clash = next((tool.spec.name for tool in tools if tool.spec.name in delegation_tools), None)
+        if delegate and clash is not None:
+            raise ValueError(f"a tool named {clash!r} would clash with the subagent tool or its companions")
         self.llm = llm
         self.persona = default_persona(delegate=delegate) if persona is None else persona
         self.max_model_calls = max_model_calls
@@ -352,11 +371,12 @@ class ServedAgent(AgentHandler):
         if budget is not None and budget > 0:
             cap = budget - 1 if cap is None else min(cap, budget - 1)
         if self.delegate and (budget is None or budget > 0):
-            subagent_tool = SubagentTool(self.service, cwd=params.cwd)
-            delegation: Tool = subagent_tool.for_agents()
+            subagent_tool = SubagentTool(self.service, cwd=params.cwd, background=BackgroundOptions())
+            delegation: Tool
+            delegation, *companions = subagent_tool.agent_tools()
             if cap is not None:
                 delegation = _DepthCappedTool(delegation, cap)
-            tools.append(delegation)
+            tools += (delegation, *companions)
         tools.extend(self.tools)
         try:
             agent = Agent(
@@ -373,7 +393,7 @@ class ServedAgent(AgentHandler):
             )
         except BaseException:
             if subagent_tool is not None:
-                subagent_tool.close()
+                subagent_tool.close()  # nothing was started through it: this frees it at once
             raise
         reporter.agent = agent
         agent.on_event(reporter.on_event)
@@ -401,13 +421,45 @@ class ServedAgent(AgentHandler):
                 # before the agent's own turn scope exists; the runtime closes the turn's dangling calls and
                 # the subagent tool disposes its runs on the way out.
                 with turn.abort_on_cancel():
-                    result = await session.agent.run_turn(text)
+                    result = await self._run_turns(session, text)
             except AgentClosedError:
                 pass  # the session was closed while this prompt waited: answered cancelled below
             finally:
+                # The prompt owns the background children it leaves (its turns failed, or it was cancelled):
+                # they go now, and their ends are shown before the turn ends.
+                background = session.subagent_tool.background if session.subagent_tool is not None else None
+                if background is not None:
+                    with anyio.CancelScope(shield=True):
+                        await background.close_parent(session.id)
                 session.reporter.end_turn()
         # The task group waited for every update to go out: the answer comes after all of them.
         return _answer(result, turn)
+
+    async def _run_turns(self, session: ServedSession, text: str) -> SubagentResult:
+        """The prompt's turn, then one more each time the session's background children call for it
+        (while any is live or its notice unseen), up to ``max_model_calls`` turns; the usage is theirs
+        together."""
+        background = session.subagent_tool.background if session.subagent_tool is not None else None
+        usage = _UsageSum()
+        result = await session.agent.run_turn(text)
+        usage.add(result.usage)
+        turns = 1
+        while background is not None and result.stop_reason == "completed":
+            prompt = await background.next_turn_prompt(session.id)
+            if prompt is None:
+                break
+            if turns == self.max_model_calls:
+                # Each turn may start more children: a model must not keep one prompt going forever.
+                result = dataclasses.replace(
+                    result,
+                    stop_reason="max_turns",
+                    error=f"the prompt ran {turns} turns, and its background subagents asked for one more",
+                )
+                break
+            result = await session.agent.run_turn(prompt)
+            usage.add(result.usage)
+            turns += 1
+        return dataclasses.replace(result, usage=usage.total())
 
     async def close_session(
         self, params: schema.CloseSessionRequest, client: ClientPeer
@@ -430,8 +482,9 @@ class ServedAgent(AgentHandler):
         try:
             with anyio.CancelScope(shield=True):
                 await session.agent.close("the session was closed")
-            if session.subagent_tool is not None:
-                session.subagent_tool.close()
+                if session.subagent_tool is not None:
+                    # Its background children, and those of the session's subagents, go with it.
+                    await session.subagent_tool.aclose()
         finally:
             session.reporter.unwatch()
         logger.info("session %s closed", session.id)

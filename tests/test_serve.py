@@ -23,6 +23,7 @@ import anyio
 import anyio.abc
 import anyio.streams.buffered
 import pytest
+from anyio.streams.memory import MemoryObjectSendStream
 
 from subagent import SubagentRequest, SubagentService
 from subagent._version import __version__
@@ -52,6 +53,15 @@ CHILD_PROMPT: Final = "What is 6 times 7? Answer with the number only."
 FINAL_ANSWER: Final = "The subagent says 6 times 7 is 42."
 DELEGATION_TITLE: Final = f"subagent (spawn): {CHILD_PROMPT}"
 NOT_APPROVED: Final = "error: this tool call was not approved, so it did not run"
+DELEGATION_TOOLS: Final = [
+    "subagent",
+    "subagent_list",
+    "subagent_wait",
+    "subagent_send",
+    "subagent_cancel",
+    "subagent_result",
+]
+"""The tools a session's agent delegates with: the subagent tool and its background companions."""
 
 
 # -- wiring a client to the served agent in memory ------------------------------------------------------
@@ -63,19 +73,20 @@ async def served(
     *,
     permission: Any = "deny",
     max_line_bytes: int | None = None,
+    transcript: list[bytes] | None = None,
     **options: Any,
 ) -> AsyncIterator[tuple[ServedAgent, AcpClient]]:
     """A `ServedAgent` behind an `AgentSideConnection` (with that line limit, if given), and an
-    initialized `AcpClient` talking to it."""
+    initialized `AcpClient` talking to it; every message the client receives is also appended to
+    ``transcript``, when given."""
     limits: dict[str, Any] = {} if max_line_bytes is None else {"max_line_bytes": max_line_bytes}
     to_agent_send, to_agent_receive = anyio.create_memory_object_stream[bytes](math.inf)
     to_client_send, to_client_receive = anyio.create_memory_object_stream[bytes](math.inf)
+    to_client = MemorySend(to_client_send) if transcript is None else _Recorded(to_client_send, transcript)
     with to_agent_send, to_agent_receive, to_client_send, to_client_receive:
         async with (
             ServedAgent(llm, **options) as handler,
-            AgentSideConnection(
-                handler, MemoryReceive(to_agent_receive), MemorySend(to_client_send), **limits
-            ),
+            AgentSideConnection(handler, MemoryReceive(to_agent_receive), to_client, **limits),
             AcpClient(
                 MemoryReceive(to_client_receive), MemorySend(to_agent_send), permission=permission
             ) as client,
@@ -83,6 +94,18 @@ async def served(
             with anyio.fail_after(WAIT):
                 await client.initialize()
             yield handler, client
+
+
+class _Recorded(MemorySend):
+    """A `MemorySend` that also keeps what it sends."""
+
+    def __init__(self, stream: MemoryObjectSendStream[bytes], record: list[bytes]) -> None:
+        super().__init__(stream)
+        self._record = record
+
+    async def send(self, item: bytes) -> None:
+        self._record.append(item)
+        await super().send(item)
 
 
 def fixture_llm() -> ScriptedLlm:
@@ -190,7 +213,7 @@ async def test_each_session_gets_its_own_agent_whose_id_is_the_session_id(tmp_pa
         assert handler.sessions[second.session_id].cwd == str(tmp_path / "elsewhere")
         agent = handler.sessions[first.session_id].agent
         assert agent.id == first.session_id
-        assert [tool.spec.name for tool in agent.tools] == ["subagent"]
+        assert [tool.spec.name for tool in agent.tools] == DELEGATION_TOOLS
 
 
 async def test_a_depth_budget_from_the_clients_chain_limits_the_sessions_delegation(tmp_path: Path) -> None:
@@ -203,12 +226,13 @@ async def test_a_depth_budget_from_the_clients_chain_limits_the_sessions_delegat
         assert [tool.spec.name for tool in handler.sessions[exhausted.session_id].agent.tools] == []
         assert handler.sessions[exhausted.session_id].subagent_tool is None
         # Budget 2: its children may start at most 1 level below them.
-        (capped,) = handler.sessions[two_more.session_id].agent.tools
+        capped, *companions = handler.sessions[two_more.session_id].agent.tools
+        assert [tool.spec.name for tool in (capped, *companions)] == DELEGATION_TOOLS
         assert capped.spec.description.endswith(
             "Here a subagent may start at most 1 level(s) of subagents below itself: "
             "`depth_limit` is at most 1, and 1 when left out."
         )
-        (free,) = handler.sessions[unlimited.session_id].agent.tools
+        free, *_ = handler.sessions[unlimited.session_id].agent.tools
         assert "Here a subagent may start" not in free.spec.description
 
 
@@ -218,7 +242,9 @@ async def test_a_malformed_depth_budget_is_ignored_with_a_warning(
     async with served(ScriptedLlm()) as (handler, client):
         with anyio.fail_after(WAIT):
             session = await client.new_session(tmp_path, meta={LINEAGE_META_KEY: {"depthBudget": -1}})
-        assert [tool.spec.name for tool in handler.sessions[session.session_id].agent.tools] == ["subagent"]
+        assert [
+            tool.spec.name for tool in handler.sessions[session.session_id].agent.tools
+        ] == DELEGATION_TOOLS
     assert f"ignoring a malformed {LINEAGE_META_KEY} in session/new: {{'depthBudget': -1}}" in caplog.text
 
 
@@ -396,7 +422,11 @@ async def test_a_call_of_a_missing_tool_is_shown_once_as_failed(tmp_path: Path) 
             title="nope",
             kind="other",
             status="failed",
-            content=content("error: there is no tool named 'nope' (available: 'subagent')"),
+            content=content(
+                "error: there is no tool named 'nope' (available: "
+                + ", ".join(repr(name) for name in DELEGATION_TOOLS)
+                + ")"
+            ),
             raw_input={"x": 1},
         )
     ]
