@@ -1,0 +1,507 @@
+"""Background delegation through :class:`~subagent.background.BackgroundChildren` and the tool's
+background side, with the host as the parent (``execute`` and ``execute_companion`` without an agent).
+
+The children are scripted in-process agents held on events the test releases, and stub ACP agents held
+on a permission question the test answers; nothing sleeps to wait for something.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from subagent import ErrorCode, SubagentService
+from subagent.acp.handlers import PermissionQuestion
+from subagent.background import (
+    BackgroundChildren,
+    BackgroundError,
+    BackgroundErrorKind,
+    BackgroundOptions,
+    Notice,
+)
+from subagent.providers.acp import AcpProvider
+from subagent.providers.spawn import SpawnProvider
+from subagent.runtime import (
+    AgentRegistry,
+    CompletionRequest,
+    FunctionTool,
+    Message,
+    Reply,
+    ScriptedLlm,
+    call,
+)
+from subagent.testing.pytest_plugin import StubAgentCommand
+from subagent.tool import SubagentTool
+from subagent.types import SubagentRunInfo
+from tests.leaks import assert_no_leaks
+
+pytestmark = pytest.mark.anyio
+
+WAIT = 20
+"""Seconds: a hang guard on a whole step, never a sleep."""
+
+FAST_TEARDOWN = {"stdin_close_timeout": 5.0, "sigterm_timeout": 5.0, "sigkill_timeout": 5.0}
+"""The stub agent honours each teardown step at once; these bound a loaded machine's delay."""
+
+ACP_HELD_TURN = [
+    {"step": "tool_call", "toolCallId": "c1", "title": "work", "kind": "other"},
+    {"step": "permission", "branches": {"allow": [{"step": "message", "text": "acp answer"}]}},
+]
+"""A stub agent turn that waits on a permission question (the test's gate), then answers."""
+
+
+# -- helpers shared with test_background_agents ------------------------------------------------------
+
+
+def running_task_ids() -> set[int]:
+    return {task.id for task in anyio.get_running_tasks()}
+
+
+def normalised(text: str) -> str:
+    """``text`` with the times of `ChildInfo.describe` ("0.3 s ago") replaced: they depend on load."""
+    return re.sub(r"\d+(\.\d)? s ago", "T s ago", text)
+
+
+class HeldModel:
+    """The model of scripted spawn children. A child whose task is ``task <name>`` holds its first
+    model call until :meth:`release` (name) and then answers ``answers[name]`` (text or a reply;
+    default ``answer <name>``). A message that reached the child since is answered ``heard: <it>``."""
+
+    def __init__(self) -> None:
+        self.gates: dict[str, anyio.Event] = {}
+        self.answers: dict[str, str | Reply] = {}
+        self.holding: list[str] = []
+        self.arrivals: dict[str, anyio.Event] = {}
+        self.llm = ScriptedLlm(self._respond)
+
+    def gate(self, name: str) -> anyio.Event:
+        return self.gates.setdefault(name, anyio.Event())
+
+    async def held(self, *names: str) -> None:
+        """Return once each of ``names`` is held in its first model call."""
+        with anyio.fail_after(WAIT):
+            for name in names:
+                await self.arrivals.setdefault(name, anyio.Event()).wait()
+
+    def release(self, *names: str) -> None:
+        for name in names:
+            self.gate(name).set()
+
+    def requests_of(self, name: str) -> list[CompletionRequest]:
+        return [request for request in self.llm.requests if _task(request) == f"task {name}"]
+
+    def _respond(self, request: CompletionRequest) -> Reply:
+        task = _task(request)
+        last = request.messages[-1]
+        if last.role == "user" and last.content != task:
+            return Reply(f"heard: {last.content}")
+        if last.role != "user":
+            return Reply("after the tool")
+        name = task.removeprefix("task ")
+        self.holding.append(name)
+        self.arrivals.setdefault(name, anyio.Event()).set()
+        answer = self.answers.get(name, f"answer {name}")
+        reply = Reply(answer) if isinstance(answer, str) else answer
+        gate = self.gate(name)
+        return Reply(
+            reply.text, tool_calls=reply.tool_calls, finish_reason=reply.finish_reason, wait=gate.wait
+        )
+
+
+def _task(request: CompletionRequest) -> str:
+    return next(
+        (m.content for m in request.messages if m.role == "user" and m.content.startswith("task ")), ""
+    )
+
+
+def blocking_tool(called: anyio.Event) -> FunctionTool:
+    """A tool named ``block`` that sets ``called`` and works until cancelled."""
+
+    async def block(arguments: Mapping[str, Any]) -> str:
+        called.set()
+        await anyio.sleep_forever()
+        raise AssertionError("unreachable")
+
+    return FunctionTool("block", "Works until cancelled.", {"type": "object", "properties": {}}, block)
+
+
+class AcpGates:
+    """The permission callback of stub ACP children running `ACP_HELD_TURN`: each question waits until
+    :meth:`release`; ``asked`` is set once ``expected`` questions came."""
+
+    def __init__(self, expected: int = 1) -> None:
+        self.expected = expected
+        self.asked_count = 0
+        self.asked = anyio.Event()
+        self.answer = anyio.Event()
+
+    async def __call__(self, question: PermissionQuestion) -> str | None:
+        self.asked_count += 1
+        if self.asked_count >= self.expected:
+            self.asked.set()
+        await self.answer.wait()
+        return "allow"
+
+    def release(self) -> None:
+        self.answer.set()
+
+
+@dataclass
+class Starts:
+    """What the service started: the prompts in start order, and the most runs live at any start."""
+
+    prompts: list[str] = field(default_factory=list)
+    peak: int = 0
+
+
+def count_starts(service: SubagentService) -> Starts:
+    starts = Starts()
+
+    def started(info: SubagentRunInfo) -> None:
+        starts.prompts.append(info.prompt)
+        starts.peak = max(starts.peak, len(service.live_runs))
+
+    service.events.on("subagent/start", started)
+    return starts
+
+
+@dataclass
+class Host:
+    """A service with a ``spawn`` provider (children on `HeldModel`), a tool with background delegation
+    and the notices it heard."""
+
+    service: SubagentService
+    tool: SubagentTool
+    model: HeldModel
+    starts: Starts
+    notices: list[Notice]
+    noticed: list[anyio.Event]
+
+    async def notices_count(self, count: int) -> None:
+        """Return once ``count`` notices went out."""
+        with anyio.fail_after(WAIT):
+            while len(self.notices) < count:
+                await self.noticed[-1].wait()
+
+    @property
+    def background(self) -> BackgroundChildren:
+        background = self.tool.background
+        assert background is not None
+        return background
+
+    async def start(self, name: str, provider: str = "spawn", **arguments: Any) -> str:
+        """Start ``task <name>`` in the background; return its handle."""
+        result = await self.tool.execute(
+            {"prompt": f"task {name}", "provider": provider, "background": True, **arguments}
+        )
+        assert not result.is_error, result.render()
+        assert result.handle is not None
+        return result.handle
+
+    async def companion(self, action: str, parent_id: str | None = None, **arguments: Any) -> str:
+        result = await self.tool.execute_companion(action, arguments, parent_id=parent_id)
+        return result.render()
+
+    async def ended(self, handle: str) -> Notice:
+        with anyio.fail_after(WAIT):
+            outcome = await self.background.wait("host", [handle], timeout=WAIT)
+        assert [notice.child.handle for notice in outcome.ended] == [handle]
+        return outcome.ended[0]
+
+
+@asynccontextmanager
+async def open_host(
+    options: BackgroundOptions | None = None, *extra: Any, tools: tuple[FunctionTool, ...] = ()
+) -> AsyncIterator[Host]:
+    """An open `Host`; once it closed, no run, task, process or file descriptor is left."""
+    model = HeldModel()
+    notices: list[Notice] = []
+    noticed = [anyio.Event()]
+
+    def heard(notice: Notice) -> None:
+        notices.append(notice)
+        noticed[-1].set()
+        noticed.append(anyio.Event())
+
+    async with assert_no_leaks():
+        before = running_task_ids()
+        async with SubagentService() as service:
+            service.register_provider(SpawnProvider(llm=model.llm, agents=AgentRegistry(), tools=tools))
+            for provider in extra:
+                service.register_provider(provider)
+            starts = count_starts(service)
+            async with SubagentTool(
+                service, background=options or BackgroundOptions(), on_notice=heard
+            ) as tool:
+                yield Host(service, tool, model, starts, notices, noticed)
+            assert service.live_runs == ()
+        assert running_task_ids() == before
+
+
+def acp(command: list[str], tmp_path: Path, **options: Any) -> AcpProvider:
+    options.setdefault("process_options", FAST_TEARDOWN)
+    return AcpProvider(command, cwd=tmp_path, **options)
+
+
+def started_text(handle: str, provider: str) -> str:
+    return (
+        f"Started background subagent {handle} ({provider}); it is running. Its result will reach you as a "
+        "notice when it ends; meanwhile, go on with other work. `subagent_wait` waits for it, "
+        "`subagent_send` sends it a message, `subagent_cancel` stops it."
+    )
+
+
+NOTHING_TO_WAIT_FOR = "You have no background subagent whose result you have not received."
+
+
+def running_line(handle: str, name: str) -> str:
+    """How `<name>_list` and a wait show a running child (times normalised)."""
+    return f"- {handle} (spawn): running, last activity T s ago: task {name}"
+
+
+def notice_text(handle: str, name: str, state: str = "completed", body: str | None = None) -> str:
+    body = f"answer {name}" if body is None else body
+    return f"[background subagent {handle} (spawn) {state}]\nTask: task {name}\n\n{body}"
+
+
+# -- starting and listing ------------------------------------------------------------------------------
+
+
+async def test_a_background_call_returns_its_handle_at_once_and_the_child_is_listed_running() -> None:
+    async with open_host() as host:
+        result = await host.tool.execute({"prompt": "task a", "provider": "spawn", "background": True})
+        assert result.handle is not None
+        assert (result.is_error, result.provider, result.run_id) == (
+            False,
+            "spawn",
+            host.service.live_runs[0].id,
+        )
+        assert result.render() == started_text(result.handle, "spawn")
+        assert re.fullmatch(r"[a-km-np-z2-9]{6}", result.handle)
+        assert normalised(await host.companion("list")) == running_line(result.handle, "a")
+        [info] = host.background.children("host")
+        assert (info.state, info.steerable, info.live, info.run_id) == ("running", True, True, result.run_id)
+        host.model.release("a")
+        notice = await host.ended(result.handle)
+        assert notice.text == notice_text(result.handle, "a")
+        assert (
+            normalised(await host.companion("list"))
+            == f"- {result.handle} (spawn): completed T s ago: task a"
+        )
+
+
+async def test_a_failed_start_is_reported_at_once_with_start_failed_and_nothing_is_kept(
+    tmp_path: Path,
+) -> None:
+    missing = str(tmp_path / "no-such-agent")
+    async with open_host(None, acp([missing], tmp_path)) as host:
+        result = await host.tool.execute({"prompt": "task a", "provider": "acp", "background": True})
+        assert (result.is_error, result.error_code, result.handle, result.provider) == (
+            True,
+            ErrorCode.START_FAILED,
+            None,
+            "acp",
+        )
+        assert result.render().startswith("Error: the subagent could not be started (START_FAILED): ")
+        assert host.background.children("host") == []
+        assert await host.companion("list") == "You have no background subagents."
+        assert host.notices == []
+
+
+async def test_a_provider_that_refuses_to_start_is_reported_with_start_failed_and_nothing_is_kept() -> None:
+    async with open_host(None, SpawnProvider(name="nollm", agents=AgentRegistry())) as host:
+        result = await host.tool.execute({"prompt": "task a", "provider": "nollm", "background": True})
+        assert (result.is_error, result.error_code, result.handle) == (True, ErrorCode.START_FAILED, None)
+        assert result.render() == (
+            "Error: the subagent could not be started (START_FAILED): provider 'nollm': no LLM adapter: the "
+            "provider has none and the parent is not an in-process agent"
+        )
+        assert host.background.children("host") == []
+        assert host.background.parents() == []
+
+
+# -- waiting ------------------------------------------------------------------------------------------
+
+
+async def test_wait_any_returns_the_first_to_end_with_its_result_and_lists_the_rest() -> None:
+    async with open_host() as host:
+        a, b = await host.start("a"), await host.start("b")
+        host.model.release("b")
+        with anyio.fail_after(WAIT):
+            outcome = await host.background.wait("host", timeout=WAIT)
+        assert [n.child.handle for n in outcome.ended] == [b]
+        assert outcome.ended[0].text == notice_text(b, "b")
+        assert [(c.handle, c.state) for c in outcome.live] == [(a, "running")]
+        assert outcome.timed_out is False
+        # Collected: a second wait without handles is about `a` alone.
+        host.model.release("a")
+        with anyio.fail_after(WAIT):
+            text = await host.companion("wait", timeout=WAIT)
+        assert text == notice_text(a, "a")
+        assert await host.companion("wait") == NOTHING_TO_WAIT_FOR
+
+
+async def test_wait_all_returns_every_result_in_the_order_the_children_ended() -> None:
+    async with open_host() as host:
+        a, b, c = await host.start("a"), await host.start("b"), await host.start("c")
+        host.model.release("c")
+        await host.ended(c)  # collected: `wait` without handles now waits for a and b
+        host.model.release("b")
+        await host.notices_count(2)
+        host.model.release("a")
+        with anyio.fail_after(WAIT):
+            text = await host.companion("wait", mode="all", timeout=WAIT)
+        assert text == f"{notice_text(b, 'b')}\n\n{notice_text(a, 'a')}"
+        assert [n.child.handle for n in host.notices] == [c, b, a]
+
+
+async def test_a_wait_that_times_out_returns_what_ended_so_far_and_what_is_still_running() -> None:
+    async with open_host() as host:
+        a, b = await host.start("a"), await host.start("b")
+        with anyio.fail_after(WAIT):
+            text = await host.companion("wait", mode="all", timeout=0.05)
+        assert normalised(text) == (
+            f"The wait timed out. Still running or queued:\n{running_line(a, 'a')}\n{running_line(b, 'b')}"
+        )
+        host.model.release("b")
+        await host.ended(b)
+        host.model.release()  # nothing: `a` stays held
+        with anyio.fail_after(WAIT):
+            outcome = await host.background.wait("host", [a, b], mode="all", timeout=0.05)
+        assert [n.child.handle for n in outcome.ended] == [b]  # asked for by handle: given again
+        assert [c.handle for c in outcome.live] == [a]
+        assert outcome.timed_out is True
+        with anyio.fail_after(WAIT):
+            text = await host.companion("wait", handles=[a, b], mode="all", timeout=0.05)
+        assert normalised(text) == (
+            f"{notice_text(b, 'b')}\n\nStill running or queued:\n{running_line(a, 'a')}"
+        )
+
+
+async def test_a_timeout_above_max_wait_is_capped_at_max_wait() -> None:
+    async with open_host(BackgroundOptions(max_wait=0.2)) as host:
+        a = await host.start("a")
+        with anyio.fail_after(WAIT):  # a wait of an hour would trip this
+            outcome = await host.background.wait("host", timeout=3600)
+            text = await host.companion("wait", timeout=3600)
+            untimed = await host.background.wait("host")
+        assert (outcome.ended, [c.handle for c in outcome.live], outcome.timed_out) == ((), [a], True)
+        assert untimed.timed_out is True
+        assert normalised(text) == (f"The wait timed out. Still running or queued:\n{running_line(a, 'a')}")
+
+
+async def test_wait_with_bad_arguments_is_refused_and_starts_no_wait() -> None:
+    async with open_host() as host:
+        assert await host.companion("wait", mode="some", timeout=-1, handles="a") == (
+            "Error: invalid arguments:\n"
+            "- `handles` must be a list of handles (strings).\n"
+            '- `mode` must be "any" or "all", got "some".\n'
+            "- `timeout` must be a number of seconds >= 0."
+        )
+        assert await host.companion("wait", handles=["nope99"]) == (
+            "Error: no background subagent of yours has the handle 'nope99'"
+        )
+
+
+# -- steering and cancelling -------------------------------------------------------------------------
+
+
+async def test_send_reaches_a_running_spawn_child_which_answers_it() -> None:
+    async with open_host() as host:
+        a = await host.start("a")
+        await host.model.held("a")
+        assert await host.companion("send", handle=a, message="use metric units") == (
+            f"Sent to {a}; it reads the message at its next pause between steps."
+        )
+        host.model.release("a")
+        notice = await host.ended(a)
+        assert notice.result.output == "heard: use metric units"
+        [first, second] = host.model.requests_of("a")
+        assert Message.user("use metric units") not in first.messages
+        assert second.messages[-2:] == (Message.assistant("answer a"), Message.user("use metric units"))
+
+
+async def test_send_to_a_queued_or_ended_child_is_refused_with_the_reason() -> None:
+    async with open_host(BackgroundOptions(max_running=1)) as host:
+        a, b = await host.start("a"), await host.start("b")
+        assert host.background.child("host", b).state == "queued"
+        assert await host.companion("send", handle=b, message="hi") == (
+            f"Error: subagent {b} has not started yet (it is queued)"
+        )
+        host.model.release("a")
+        await host.ended(a)
+        assert (
+            await host.companion("send", handle=a, message="hi")
+            == f"Error: subagent {a} has ended (completed)"
+        )
+        with pytest.raises(BackgroundError) as refused:
+            await host.background.send("host", a, "hi")
+        assert refused.value.kind is BackgroundErrorKind.NOT_RUNNING
+        host.model.release("b")
+        await host.ended(b)
+        assert all(Message.user("hi") not in r.messages for r in host.model.llm.requests)
+
+
+async def test_send_to_an_acp_child_is_refused_as_not_steerable(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    gates = AcpGates()
+    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
+    async with open_host(None, provider) as host:
+        a = await host.start("a", "acp")
+        assert host.background.child("host", a).steerable is False
+        assert await host.companion("send", handle=a, message="hi") == (
+            f"Error: subagent {a} runs on provider 'acp', whose subagents cannot take messages while "
+            "they work"
+        )
+        with pytest.raises(BackgroundError) as refused:
+            await host.background.send("host", a, "hi")
+        assert refused.value.kind is BackgroundErrorKind.NOT_STEERABLE
+        gates.release()
+        notice = await host.ended(a)
+        assert (notice.child.state, notice.result.output) == ("completed", "acp answer")
+
+
+async def test_cancel_returns_the_partial_result_and_the_child_is_cancelled() -> None:
+    blocked = anyio.Event()
+    async with open_host(None, tools=(blocking_tool(blocked),)) as host:
+        host.model.answers["a"] = Reply("partial work", tool_calls=[call("block")])
+        a = await host.start("a")
+        host.model.release("a")
+        with anyio.fail_after(WAIT):
+            await blocked.wait()
+            text = await host.companion("cancel", handle=a)
+        assert text == notice_text(
+            a,
+            "a",
+            "cancelled",
+            "Error: the subagent stopped before finishing (stop reason: cancelled): it was cancelled.\n\n"
+            "Partial output:\npartial work",
+        )
+        info = host.background.child("host", a)
+        assert (info.state, info.stop_reason, info.live) == ("cancelled", "cancelled", False)
+        assert host.notices == []  # the cancel call answered it: no notice on top
+        assert await host.companion("wait") == NOTHING_TO_WAIT_FOR
+
+
+async def test_cancelling_a_queued_child_means_it_never_starts() -> None:
+    async with open_host(BackgroundOptions(max_running=1)) as host:
+        a, b = await host.start("a"), await host.start("b")
+        notice = await host.background.cancel("host", b)
+        assert notice.text == (
+            f"[background subagent {b} (spawn) cancelled]\nTask: task b\n\n"
+            "Error: the subagent was cancelled before it started\n\nIt produced no output."
+        )
+        assert (notice.child.state, notice.child.run_id) == ("cancelled", None)
+        host.model.release("a")
+        await host.ended(a)
+        assert host.starts.prompts == ["task a"]
+        assert host.model.holding == ["a"]
+        assert host.background.live_count("host") == 0
