@@ -119,3 +119,49 @@ def test_progress_shows_each_run_start_and_end_indented_by_its_depth(tmp_path: P
         "    run spawn subagent: grandchild task: completed",
         "  run spawn subagent: child task: completed",
     ]
+
+
+def test_events_show_background_children_and_their_own_children_in_the_tree(tmp_path: Path) -> None:
+    started = delegation("go", "child task")
+    started["tool_calls"] = [
+        {"name": "subagent", "arguments": {"provider": "spawn", "prompt": prompt, "background": True}}
+        for prompt in ("child task", "other task")
+    ]
+    script = {
+        "replies": [
+            started,
+            delegation("child task", "grandchild task"),
+            {"when": {"last_user_contains": "grandchild task"}, "text": "leaf answer"},
+            {"when": {"last_user_contains": "child task", "after_tool_result": True}, "text": "child answer"},
+            {"when": {"last_user_contains": "other task"}, "text": "other answer"},
+            {"when": {"last_user_contains": "go", "after_tool_result": True}, "text": "Started."},
+        ],
+        # However the notices fall into the parent's turns, it answers this once they are all in.
+        "fallback": "All done.",
+    }
+    path = tmp_path / "background.json"
+    path.write_text(json.dumps(script))
+    agent = [sys.executable, "-m", "subagent", "serve", "--script", str(path)]
+    done = run_cli(tmp_path, "run", "--events", "-p", "go", "--", *agent)
+    assert (done.status, done.stdout) == (0, "All done.\n")
+    events = done.events()
+    (start,) = (event for event in events if event["event"] == "start")
+    states: dict[str, list[str]] = {}
+    links: dict[str, tuple[str, int, str]] = {}
+    for event in events:
+        if event["event"] == "run":
+            states.setdefault(event["runId"], []).append(event["state"])
+            links[event["runId"]] = (event["parentId"], event["depth"], event["title"])
+    by_title = {title: run for run, (_, _, title) in links.items()}
+    child = by_title["spawn subagent: child task"]
+    other = by_title["spawn subagent: other task"]
+    grandchild = by_title["spawn subagent: grandchild task"]
+    assert links == {
+        child: (start["runId"], 1, "spawn subagent: child task"),
+        other: (start["runId"], 1, "spawn subagent: other task"),
+        grandchild: (child, 2, "spawn subagent: grandchild task"),
+    }
+    # Each run shows running (more than once if a heartbeat came), then completed, once.
+    for run_states in states.values():
+        assert run_states[-1] == "completed"
+        assert set(run_states[:-1]) == {"running"}
