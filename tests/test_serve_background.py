@@ -102,21 +102,6 @@ def client_lines(transcript: Iterable[bytes]) -> list[dict[str, Any]]:
     return [json.loads(line) for item in transcript for line in item.splitlines() if line.strip()]
 
 
-def trimmed(message: dict[str, Any]) -> str:
-    """One message the client received, as one short JSON line (long texts cut)."""
-
-    def cut(value: Any) -> Any:
-        if isinstance(value, str) and len(value) > 80:
-            return value[:77] + "..."
-        if isinstance(value, dict):
-            return {key: cut(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [cut(item) for item in value]
-        return value
-
-    return json.dumps(cut(message), ensure_ascii=False)
-
-
 def updates_of(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [line["params"]["update"] for line in lines if line.get("method") == "session/update"]
 
