@@ -8,6 +8,7 @@ nothing it started outlived it.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import sys
@@ -16,9 +17,12 @@ from typing import Any, Final
 
 import pytest
 
+from subagent.acp import schema
+from subagent.cli.console import Console
+from subagent.cli.tool_calls import ToolCallState
+from subagent.cli.views import EventView, HumanView, StartInfo
+from subagent.types import RUN_META_KEY
 from tests.test_cli import run_cli
-
-pytestmark = pytest.mark.subprocess
 
 
 def delegation(asked: str, prompt: str) -> dict[str, Any]:
@@ -45,6 +49,7 @@ def served_agent(tmp_path: Path) -> list[str]:
     return [sys.executable, "-m", "subagent", "serve", "--script", str(script)]
 
 
+@pytest.mark.subprocess
 def test_events_show_the_served_agents_runs_as_one_tree_rooted_at_the_clis_run(tmp_path: Path) -> None:
     done = run_cli(tmp_path, "run", "--events", "-p", "go", "--", *served_agent(tmp_path))
     assert (done.status, done.stdout) == (0, "Done.\n")
@@ -110,6 +115,7 @@ def test_events_show_the_served_agents_runs_as_one_tree_rooted_at_the_clis_run(t
     ]
 
 
+@pytest.mark.subprocess
 def test_progress_shows_each_run_start_and_end_indented_by_its_depth(tmp_path: Path) -> None:
     done = run_cli(tmp_path, "run", "--progress", "-p", "go", "--", *served_agent(tmp_path))
     assert (done.status, done.stdout) == (0, "Done.\n")
@@ -121,6 +127,7 @@ def test_progress_shows_each_run_start_and_end_indented_by_its_depth(tmp_path: P
     ]
 
 
+@pytest.mark.subprocess
 def test_events_show_background_children_and_their_own_children_in_the_tree(tmp_path: Path) -> None:
     started = delegation("go", "child task")
     started["tool_calls"] = [
@@ -165,3 +172,54 @@ def test_events_show_background_children_and_their_own_children_in_the_tree(tmp_
     for run_states in states.values():
         assert run_states[-1] == "completed"
         assert set(run_states[:-1]) == {"running"}
+
+
+# -- what an agent sends is checked, not trusted ---------------------------------------------------------
+
+
+def run_update(run: Any) -> schema.ToolCallProgress:
+    meta = {RUN_META_KEY: run}
+    return schema.ToolCallProgress(tool_call_id="run/x", title="a run", status="completed", meta=meta)
+
+
+def test_a_run_event_takes_only_well_typed_members_from_the_agent() -> None:
+    stream = io.StringIO()
+    view = EventView(stream)
+    view.started(StartInfo("cli-run", "session-1", ["agent"], "/", None, None, 1))
+    view.update(run_update({"runId": "r1", "parentId": "session-1", "depth": 1, "state": "completed"}), None)
+    mistyped = {"runId": "r2", "parentId": 7, "depth": True, "state": ["x"], "provider": None}
+    view.update(run_update(mistyped), None)
+    view.update(run_update({"runId": 3}), None)  # no string id: not a run
+    view.update(run_update("not a mapping"), None)
+    runs = [event for event in map(json.loads, stream.getvalue().splitlines()) if event["event"] == "run"]
+    assert runs == [
+        {
+            "event": "run",
+            "runId": "r1",
+            "parentId": "cli-run",
+            "provider": None,
+            "state": "completed",
+            "stopReason": None,
+            "depth": 1,
+            "title": "a run",
+        },
+        {
+            "event": "run",
+            "runId": "r2",
+            "parentId": None,
+            "provider": None,
+            "state": None,
+            "stopReason": None,
+            "depth": None,
+            "title": "a run",
+        },
+    ]
+
+
+@pytest.mark.parametrize(("depth", "indent"), [(1, 2), (3, 6), (10**9, 2), ("deep", 2), (-4, 2)])
+def test_a_progress_line_is_indented_by_a_sane_depth_only(depth: Any, indent: int) -> None:
+    stream = io.StringIO()
+    view = HumanView(Console(stream, color=False), progress=True)
+    update = run_update({"runId": "r1", "depth": depth})
+    view.update(update, ToolCallState("run/r1", title="a run", status="completed"))
+    assert stream.getvalue() == " " * indent + "run a run: completed\n"
