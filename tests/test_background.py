@@ -7,7 +7,10 @@ on a permission question the test answers; nothing sleeps to wait for something.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import stat
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -60,6 +63,11 @@ ACP_HELD_TURN = [
 # -- helpers shared with test_background_agents ------------------------------------------------------
 
 
+def file_text(path: str | Path) -> str:
+    """A small file's text (test files: reading them blocks for no time worth a thread)."""
+    return Path(path).read_bytes().decode()
+
+
 def running_task_ids() -> set[int]:
     return {task.id for task in anyio.get_running_tasks()}
 
@@ -100,7 +108,7 @@ class HeldModel:
     def _respond(self, request: CompletionRequest) -> Reply:
         task = _task(request)
         last = request.messages[-1]
-        if last.role == "user" and last.content != task:
+        if last.role == "user" and not last.content.startswith("task "):
             return Reply(f"heard: {last.content}")
         if last.role != "user":
             return Reply("after the tool")
@@ -116,9 +124,10 @@ class HeldModel:
 
 
 def _task(request: CompletionRequest) -> str:
+    """The child's task, ``task <name>`` (the first line of its prompt: a schema's instructions follow)."""
     return next(
         (m.content for m in request.messages if m.role == "user" and m.content.startswith("task ")), ""
-    )
+    ).partition("\n")[0]
 
 
 def blocking_tool(called: anyio.Event) -> FunctionTool:
@@ -505,3 +514,165 @@ async def test_cancelling_a_queued_child_means_it_never_starts() -> None:
         assert host.starts.prompts == ["task a"]
         assert host.model.holding == ["a"]
         assert host.background.live_count("host") == 0
+
+
+# -- one parent's children are invisible to another ---------------------------------------------------
+
+
+async def test_another_parents_handle_is_answered_exactly_like_a_made_up_one() -> None:
+    async with open_host() as host:
+        a = await host.start("a")  # the host's
+        made_up = "zzzzzz" if a != "zzzzzz" else "yyyyyy"
+        for handle in (a, made_up):
+            with pytest.raises(BackgroundError) as unknown:
+                host.background.result("parent-b", handle)
+            assert unknown.value.kind is BackgroundErrorKind.UNKNOWN_HANDLE
+        answers = {}
+        for handle in (a, made_up):
+            answers[handle] = [
+                await host.companion("send", "parent-b", handle=handle, message="hi"),
+                await host.companion("cancel", "parent-b", handle=handle),
+                await host.companion("result", "parent-b", handle=handle),
+                await host.companion("wait", "parent-b", handles=[handle]),
+            ]
+        expected = "Error: no background subagent of yours has the handle {!r}"
+        assert answers == {handle: [expected.format(handle)] * 4 for handle in (a, made_up)}
+        assert await host.companion("list", "parent-b") == "You have no background subagents."
+        assert await host.companion("wait", "parent-b") == NOTHING_TO_WAIT_FOR
+        assert host.background.children("parent-b") == []
+        # Untouched by all that: still running, and the host's own.
+        assert host.background.child("host", a).state == "running"
+        assert host.model.requests_of("a")[-1].messages[-1] == Message.user("task a")
+        host.model.release("a")
+        assert (await host.ended(a)).child.state == "completed"
+
+
+# -- spilling -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("output", "spilled"),
+    [
+        ("x" * 16, False),  # exactly spill_bytes bytes
+        ("x" * 17, True),
+        ("é" * 8, False),  # 8 characters, 16 bytes
+        ("é" * 8 + "z", True),  # 9 characters, 17 bytes
+    ],
+)
+async def test_an_output_is_spilled_exactly_when_it_is_longer_than_spill_bytes_in_utf8_bytes(
+    output: str, spilled: bool
+) -> None:
+    async with open_host(BackgroundOptions(spill_bytes=16, head_chars=3, tail_chars=2)) as host:
+        host.model.answers["a"] = output
+        a = await host.start("a")
+        host.model.release("a")
+        result = (await host.ended(a)).result
+        assert result.output == output  # whole, for the host
+        if not spilled:
+            assert result.spill is None
+            assert result.render() == output
+            return
+        spill = result.spill
+        assert spill is not None
+        assert (spill.size, spill.head, spill.tail) == (len(output.encode()), output[:3], output[-2:])
+        assert file_text(spill.path) == output
+        assert stat.S_IMODE(os.stat(spill.path).st_mode) == 0o600
+        assert result.render() == (
+            f"{output[:3]}\n\n[... the output is {spill.size} bytes, too long to show whole; only its start "
+            f"and end are shown here. The whole output is in the file {spill.path} ...]\n\n{output[-2:]}"
+        )
+
+
+async def test_a_structured_output_is_never_spilled() -> None:
+    value = {"words": "w" * 100}
+    async with open_host(BackgroundOptions(spill_bytes=16)) as host:
+        host.model.answers["a"] = json.dumps(value)
+        schema = {"type": "object", "properties": {"words": {"type": "string"}}, "required": ["words"]}
+        a = await host.start("a", output_schema=schema)
+        host.model.release("a")
+        notice = await host.ended(a)
+        assert (notice.result.spill, notice.result.structured) == (None, value)
+        assert notice.result.render() == json.dumps(value)
+
+
+async def test_a_private_spill_directory_is_removed_by_aclose_and_a_given_run_dir_is_kept(
+    tmp_path: Path,
+) -> None:
+    paths = []
+    for run_dir in (None, tmp_path / "spills"):
+        async with open_host(BackgroundOptions(spill_bytes=4, run_dir=run_dir)) as host:
+            host.model.answers["a"] = "long enough"
+            a = await host.start("a")
+            host.model.release("a")
+            spill = (await host.ended(a)).result.spill
+            assert spill is not None
+            assert file_text(spill.path) == "long enough"
+            paths.append(Path(spill.path))
+        # open_host closed the tool (aclose) and the service.
+    private, kept = paths
+    assert not private.exists()
+    assert not private.parent.exists()
+    assert kept.parent == tmp_path / "spills"
+    assert file_text(kept) == "long enough"
+
+
+async def test_spill_writes_each_long_output_to_its_own_private_file() -> None:
+    async with (
+        SubagentService() as service,
+        BackgroundChildren(service, BackgroundOptions(spill_bytes=2)) as bg,
+    ):
+        assert await bg.spill("ab", label="x") is None
+        first = await bg.spill("abc", label="../../etc/passwd")
+        second = await bg.spill("abcd", label="../../etc/passwd")
+        assert first is not None
+        assert second is not None
+        assert first.path != second.path
+        assert Path(first.path).parent == Path(second.path).parent
+        assert "/" not in Path(first.path).name.removesuffix(".txt")
+        assert ".." not in Path(first.path).name
+        assert (file_text(first.path), file_text(second.path)) == ("abc", "abcd")
+        directory = Path(first.path).parent
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert not directory.exists()
+
+
+# -- the cap on running children ------------------------------------------------------------------------
+
+
+async def test_past_max_running_children_are_queued_and_start_in_order_as_slots_free() -> None:
+    async with open_host(BackgroundOptions(max_running=2)) as host:
+        a, b = await host.start("a"), await host.start("b")
+        result = await host.tool.execute({"prompt": "task c", "provider": "spawn", "background": True})
+        d = await host.start("d")
+        c = result.handle
+        assert c is not None
+        assert (result.is_error, result.run_id) == (False, None)
+        assert result.render() == (
+            f"Queued background subagent {c} (spawn): 2 of yours are running, the most at once; it starts "
+            "when one of them ends. Its result will reach you as a notice when it ends; meanwhile, go on "
+            "with other work. `subagent_wait` waits for it, `subagent_send` sends it a message, "
+            "`subagent_cancel` stops it."
+        )
+        assert [(i.handle, i.state) for i in host.background.children("host")] == [
+            (a, "running"),
+            (b, "running"),
+            (c, "queued"),
+            (d, "queued"),
+        ]
+        assert normalised(await host.companion("list")).splitlines()[2:] == [
+            f"- {c} (spawn): queued: task c",
+            f"- {d} (spawn): queued: task d",
+        ]
+        host.model.release("b")
+        await host.model.held("c")  # the first queued one took the slot
+        assert [(i.handle, i.state) for i in host.background.children("host")][2:] == [
+            (c, "running"),
+            (d, "queued"),
+        ]
+        host.model.release("a", "c", "d")
+        with anyio.fail_after(WAIT):
+            outcome = await host.background.wait("host", mode="all", timeout=WAIT)
+        assert sorted(n.child.handle for n in outcome.ended) == sorted([a, b, c, d])
+        assert host.starts.prompts == ["task a", "task b", "task c", "task d"]
+        assert host.starts.peak == 2
+        assert host.model.holding[2:] == ["c", "d"]
