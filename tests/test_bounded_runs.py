@@ -31,7 +31,7 @@ from subagent.acp.client import TurnOutput, final_message, spawn_agent
 from subagent.cli.tool_calls import ToolCalls
 from subagent.providers.acp import AcpProvider, AcpRun, prompt_size_error
 from subagent.testing.pytest_plugin import StubAgentCommand
-from subagent.types import SubagentRunEndInfo
+from subagent.types import RUN_META_KEY, SubagentRunEndInfo
 from tests.leaks import assert_no_leaks
 
 WAIT: Final = 30  # seconds: a hang guard on a whole run, never a sleep
@@ -207,6 +207,22 @@ def test_the_turn_output_is_exact_up_to_its_limit_cut_there_and_marked_for_the_r
     assert (unlimited.text, unlimited.text, unlimited.truncated) == (expected, expected, False)
     unlimited.add(chunk("end"))
     assert (unlimited.text, unlimited.length) == (expected + "end", len(expected) + 3)
+
+
+def test_a_run_reported_below_the_agent_does_not_cut_its_message_in_two_but_its_own_tool_calls_do() -> None:
+    def chunk(text: str) -> schema.AgentMessageChunk:
+        return schema.AgentMessageChunk(content=schema.TextContent(text=text))
+
+    run_meta = {RUN_META_KEY: {"runId": "spawn-1", "parentId": "S", "state": "running"}}
+    output = TurnOutput(limit=None)
+    output.add(chunk("While they work, "))
+    output.add(schema.ToolCall(tool_call_id="run/spawn-1", title="spawn subagent: A", meta=run_meta))
+    output.add(schema.ToolCallProgress(tool_call_id="run/spawn-1", status="completed", meta=run_meta))
+    output.add(chunk("I check on them."))
+    assert [message.text for message in output.messages] == ["While they work, I check on them."]
+    output.add(schema.ToolCall(tool_call_id="c1", title="Look", meta={"other": 1}))
+    output.add(chunk("Done."))
+    assert [message.text for message in output.messages] == ["While they work, I check on them.", "Done."]
 
 
 # -- prompts too large to send ------------------------------------------------------------------------------

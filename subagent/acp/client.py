@@ -200,6 +200,11 @@ class TurnMessage:
     truncated: bool = False
 
 
+_RUN_META_KEY: Final = "subagent-seam/run"
+"""``subagent.types.RUN_META_KEY`` (spelled here: ``subagent.acp`` imports nothing of the seam): the
+``_meta`` key of a tool call that reports a run below the agent rather than a call of its own."""
+
+
 class TurnOutput:
     """A turn's messages as they stream, the last of them being its final message (what
     :func:`final_message` gives for the whole turn), built in linear time.
@@ -274,7 +279,11 @@ class TurnOutput:
             if type(content) is _TEXT:
                 self.add_text(content.text)
         elif kind is _TOOL_CALL or kind is _TOOL_CALL_UPDATE:
-            self.end_message()
+            meta = update.meta  # type: ignore[union-attr]
+            # A run below the agent, reported as a call of its own (``subagent serve``'s tree of runs),
+            # is not a step of the agent's message: its heartbeats must not cut the message in two.
+            if meta is None or _RUN_META_KEY not in meta:
+                self.end_message()
 
     def add_text(self, text: str) -> None:
         """Append text to the current message (cut at the limit)."""
