@@ -29,7 +29,7 @@ from subagent.background import (
     BackgroundOptions,
     Notice,
 )
-from subagent.providers.acp import AcpProvider
+from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import (
     AgentRegistry,
@@ -43,7 +43,7 @@ from subagent.runtime import (
 from subagent.testing.pytest_plugin import StubAgentCommand
 from subagent.tool import SubagentTool
 from subagent.types import SubagentRunInfo
-from tests.leaks import assert_no_leaks
+from tests.leaks import assert_no_leaks, process_is_gone
 
 pytestmark = pytest.mark.anyio
 
@@ -522,6 +522,7 @@ async def test_cancelling_a_queued_child_means_it_never_starts() -> None:
 async def test_another_parents_handle_is_answered_exactly_like_a_made_up_one() -> None:
     async with open_host() as host:
         a = await host.start("a")  # the host's
+        await host.model.held("a")
         made_up = "zzzzzz" if a != "zzzzzz" else "yyyyyy"
         for handle in (a, made_up):
             with pytest.raises(BackgroundError) as unknown:
@@ -542,9 +543,9 @@ async def test_another_parents_handle_is_answered_exactly_like_a_made_up_one() -
         assert host.background.children("parent-b") == []
         # Untouched by all that: still running, and the host's own.
         assert host.background.child("host", a).state == "running"
-        assert host.model.requests_of("a")[-1].messages[-1] == Message.user("task a")
         host.model.release("a")
-        assert (await host.ended(a)).child.state == "completed"
+        notice = await host.ended(a)
+        assert (notice.child.state, notice.result.output) == ("completed", "answer a")  # "hi" never came
 
 
 # -- spilling -------------------------------------------------------------------------------------------
@@ -676,3 +677,133 @@ async def test_past_max_running_children_are_queued_and_start_in_order_as_slots_
         assert host.starts.prompts == ["task a", "task b", "task c", "task d"]
         assert host.starts.peak == 2
         assert host.model.holding[2:] == ["c", "d"]
+
+
+# -- ownership: nothing outlives its owner -----------------------------------------------------------------
+
+
+def acp_child(service: SubagentService) -> AcpRun:
+    [run] = [run for run in service.live_runs if run.provider == "acp"]
+    child = run.provider_run
+    assert isinstance(child, AcpRun)
+    return child
+
+
+async def first_update(run: AcpRun) -> None:
+    """Return once the ACP run received a session update."""
+    arrived = anyio.Event()
+    dispose = run.on_update(lambda update: arrived.set())
+    try:
+        with anyio.fail_after(WAIT):
+            if not run.updates:
+                await arrived.wait()
+    finally:
+        dispose()
+
+
+async def test_cancelling_an_acp_child_returns_its_partial_output(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    turn = [{"step": "message", "text": "acp partial"}, {"step": "wait_for_cancel"}]
+    async with open_host(None, acp(stub_agent_command({"turns": [turn]}), tmp_path)) as host:
+        a = await host.start("a", "acp")
+        child = acp_child(host.service)
+        await first_update(child)
+        with anyio.fail_after(WAIT):
+            text = await host.companion("cancel", handle=a)
+        assert text == (
+            f"[background subagent {a} (acp) cancelled]\nTask: task a\n\n"
+            "Error: the subagent stopped before finishing (stop reason: cancelled): it was cancelled.\n\n"
+            "Partial output:\nacp partial"
+        )
+        assert host.background.child("host", a).state == "cancelled"
+        assert host.service.live_runs == ()
+        assert child.pid is not None
+        assert process_is_gone(child.pid)
+
+
+async def test_closing_the_tool_cancels_and_disposes_every_child_running_or_queued(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    gates = AcpGates()
+    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
+    async with open_host(BackgroundOptions(max_running=2), provider) as host:
+        before = running_task_ids()
+        a = await host.start("a")
+        await host.start("b", "acp")
+        c = await host.start("c")
+        await host.model.held("a")
+        with anyio.fail_after(WAIT):
+            await gates.asked.wait()
+        pid = acp_child(host.service).pid
+        assert pid is not None
+        spawned = host.service.live_runs[0].provider_run
+        assert [i.state for i in host.background.children("host")] == ["running", "running", "queued"]
+        with anyio.fail_after(WAIT):
+            await host.tool.aclose()
+        assert host.service.live_runs == ()
+        assert process_is_gone(pid)
+        assert running_task_ids() == before
+        assert getattr(spawned, "agent").closed  # noqa: B009  (an InProcessRun's child agent)
+        assert host.notices == []
+        assert host.starts.prompts == ["task a", "task b"]  # the queued one never started
+        assert host.background.children("host") == []
+        for handle in (a, c):
+            with pytest.raises(BackgroundError) as closed:
+                host.background.child("host", handle)
+            assert closed.value.kind is BackgroundErrorKind.UNKNOWN_HANDLE
+        refused = await host.tool.execute({"prompt": "task d", "provider": "spawn", "background": True})
+        assert (refused.is_error, refused.render()) == (True, "Error: background delegation is closed")
+
+
+async def test_closing_the_service_disposes_every_background_child_and_leaves_no_task(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    gates = AcpGates()
+    model = HeldModel()
+    async with assert_no_leaks():
+        before = running_task_ids()
+        async with SubagentService() as service:
+            service.register_provider(SpawnProvider(llm=model.llm, agents=AgentRegistry()))
+            service.register_provider(
+                acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
+            )
+            tool = SubagentTool(service, background=BackgroundOptions(max_running=2, spill_bytes=1))
+            background = tool.background
+            assert background is not None
+            for name, provider in (("a", "spawn"), ("b", "acp"), ("c", "spawn")):
+                await tool.execute({"prompt": f"task {name}", "provider": provider, "background": True})
+            with anyio.fail_after(WAIT):
+                await model.held("a")
+                await gates.asked.wait()
+            pid = acp_child(service).pid
+            assert pid is not None
+            assert background.live_count("host") == 3
+        assert service.live_runs == ()
+        assert process_is_gone(pid)
+        assert running_task_ids() == before
+        assert background.live_count("host") == 0
+        with anyio.fail_after(WAIT):
+            await tool.aclose()  # after its service: nothing left to do, and no error
+        assert running_task_ids() == before
+
+
+async def test_close_parent_ends_that_parents_children_only() -> None:
+    async with open_host() as host:
+        mine = await host.start("a")
+        other = await host.tool.execute(
+            {"prompt": "task b", "provider": "spawn", "background": True}, parent_id="other"
+        )
+        assert other.handle is not None
+        await host.model.held("a", "b")
+        with anyio.fail_after(WAIT):
+            await host.background.close_parent("host")
+        assert host.background.children("host") == []
+        assert host.background.parents() == ["other"]
+        assert [run.request.prompt for run in host.service.live_runs] == ["task b"]
+        assert host.notices == []
+        with pytest.raises(BackgroundError):
+            host.background.child("host", mine)
+        host.model.release("b")
+        notice = await host.background.wait("other", timeout=WAIT)
+        assert [(n.child.handle, n.child.state) for n in notice.ended] == [(other.handle, "completed")]
