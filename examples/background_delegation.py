@@ -105,7 +105,7 @@ async def main() -> None:
 
 def show(line: str) -> None:
     """Print one line of the transcript."""
-    print(line)  # noqa: T201 (printing the transcript is what this program is for)
+    print(line)
 
 
 def show_transcript(parent: Agent) -> None:
