@@ -689,6 +689,13 @@ def acp_child(service: SubagentService) -> AcpRun:
     return child
 
 
+def acp_pid(service: SubagentService) -> int:
+    """The process id of the service's one live ACP child."""
+    pid = acp_child(service).pid
+    assert pid is not None
+    return pid
+
+
 async def first_update(run: AcpRun) -> None:
     """Return once the ACP run received a session update."""
     arrived = anyio.Event()
@@ -735,8 +742,7 @@ async def test_closing_the_tool_cancels_and_disposes_every_child_running_or_queu
         await host.model.held("a")
         with anyio.fail_after(WAIT):
             await gates.asked.wait()
-        pid = acp_child(host.service).pid
-        assert pid is not None
+        pid = acp_pid(host.service)
         spawned = host.service.live_runs[0].provider_run
         assert [i.state for i in host.background.children("host")] == ["running", "running", "queued"]
         with anyio.fail_after(WAIT):
@@ -776,8 +782,7 @@ async def test_closing_the_service_disposes_every_background_child_and_leaves_no
             with anyio.fail_after(WAIT):
                 await model.held("a")
                 await gates.asked.wait()
-            pid = acp_child(service).pid
-            assert pid is not None
+            pid = acp_pid(service)
             assert background.live_count("host") == 3
         assert service.live_runs == ()
         assert process_is_gone(pid)

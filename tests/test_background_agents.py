@@ -1,0 +1,467 @@
+"""Background delegation by in-process parent agents: a scripted parent starts children of mixed
+providers (spawn, fork, and a stub ACP agent) with ``background: true``, keeps taking model calls,
+reads their notices at its idle points, and owns them: they die with it, with its cancelled turn, with
+the tool and with the service. Wake and ``next_turn_prompt`` are the host's two ways to go on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from subagent import SubagentService
+from subagent.background import WAKE_PROMPT, BackgroundChildren, BackgroundOptions, Notice, WakeTurn
+from subagent.providers.fork import ForkProvider
+from subagent.providers.spawn import SpawnProvider
+from subagent.runtime import (
+    Agent,
+    AgentRegistry,
+    CompletionRequest,
+    FunctionTool,
+    Message,
+    Reply,
+    ScriptedLlm,
+    ToolCallStarted,
+    call,
+)
+from subagent.service import RunState
+from subagent.testing.pytest_plugin import StubAgentCommand
+from subagent.tool import SubagentTool
+from subagent.types import SubagentRunEndInfo
+from tests.leaks import assert_no_leaks, process_is_gone
+from tests.test_background import (
+    ACP_HELD_TURN,
+    WAIT,
+    AcpGates,
+    HeldModel,
+    acp,
+    acp_pid,
+    normalised,
+    running_task_ids,
+)
+
+pytestmark = pytest.mark.anyio
+
+Step = Callable[[CompletionRequest], Reply | str]
+"""One model call of a scripted parent: it may look at the request and act (release a child) first."""
+
+
+class ParentModel:
+    """A parent's model that answers its n-th request with ``steps[n]``; past the end, ``done``."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.llm = ScriptedLlm(self._respond)
+
+    def _respond(self, request: CompletionRequest) -> Reply | str:
+        index = len(self.llm.requests) - 1
+        return self.steps[index](request) if index < len(self.steps) else "done"
+
+
+@dataclass
+class Family:
+    """An open service with ``spawn`` and ``fork`` children on a `HeldModel` and, when given, a stub ACP
+    agent; the tool with background delegation, and a parent agent using it."""
+
+    service: SubagentService
+    tool: SubagentTool
+    agents: AgentRegistry
+    model: HeldModel
+    parent_model: ParentModel
+    agent: Agent
+    notices: list[Notice] = field(default_factory=list)
+    noticed: list[anyio.Event] = field(default_factory=list)
+
+    @property
+    def background(self) -> BackgroundChildren:
+        background = self.tool.background
+        assert background is not None
+        return background
+
+    def new_agent(self, model: ParentModel) -> Agent:
+        return Agent(llm=model.llm, tools=self.tool.agent_tools(), registry=self.agents)
+
+    def heard(self, notice: Notice) -> None:
+        self.notices.append(notice)
+        self.noticed[-1].set()
+        self.noticed.append(anyio.Event())
+
+    async def notices_count(self, count: int) -> None:
+        with anyio.fail_after(WAIT):
+            while len(self.notices) < count:
+                await self.noticed[-1].wait()
+
+    def handles(self) -> dict[str, str]:
+        """The parent's children: task name -> handle."""
+        return {
+            info.prompt.removeprefix("task "): info.handle for info in self.background.children(self.agent.id)
+        }
+
+
+@asynccontextmanager
+async def open_family(
+    options: BackgroundOptions | None = None, *extra: Any, tools: tuple[FunctionTool, ...] = ()
+) -> AsyncIterator[Family]:
+    """An open `Family`; once it closed, no run, task, process or file descriptor is left."""
+    model = HeldModel()
+    agents = AgentRegistry()
+    parent_model = ParentModel()
+    async with assert_no_leaks():
+        before = running_task_ids()
+        async with SubagentService() as service:
+            service.register_provider(SpawnProvider(llm=model.llm, agents=agents))
+            service.register_provider(ForkProvider(llm=model.llm, agents=agents))
+            for provider in extra:
+                service.register_provider(provider)
+            tool = SubagentTool(service, background=options or BackgroundOptions())
+            async with tool:
+                agent = Agent(llm=parent_model.llm, tools=(*tool.agent_tools(), *tools), registry=agents)
+                family = Family(service, tool, agents, model, parent_model, agent, noticed=[anyio.Event()])
+                tool.background.on_notice(family.heard)  # type: ignore[union-attr]
+                try:
+                    yield family
+                finally:
+                    await agent.close()
+            assert service.live_runs == ()
+        assert running_task_ids() == before
+
+
+def delegate(name: str, provider: str) -> Any:
+    return call("subagent", {"prompt": f"task {name}", "provider": provider, "background": True})
+
+
+def noticing_tool(family_ref: list[Family]) -> FunctionTool:
+    """``pause``: returns once ``count`` notices went out, so the next model call follows an idle point
+    at which the notice was delivered."""
+
+    async def pause(arguments: Any) -> str:
+        await family_ref[0].notices_count(arguments["count"])
+        return "paused"
+
+    schema = {"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]}
+    return FunctionTool("pause", "Wait for a notice.", schema, pause)
+
+
+def notice_text(handle: str, provider: str, name: str, output: str) -> str:
+    return f"[background subagent {handle} ({provider}) completed]\nTask: task {name}\n\n{output}"
+
+
+def tool_results(request: CompletionRequest) -> list[str]:
+    return [m.content for m in request.messages if m.role == "tool"]
+
+
+# -- mixed providers at once, and notices at idle points ------------------------------------------------
+
+
+async def test_children_of_three_providers_run_at_once_while_the_parent_works_and_report_in_end_order(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    gates = AcpGates()
+    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
+    ref: list[Family] = []
+    async with open_family(None, provider, tools=(noticing_tool(ref),)) as family:
+        ref.append(family)
+        seen_running: list[list[str]] = []
+
+        def listed(request: CompletionRequest) -> Reply:
+            # The second model call: every child started, none ended.
+            seen_running.append([info.state for info in family.background.children(family.agent.id)])
+            return Reply(tool_calls=[call("subagent_list")])
+
+        def release(name: str, count: int) -> Step:
+            def step(request: CompletionRequest) -> Reply:
+                if name == "a":
+                    gates.release()
+                else:
+                    family.model.release(name)
+                return Reply(tool_calls=[call("pause", {"count": count})])
+
+            return step
+
+        family.parent_model.steps = [
+            lambda request: Reply(
+                tool_calls=[delegate("s", "spawn"), delegate("f", "fork"), delegate("a", "acp")]
+            ),
+            listed,
+            release("f", 1),
+            release("a", 2),
+            release("s", 3),
+        ]
+
+        with anyio.fail_after(WAIT):
+            result = await family.agent.run_turn("go")
+        assert (result.stop_reason, result.output) == ("completed", "done")
+        handles = family.handles()
+        s, f, a = handles["s"], handles["f"], handles["a"]
+
+        # The parent took its second and third model calls with all three children running.
+        assert seen_running == [["running", "running", "running"]]
+        requests = family.parent_model.llm.requests
+        listing = tool_results(requests[2])[-1]
+        # (The three calls ran at once: the children started in any order.)
+        assert sorted(normalised(listing).splitlines()) == sorted(
+            f"- {handles[name]} ({provider}): running, last activity T s ago: task {name}"
+            for name, provider in (("s", "spawn"), ("f", "fork"), ("a", "acp"))
+        )
+
+        # Notices in the order the children ended, each delivered at the idle point before a call.
+        expected = [
+            notice_text(f, "fork", "f", "answer f"),
+            notice_text(a, "acp", "a", "acp answer"),
+            notice_text(s, "spawn", "s", "answer s"),
+        ]
+        assert [n.text for n in family.notices] == expected
+        for index, text in zip((3, 4, 5), expected, strict=True):
+            assert requests[index].messages[-1] == Message.user(text)
+            assert requests[index].messages[-2].role == "tool"
+            assert Message.user(text) not in requests[index - 1].messages
+        log = list(family.agent.messages)
+        positions = [log.index(Message.user(text)) for text in expected]
+        assert positions == sorted(positions)
+        for position in positions:
+            assert (log[position - 1].role, log[position + 1].role) == ("tool", "assistant")
+        assert family.service.live_runs == ()
+
+
+# -- one parent cannot reach another's children -----------------------------------------------------------
+
+
+async def test_a_parent_agent_sees_none_of_another_parents_children() -> None:
+    async with open_family() as family:
+        family.parent_model.steps = [lambda request: Reply(tool_calls=[delegate("s", "spawn")])]
+        with anyio.fail_after(WAIT):
+            await family.agent.run_turn("go")
+        mine = family.handles()["s"]
+        made_up = "zzzzzz" if mine != "zzzzzz" else "yyyyyy"
+        other_model = ParentModel()
+        other_model.steps = [
+            lambda request: Reply(
+                tool_calls=[
+                    call("subagent_list"),
+                    call("subagent_result", {"handle": mine}),
+                    call("subagent_result", {"handle": made_up}),
+                    call("subagent_cancel", {"handle": mine}),
+                    call("subagent_send", {"handle": mine, "message": "stop"}),
+                    call("subagent_wait", {"handles": [mine], "timeout": 0}),
+                ]
+            )
+        ]
+        other = family.new_agent(other_model)
+        try:
+            with anyio.fail_after(WAIT):
+                await other.run_turn("snoop")
+        finally:
+            await other.close()
+        unknown = "error: no background subagent of yours has the handle {!r}"
+        assert tool_results(other_model.llm.requests[1]) == [
+            "You have no background subagents.",
+            unknown.format(mine),
+            unknown.format(made_up),
+            unknown.format(mine),
+            unknown.format(mine),
+            unknown.format(mine),
+        ]
+        assert family.background.children(other.id) == []
+        [info] = family.background.children(family.agent.id)
+        assert (info.handle, info.state) == (mine, "running")
+        family.model.release("s")
+        await family.notices_count(1)
+        assert family.notices[0].result.output == "answer s"  # "stop" never reached it
+
+
+# -- the parent owns its children ------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def runs_ending(service: SubagentService, count: int) -> AsyncIterator[None]:
+    """Return from the block once ``count`` runs of ``service`` ended (``subagent/end``)."""
+    ended: list[SubagentRunEndInfo] = []
+    all_ended = anyio.Event()
+
+    def end(info: SubagentRunEndInfo) -> None:
+        ended.append(info)
+        if len(ended) == count:
+            all_ended.set()
+
+    dispose = service.events.on("subagent/end", end)
+    try:
+        yield
+        with anyio.fail_after(WAIT):
+            await all_ended.wait()
+    finally:
+        dispose()
+
+
+async def children_started_and_held(family: Family, gates: AcpGates) -> None:
+    family.parent_model.steps = [
+        lambda request: Reply(tool_calls=[delegate("s", "spawn"), delegate("a", "acp")]),
+        lambda request: "started two",
+    ]
+    with anyio.fail_after(WAIT):
+        assert (await family.agent.run_turn("go")).output == "started two"
+        await family.model.held("s")
+        await gates.asked.wait()
+
+
+async def assert_all_gone(family: Family, pid: int) -> None:
+    """Every run the service had is disposed (joined here: its disposal began already) and the ACP
+    child's process is gone; the parent has no children left and heard no notice."""
+    runs = family.service.live_runs
+    assert all(run.state in (RunState.ENDED, RunState.DISPOSED) for run in runs)
+    with anyio.fail_after(WAIT):
+        for run in runs:
+            await run.dispose()
+    assert family.service.live_runs == ()
+    assert process_is_gone(pid)
+    assert family.background.children(family.agent.id) == []
+    assert family.notices == []
+
+
+async def test_closing_the_parent_agent_disposes_its_children(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    gates = AcpGates()
+    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
+    async with open_family(None, provider) as family:
+        await children_started_and_held(family, gates)
+        pid = acp_pid(family.service)
+        async with runs_ending(family.service, 2):
+            await family.agent.close()
+        await assert_all_gone(family, pid)
+
+
+async def test_cancelling_the_parents_turn_while_it_waits_disposes_its_children(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    gates = AcpGates()
+    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
+    async with open_family(None, provider) as family:
+        family.parent_model.steps = [
+            lambda request: Reply(tool_calls=[delegate("s", "spawn"), delegate("a", "acp")]),
+            lambda request: Reply(tool_calls=[call("subagent_wait", {"mode": "all", "timeout": 600})]),
+            lambda request: "after the cancel",
+        ]
+        waiting = anyio.Event()
+        family.agent.on_event(
+            lambda event: (
+                waiting.set()
+                if isinstance(event, ToolCallStarted) and event.invocation.tool == "subagent_wait"
+                else None
+            )
+        )
+        outcome = []
+        async with anyio.create_task_group() as task_group:
+
+            async def turn() -> None:
+                outcome.append(await family.agent.run_turn("go"))
+
+            task_group.start_soon(turn)
+            with anyio.fail_after(WAIT):
+                await waiting.wait()
+                await family.model.held("s")
+                await gates.asked.wait()
+            pid = acp_pid(family.service)
+            async with runs_ending(family.service, 2):
+                family.agent.cancel()
+        assert outcome[0].stop_reason == "cancelled"
+        await assert_all_gone(family, pid)
+        with anyio.fail_after(WAIT):  # the agent stays usable
+            assert (await family.agent.run_turn("again")).output == "after the cancel"
+
+
+# -- after the turn: wake, or the host's next turn -------------------------------------------------------
+
+
+async def test_with_wake_a_notice_that_finds_the_parent_idle_starts_a_turn_of_it() -> None:
+    async with open_family(BackgroundOptions(wake=True)) as family:
+        family.parent_model.steps = [
+            lambda request: Reply(tool_calls=[delegate("s", "spawn")]),
+            lambda request: "started",
+            lambda request: "read the notice",
+        ]
+        woken: list[WakeTurn] = []
+        came = anyio.Event()
+
+        def wake(turn: WakeTurn) -> None:
+            woken.append(turn)
+            came.set()
+
+        family.background.on_wake(wake)
+        with anyio.fail_after(WAIT):
+            assert (await family.agent.run_turn("go")).output == "started"
+        handle = family.handles()["s"]
+        family.model.release("s")
+        with anyio.fail_after(WAIT):
+            await came.wait()
+        text = notice_text(handle, "spawn", "s", "answer s")
+        [turn] = woken
+        assert (turn.parent_id, turn.prompt, turn.result.output) == (family.agent.id, text, "read the notice")
+        assert turn.result.stop_reason == "completed"
+        requests = family.parent_model.llm.requests
+        assert len(requests) == 3
+        assert requests[2].messages[-1] == Message.user(text)
+        assert [m for m in family.agent.messages if m.role == "user"] == [
+            Message.user("go"),
+            Message.user(text),
+        ]
+        assert await family.background.next_turn_prompt(family.agent.id, timeout=0) is None
+
+
+async def test_without_wake_the_notice_waits_in_the_log_and_next_turn_prompt_says_so() -> None:
+    async with open_family(BackgroundOptions(wake=False)) as family:
+        family.parent_model.steps = [
+            lambda request: Reply(tool_calls=[delegate("s", "spawn")]),
+            lambda request: "started",
+            lambda request: "read the notice",
+        ]
+        with anyio.fail_after(WAIT):
+            assert (await family.agent.run_turn("go")).output == "started"
+        handle = family.handles()["s"]
+        next_prompt: list[str | None] = []
+        async with anyio.create_task_group() as task_group:
+
+            async def host() -> None:  # waits for the notice while the child runs
+                next_prompt.append(await family.background.next_turn_prompt(family.agent.id, timeout=WAIT))
+
+            task_group.start_soon(host)
+            family.model.release("s")
+        text = notice_text(handle, "spawn", "s", "answer s")
+        assert next_prompt == [WAKE_PROMPT]
+        assert family.agent.messages[-1] == Message.user(text)  # in the idle agent's log at once
+        assert not family.agent.busy
+        assert len(family.parent_model.llm.requests) == 2  # no turn started by itself
+        assert await family.background.next_turn_prompt(family.agent.id) is None  # seen, none live
+        with anyio.fail_after(WAIT):
+            assert (await family.agent.run_turn(WAKE_PROMPT)).output == "read the notice"
+        assert family.parent_model.llm.requests[2].messages[-2:] == (
+            Message.user(text),
+            Message.user(WAKE_PROMPT),
+        )
+
+
+async def test_for_a_host_parent_next_turn_prompt_is_the_notices_it_has_not_seen() -> None:
+    async with open_family() as family:
+        handles = []
+        for name in ("a", "b"):
+            result = await family.tool.execute(
+                {"prompt": f"task {name}", "provider": "spawn", "background": True}
+            )
+            assert result.handle is not None
+            handles.append(result.handle)
+        family.model.release("b")
+        await family.notices_count(1)
+        family.model.release("a")
+        await family.notices_count(2)
+        with anyio.fail_after(WAIT):
+            prompt = await family.background.next_turn_prompt("host")
+        assert prompt == (
+            f"{notice_text(handles[1], 'spawn', 'b', 'answer b')}\n\n"
+            f"{notice_text(handles[0], 'spawn', 'a', 'answer a')}"
+        )
+        assert await family.background.next_turn_prompt("host") is None
