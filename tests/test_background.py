@@ -812,3 +812,53 @@ async def test_close_parent_ends_that_parents_children_only() -> None:
         host.model.release("b")
         notice = await host.background.wait("other", timeout=WAIT)
         assert [(n.child.handle, n.child.state) for n in notice.ended] == [(other.handle, "completed")]
+
+
+async def test_a_queued_child_whose_start_fails_is_reported_failed_in_a_notice(tmp_path: Path) -> None:
+    missing = str(tmp_path / "no-such-agent")
+    async with open_host(BackgroundOptions(max_running=1), acp([missing], tmp_path)) as host:
+        a = await host.start("a")
+        b = await host.start("b", "acp")  # queued: nothing is started yet, so nothing failed yet
+        assert host.background.child("host", b).state == "queued"
+        host.model.release("a")
+        await host.notices_count(2)
+        notice = host.notices[1]
+        assert (notice.child.handle, notice.child.state) == (b, "failed")
+        assert notice.result.error_code is ErrorCode.START_FAILED
+        assert notice.text.startswith(
+            f"[background subagent {b} (acp) failed]\nTask: task b\n\n"
+            "Error: the subagent could not be started (START_FAILED): "
+        )
+        assert host.notices[0].child.handle == a
+        assert host.background.live_count("host") == 0
+
+
+async def test_result_of_a_child_still_running_is_refused_as_not_ended() -> None:
+    async with open_host() as host:
+        a = await host.start("a")
+        assert (
+            await host.companion("result", handle=a)
+            == f"Error: subagent {a} has no result yet: it is running"
+        )
+        with pytest.raises(BackgroundError) as refused:
+            host.background.result("host", a)
+        assert refused.value.kind is BackgroundErrorKind.NOT_ENDED
+        host.model.release("a")
+        await host.notices_count(1)
+        assert await host.companion("result", handle=a) == notice_text(a, "a")
+
+
+async def test_a_synchronous_call_of_a_tool_with_background_delegation_spills_too() -> None:
+    async with open_host(BackgroundOptions(spill_bytes=4, head_chars=2, tail_chars=2)) as host:
+        host.model.answers["a"] = "abcdefgh"
+        host.model.release("a")
+        result = await host.tool.execute({"prompt": "task a", "provider": "spawn"})
+        assert result.spill is not None
+        assert (result.output, result.spill.size, result.spill.head, result.spill.tail) == (
+            "abcdefgh",
+            8,
+            "ab",
+            "gh",
+        )
+        assert file_text(result.spill.path) == "abcdefgh"
+        assert host.background.children("host") == []
