@@ -862,3 +862,51 @@ async def test_a_synchronous_call_of_a_tool_with_background_delegation_spills_to
         )
         assert file_text(result.spill.path) == "abcdefgh"
         assert host.background.children("host") == []
+
+
+async def test_max_running_counts_each_parents_children_apart() -> None:
+    async with open_host(BackgroundOptions(max_running=1)) as host:
+        mine = await host.start("a")
+        theirs = await host.tool.execute(
+            {"prompt": "task b", "provider": "spawn", "background": True}, parent_id="other"
+        )
+        assert theirs.handle is not None
+        assert host.background.child("other", theirs.handle).state == "running"
+        await host.model.held("a", "b")
+        assert host.starts.peak == 2
+        host.model.release("a", "b")
+        await host.notices_count(2)
+        assert {(n.parent_id, n.child.state) for n in host.notices} == {
+            ("host", "completed"),
+            ("other", "completed"),
+        }
+        assert mine in {n.child.handle for n in host.notices}
+
+
+async def test_without_spill_bytes_nothing_is_spilled() -> None:
+    async with open_host(BackgroundOptions(spill_bytes=None)) as host:
+        host.model.answers["a"] = "x" * 100_000
+        a = await host.start("a")
+        host.model.release("a")
+        result = (await host.ended(a)).result
+        assert (result.spill, result.render()) == (None, "x" * 100_000)
+
+
+@pytest.mark.parametrize("service_first", [True, False])
+async def test_a_private_spill_directory_goes_when_the_tool_is_closed_synchronously(
+    service_first: bool,
+) -> None:
+    model = HeldModel()
+    model.answers["a"] = "too long to show"
+    model.release("a")
+    async with SubagentService() as service:
+        service.register_provider(SpawnProvider(llm=model.llm, agents=AgentRegistry()))
+        tool = SubagentTool(service, background=BackgroundOptions(spill_bytes=4))
+        result = await tool.execute({"prompt": "task a", "provider": "spawn"})
+        assert result.spill is not None
+        directory = Path(result.spill.path).parent
+        if not service_first:
+            tool.close()  # the service's close awaits what this started
+    if service_first:
+        tool.close()
+    assert not directory.exists()

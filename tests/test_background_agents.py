@@ -381,8 +381,21 @@ async def test_cancelling_the_parents_turn_while_it_waits_disposes_its_children(
                 family.agent.cancel()
         assert outcome[0].stop_reason == "cancelled"
         await assert_all_gone(family, pid)
-        with anyio.fail_after(WAIT):  # the agent stays usable
+        # The agent stays usable, background delegation included.
+        family.parent_model.steps.append(lambda request: Reply(tool_calls=[delegate("t", "spawn")]))
+        family.parent_model.steps.append(lambda request: "started again")
+        family.model.release("t")
+        with anyio.fail_after(WAIT):
             assert (await family.agent.run_turn("again")).output == "after the cancel"
+            assert (await family.agent.run_turn("once more")).output == "started again"
+        await family.notices_count(1)
+        [notice] = family.notices
+        assert (notice.parent_id, notice.child.prompt, notice.child.state) == (
+            family.agent.id,
+            "task t",
+            "completed",
+        )
+        assert family.agent.messages[-1] == Message.user(notice.text)
 
 
 # -- after the turn: wake, or the host's next turn -------------------------------------------------------
