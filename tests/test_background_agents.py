@@ -24,6 +24,8 @@ from subagent.runtime import (
     AgentRegistry,
     CompletionRequest,
     FunctionTool,
+    LlmError,
+    LlmErrorKind,
     Message,
     Reply,
     ScriptedLlm,
@@ -547,3 +549,64 @@ async def test_with_wake_a_notice_the_parent_read_in_its_turn_wakes_no_further_t
         assert family.parent_model.llm.requests[2].messages[-1] == Message.user(text)
         assert await family.background.next_turn_prompt(family.agent.id, timeout=0) is None
         assert (woken, len(family.parent_model.llm.requests), family.agent.busy) == ([], 3, False)
+
+
+def answering_after_notices(family: Family, count: int, reply: Reply) -> Step:
+    """A step that releases ``task s`` and answers ``reply`` only once ``count`` notices went out: the
+    notice comes while the model call is in flight."""
+
+    async def notices_out() -> None:
+        await family.notices_count(count)
+
+    def step(request: CompletionRequest) -> Reply:
+        family.model.release("s")
+        return Reply(reply.text, error=reply.error, wait=notices_out)
+
+    return step
+
+
+async def test_a_notice_that_arrives_during_the_parents_last_model_call_is_answered_in_that_turn() -> None:
+    async with open_family(BackgroundOptions(wake=True)) as family:
+        family.parent_model.steps = [
+            lambda request: Reply(tool_calls=[delegate("s", "spawn")]),
+            answering_after_notices(family, 1, Reply("first answer")),
+            lambda request: "second answer",
+        ]
+        woken: list[WakeTurn] = []
+        family.background.on_wake(woken.append)
+        with anyio.fail_after(WAIT):
+            assert (await family.agent.run_turn("go")).output == "second answer"
+        text = notice_text(family.handles()["s"], "spawn", "s", "answer s")
+        requests = family.parent_model.llm.requests
+        assert requests[2].messages[-2:] == (Message.assistant("first answer"), Message.user(text))
+        assert await family.background.next_turn_prompt(family.agent.id, timeout=0) is None
+        assert (woken, len(requests)) == ([], 3)
+
+
+async def test_with_wake_a_notice_delivered_as_a_failed_turn_ended_wakes_the_parent_with_wake_prompt() -> (
+    None
+):
+    async with open_family(BackgroundOptions(wake=True)) as family:
+        failure = LlmError(LlmErrorKind.SERVER, "the model server failed")
+        family.parent_model.steps = [
+            lambda request: Reply(tool_calls=[delegate("s", "spawn")]),
+            answering_after_notices(family, 1, Reply(error=failure)),
+            lambda request: "woken",
+        ]
+        woken: list[WakeTurn] = []
+        came = anyio.Event()
+
+        def wake(turn: WakeTurn) -> None:
+            woken.append(turn)
+            came.set()
+
+        family.background.on_wake(wake)
+        with anyio.fail_after(WAIT):
+            assert (await family.agent.run_turn("go")).stop_reason == "error"
+            await came.wait()
+        text = notice_text(family.handles()["s"], "spawn", "s", "answer s")
+        [turn] = woken
+        assert (turn.prompt, turn.result.output) == (WAKE_PROMPT, "woken")
+        requests = family.parent_model.llm.requests
+        assert requests[2].messages[-2:] == (Message.user(text), Message.user(WAKE_PROMPT))
+        assert [m.content for m in family.agent.messages].count(text) == 1
