@@ -583,9 +583,7 @@ async def test_a_notice_that_arrives_during_the_parents_last_model_call_is_answe
         assert (woken, len(requests)) == ([], 3)
 
 
-async def test_with_wake_a_notice_delivered_as_a_failed_turn_ended_wakes_the_parent_with_wake_prompt() -> (
-    None
-):
+async def test_with_wake_a_notice_delivered_as_a_failed_turn_ends_wakes_the_parent_with_wake_prompt() -> None:
     async with open_family(BackgroundOptions(wake=True)) as family:
         failure = LlmError(LlmErrorKind.SERVER, "the model server failed")
         family.parent_model.steps = [
