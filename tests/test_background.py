@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import anyio
 import pytest
@@ -40,12 +40,16 @@ from subagent.runtime import (
     ScriptedLlm,
     call,
 )
+from subagent.service import ServiceRun
 from subagent.testing.pytest_plugin import StubAgentCommand
 from subagent.tool import SubagentTool
 from subagent.types import SubagentRunInfo
 from tests.leaks import assert_no_leaks, process_is_gone
+from tests.test_faults import acp_run, child_pid
 
 pytestmark = pytest.mark.anyio
+
+T = TypeVar("T")
 
 WAIT = 20
 """Seconds: a hang guard on a whole step, never a sleep."""
@@ -162,6 +166,32 @@ class AcpGates:
         self.answer.set()
 
 
+class Recorder(Generic[T]):
+    """A listener that keeps what it heard, in order; :meth:`count` waits for more."""
+
+    def __init__(self) -> None:
+        self.items: list[T] = []
+        self._more = anyio.Event()
+
+    def __call__(self, item: T) -> None:
+        self.items.append(item)
+        self._more.set()
+        self._more = anyio.Event()
+
+    async def count(self, count: int) -> None:
+        """Return once ``count`` items were heard."""
+        with anyio.fail_after(WAIT):
+            while len(self.items) < count:
+                await self._more.wait()
+
+
+def held_acp(stub_agent_command: StubAgentCommand, tmp_path: Path) -> tuple[AcpProvider, AcpGates]:
+    """An ``acp`` provider whose stub agent runs `ACP_HELD_TURN`, and the gates its turns wait on."""
+    gates = AcpGates()
+    command = stub_agent_command({"turns": [ACP_HELD_TURN]})
+    return acp(command, tmp_path, permission=gates), gates
+
+
 @dataclass
 class Starts:
     """What the service started: the prompts in start order, and the most runs live at any start."""
@@ -190,14 +220,14 @@ class Host:
     tool: SubagentTool
     model: HeldModel
     starts: Starts
-    notices: list[Notice]
-    noticed: list[anyio.Event]
+    heard: Recorder[Notice]
+
+    @property
+    def notices(self) -> list[Notice]:
+        return self.heard.items
 
     async def notices_count(self, count: int) -> None:
-        """Return once ``count`` notices went out."""
-        with anyio.fail_after(WAIT):
-            while len(self.notices) < count:
-                await self.noticed[-1].wait()
+        await self.heard.count(count)
 
     @property
     def background(self) -> BackgroundChildren:
@@ -227,29 +257,29 @@ class Host:
 
 @asynccontextmanager
 async def open_host(
-    options: BackgroundOptions | None = None, *extra: Any, tools: tuple[FunctionTool, ...] = ()
+    options: BackgroundOptions | None = None,
+    *extra: Any,
+    tools: tuple[FunctionTool, ...] = (),
+    model: HeldModel | None = None,
+    agents: AgentRegistry | None = None,
 ) -> AsyncIterator[Host]:
-    """An open `Host`; once it closed, no run, task, process or file descriptor is left."""
-    model = HeldModel()
-    notices: list[Notice] = []
-    noticed = [anyio.Event()]
-
-    def heard(notice: Notice) -> None:
-        notices.append(notice)
-        noticed[-1].set()
-        noticed.append(anyio.Event())
+    """An open `Host` (its spawn children on ``model``, made here when not given, with ``tools``);
+    once it closed, no run, task, process or file descriptor is left."""
+    model = model or HeldModel()
+    agents = agents or AgentRegistry()
+    heard: Recorder[Notice] = Recorder()
 
     async with assert_no_leaks():
         before = running_task_ids()
         async with SubagentService() as service:
-            service.register_provider(SpawnProvider(llm=model.llm, agents=AgentRegistry(), tools=tools))
+            service.register_provider(SpawnProvider(llm=model.llm, agents=agents, tools=tools))
             for provider in extra:
                 service.register_provider(provider)
             starts = count_starts(service)
             async with SubagentTool(
                 service, background=options or BackgroundOptions(), on_notice=heard
             ) as tool:
-                yield Host(service, tool, model, starts, notices, noticed)
+                yield Host(service, tool, model, starts, heard)
             assert service.live_runs == ()
         assert running_task_ids() == before
 
@@ -461,8 +491,7 @@ async def test_send_to_a_queued_or_ended_child_is_refused_with_the_reason() -> N
 async def test_send_to_an_acp_child_is_refused_as_not_steerable(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    gates = AcpGates()
-    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
+    provider, gates = held_acp(stub_agent_command, tmp_path)
     async with open_host(None, provider) as host:
         a = await host.start("a", "acp")
         assert host.background.child("host", a).steerable is False
@@ -682,18 +711,15 @@ async def test_past_max_running_children_are_queued_and_start_in_order_as_slots_
 # -- ownership: nothing outlives its owner -----------------------------------------------------------------
 
 
-def acp_child(service: SubagentService) -> AcpRun:
+def acp_service_run(service: SubagentService) -> ServiceRun:
+    """The service's one live run on the ``acp`` provider."""
     [run] = [run for run in service.live_runs if run.provider == "acp"]
-    child = run.provider_run
-    assert isinstance(child, AcpRun)
-    return child
+    return run
 
 
 def acp_pid(service: SubagentService) -> int:
     """The process id of the service's one live ACP child."""
-    pid = acp_child(service).pid
-    assert pid is not None
-    return pid
+    return child_pid(acp_service_run(service))
 
 
 async def first_update(run: AcpRun) -> None:
@@ -714,7 +740,7 @@ async def test_cancelling_an_acp_child_returns_its_partial_output(
     turn = [{"step": "message", "text": "acp partial"}, {"step": "wait_for_cancel"}]
     async with open_host(None, acp(stub_agent_command({"turns": [turn]}), tmp_path)) as host:
         a = await host.start("a", "acp")
-        child = acp_child(host.service)
+        child = acp_run(acp_service_run(host.service))
         await first_update(child)
         with anyio.fail_after(WAIT):
             text = await host.companion("cancel", handle=a)
@@ -732,8 +758,7 @@ async def test_cancelling_an_acp_child_returns_its_partial_output(
 async def test_closing_the_tool_cancels_and_disposes_every_child_running_or_queued(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    gates = AcpGates()
-    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
+    provider, gates = held_acp(stub_agent_command, tmp_path)
     async with open_host(BackgroundOptions(max_running=2), provider) as host:
         before = running_task_ids()
         a = await host.start("a")
@@ -765,20 +790,19 @@ async def test_closing_the_tool_cancels_and_disposes_every_child_running_or_queu
 async def test_closing_the_service_disposes_every_background_child_and_leaves_no_task(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    gates = AcpGates()
+    provider, gates = held_acp(stub_agent_command, tmp_path)
     model = HeldModel()
     async with assert_no_leaks():
         before = running_task_ids()
         async with SubagentService() as service:
             service.register_provider(SpawnProvider(llm=model.llm, agents=AgentRegistry()))
-            service.register_provider(
-                acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
-            )
+            service.register_provider(provider)
             tool = SubagentTool(service, background=BackgroundOptions(max_running=2, spill_bytes=1))
             background = tool.background
             assert background is not None
-            for name, provider in (("a", "spawn"), ("b", "acp"), ("c", "spawn")):
-                await tool.execute({"prompt": f"task {name}", "provider": provider, "background": True})
+            for name, provider_name in (("a", "spawn"), ("b", "acp"), ("c", "spawn")):
+                arguments = {"prompt": f"task {name}", "provider": provider_name, "background": True}
+                await tool.execute(arguments)
             with anyio.fail_after(WAIT):
                 await model.held("a")
                 await gates.asked.wait()

@@ -16,9 +16,8 @@ import anyio
 import pytest
 
 from subagent import SubagentService
-from subagent.background import WAKE_PROMPT, BackgroundChildren, BackgroundOptions, Notice, WakeTurn
+from subagent.background import WAKE_PROMPT, BackgroundOptions, WakeTurn
 from subagent.providers.fork import ForkProvider
-from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import (
     Agent,
     AgentRegistry,
@@ -34,18 +33,17 @@ from subagent.runtime import (
 )
 from subagent.service import RunState
 from subagent.testing.pytest_plugin import StubAgentCommand
-from subagent.tool import SubagentTool
 from subagent.types import SubagentRunEndInfo
-from tests.leaks import assert_no_leaks, process_is_gone
+from tests.leaks import process_is_gone
 from tests.test_background import (
-    ACP_HELD_TURN,
     WAIT,
-    AcpGates,
     HeldModel,
-    acp,
+    Host,
+    Recorder,
     acp_pid,
+    held_acp,
     normalised,
-    running_task_ids,
+    open_host,
 )
 
 pytestmark = pytest.mark.anyio
@@ -67,42 +65,33 @@ class ParentModel:
 
 
 @dataclass
-class Family:
-    """An open service with ``spawn`` and ``fork`` children on a `HeldModel` and, when given, a stub ACP
-    agent; the tool with background delegation, and a parent agent using it."""
+class Family(Host):
+    """A `Host` whose ``spawn`` and ``fork`` children run on its `HeldModel`, and a parent agent using
+    its tool on `ParentModel`."""
 
-    service: SubagentService
-    tool: SubagentTool
-    agents: AgentRegistry
-    model: HeldModel
-    parent_model: ParentModel
-    agent: Agent
-    notices: list[Notice] = field(default_factory=list)
-    noticed: list[anyio.Event] = field(default_factory=list)
+    agents: AgentRegistry = field(default_factory=AgentRegistry)
+    parent_model: ParentModel = field(default_factory=ParentModel)
+    agent: Agent | None = None
 
     @property
-    def background(self) -> BackgroundChildren:
-        background = self.tool.background
-        assert background is not None
-        return background
+    def parent(self) -> Agent:
+        assert self.agent is not None
+        return self.agent
 
     def new_agent(self, model: ParentModel) -> Agent:
         return Agent(llm=model.llm, tools=self.tool.agent_tools(), registry=self.agents)
 
-    def heard(self, notice: Notice) -> None:
-        self.notices.append(notice)
-        self.noticed[-1].set()
-        self.noticed.append(anyio.Event())
-
-    async def notices_count(self, count: int) -> None:
-        with anyio.fail_after(WAIT):
-            while len(self.notices) < count:
-                await self.noticed[-1].wait()
+    def wake_turns(self) -> Recorder[WakeTurn]:
+        """The turns notices wake the parent for, from now on."""
+        woken: Recorder[WakeTurn] = Recorder()
+        self.background.on_wake(woken)
+        return woken
 
     def handles(self) -> dict[str, str]:
         """The parent's children: task name -> handle."""
         return {
-            info.prompt.removeprefix("task "): info.handle for info in self.background.children(self.agent.id)
+            info.prompt.removeprefix("task "): info.handle
+            for info in self.background.children(self.parent.id)
         }
 
 
@@ -110,28 +99,20 @@ class Family:
 async def open_family(
     options: BackgroundOptions | None = None, *extra: Any, tools: tuple[FunctionTool, ...] = ()
 ) -> AsyncIterator[Family]:
-    """An open `Family`; once it closed, no run, task, process or file descriptor is left."""
+    """An open `Family`, its parent agent with ``tools`` besides the tool's; once it closed, no run, task,
+    process or file descriptor is left."""
     model = HeldModel()
     agents = AgentRegistry()
-    parent_model = ParentModel()
-    async with assert_no_leaks():
-        before = running_task_ids()
-        async with SubagentService() as service:
-            service.register_provider(SpawnProvider(llm=model.llm, agents=agents))
-            service.register_provider(ForkProvider(llm=model.llm, agents=agents))
-            for provider in extra:
-                service.register_provider(provider)
-            tool = SubagentTool(service, background=options or BackgroundOptions())
-            async with tool:
-                agent = Agent(llm=parent_model.llm, tools=(*tool.agent_tools(), *tools), registry=agents)
-                family = Family(service, tool, agents, model, parent_model, agent, noticed=[anyio.Event()])
-                tool.background.on_notice(family.heard)  # type: ignore[union-attr]
-                try:
-                    yield family
-                finally:
-                    await agent.close()
-            assert service.live_runs == ()
-        assert running_task_ids() == before
+    fork = ForkProvider(llm=model.llm, agents=agents)
+    async with open_host(options, fork, *extra, model=model, agents=agents) as host:
+        family = Family(host.service, host.tool, host.model, host.starts, host.heard, agents)
+        family.agent = Agent(
+            llm=family.parent_model.llm, tools=(*host.tool.agent_tools(), *tools), registry=agents
+        )
+        try:
+            yield family
+        finally:
+            await family.parent.close()
 
 
 def delegate(name: str, provider: str) -> Any:
@@ -174,8 +155,7 @@ def tool_results(request: CompletionRequest) -> list[str]:
 async def test_children_of_three_providers_run_at_once_while_the_parent_works_and_report_in_end_order(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    gates = AcpGates()
-    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
+    provider, gates = held_acp(stub_agent_command, tmp_path)
     ref: list[Family] = []
     async with open_family(None, provider, tools=(noticing_tool(ref),)) as family:
         ref.append(family)
@@ -183,7 +163,7 @@ async def test_children_of_three_providers_run_at_once_while_the_parent_works_an
 
         def listed(request: CompletionRequest) -> Reply:
             # The second model call: every child started, none ended.
-            seen_running.append([info.state for info in family.background.children(family.agent.id)])
+            seen_running.append([info.state for info in family.background.children(family.parent.id)])
             return Reply(tool_calls=[call("subagent_list")])
 
         def release(name: str, count: int) -> Step:
@@ -207,7 +187,7 @@ async def test_children_of_three_providers_run_at_once_while_the_parent_works_an
         ]
 
         with anyio.fail_after(WAIT):
-            result = await family.agent.run_turn("go")
+            result = await family.parent.run_turn("go")
         assert (result.stop_reason, result.output) == ("completed", "done")
         handles = family.handles()
         s, f, a = handles["s"], handles["f"], handles["a"]
@@ -233,7 +213,7 @@ async def test_children_of_three_providers_run_at_once_while_the_parent_works_an
             assert requests[index].messages[-1] == Message.user(text)
             assert requests[index].messages[-2].role == "tool"
             assert Message.user(text) not in requests[index - 1].messages
-        log = list(family.agent.messages)
+        log = list(family.parent.messages)
         positions = [log.index(Message.user(text)) for text in expected]
         assert positions == sorted(positions)
         for position in positions:
@@ -248,7 +228,7 @@ async def test_a_parent_agent_sees_none_of_another_parents_children() -> None:
     async with open_family() as family:
         family.parent_model.steps = [lambda request: Reply(tool_calls=[delegate("s", "spawn")])]
         with anyio.fail_after(WAIT):
-            await family.agent.run_turn("go")
+            await family.parent.run_turn("go")
         mine = family.handles()["s"]
         made_up = "zzzzzz" if mine != "zzzzzz" else "yyyyyy"
         other_model = ParentModel()
@@ -280,7 +260,7 @@ async def test_a_parent_agent_sees_none_of_another_parents_children() -> None:
             unknown.format(mine),
         ]
         assert family.background.children(other.id) == []
-        [info] = family.background.children(family.agent.id)
+        [info] = family.background.children(family.parent.id)
         assert (info.handle, info.state) == (mine, "running")
         family.model.release("s")
         await family.notices_count(1)
@@ -310,15 +290,23 @@ async def runs_ending(service: SubagentService, count: int) -> AsyncIterator[Non
         dispose()
 
 
-async def children_started_and_held(family: Family, gates: AcpGates) -> None:
-    family.parent_model.steps = [
-        lambda request: Reply(tool_calls=[delegate("s", "spawn"), delegate("a", "acp")]),
-        lambda request: "started two",
-    ]
-    with anyio.fail_after(WAIT):
-        assert (await family.agent.run_turn("go")).output == "started two"
-        await family.model.held("s")
-        await gates.asked.wait()
+@asynccontextmanager
+async def parent_with_two_children(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> AsyncIterator[tuple[Family, int]]:
+    """An open `Family` whose parent started a spawn and an acp child in the background in a turn that
+    ended; both are held. Yields it and the ACP child's process id."""
+    provider, gates = held_acp(stub_agent_command, tmp_path)
+    async with open_family(None, provider) as family:
+        family.parent_model.steps = [
+            lambda request: Reply(tool_calls=[delegate("s", "spawn"), delegate("a", "acp")]),
+            lambda request: "started two",
+        ]
+        with anyio.fail_after(WAIT):
+            assert (await family.parent.run_turn("go")).output == "started two"
+            await family.model.held("s")
+            await gates.asked.wait()
+        yield family, acp_pid(family.service)
 
 
 async def assert_all_gone(family: Family, pid: int) -> None:
@@ -331,28 +319,23 @@ async def assert_all_gone(family: Family, pid: int) -> None:
             await run.dispose()
     assert family.service.live_runs == ()
     assert process_is_gone(pid)
-    assert family.background.children(family.agent.id) == []
+    assert family.background.children(family.parent.id) == []
     assert family.notices == []
 
 
 async def test_closing_the_parent_agent_disposes_its_children(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    gates = AcpGates()
-    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
-    async with open_family(None, provider) as family:
-        await children_started_and_held(family, gates)
-        pid = acp_pid(family.service)
+    async with parent_with_two_children(stub_agent_command, tmp_path) as (family, pid):
         async with runs_ending(family.service, 2):
-            await family.agent.close()
+            await family.parent.close()
         await assert_all_gone(family, pid)
 
 
 async def test_cancelling_the_parents_turn_while_it_waits_disposes_its_children(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    gates = AcpGates()
-    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
+    provider, gates = held_acp(stub_agent_command, tmp_path)
     async with open_family(None, provider) as family:
         family.parent_model.steps = [
             lambda request: Reply(tool_calls=[delegate("s", "spawn"), delegate("a", "acp")]),
@@ -360,7 +343,7 @@ async def test_cancelling_the_parents_turn_while_it_waits_disposes_its_children(
             lambda request: "after the cancel",
         ]
         waiting = anyio.Event()
-        family.agent.on_event(
+        family.parent.on_event(
             lambda event: (
                 waiting.set()
                 if isinstance(event, ToolCallStarted) and event.invocation.tool == "subagent_wait"
@@ -371,7 +354,7 @@ async def test_cancelling_the_parents_turn_while_it_waits_disposes_its_children(
         async with anyio.create_task_group() as task_group:
 
             async def turn() -> None:
-                outcome.append(await family.agent.run_turn("go"))
+                outcome.append(await family.parent.run_turn("go"))
 
             task_group.start_soon(turn)
             with anyio.fail_after(WAIT):
@@ -380,7 +363,7 @@ async def test_cancelling_the_parents_turn_while_it_waits_disposes_its_children(
                 await gates.asked.wait()
             pid = acp_pid(family.service)
             async with runs_ending(family.service, 2):
-                family.agent.cancel()
+                family.parent.cancel()
         assert outcome[0].stop_reason == "cancelled"
         await assert_all_gone(family, pid)
         # The agent stays usable, background delegation included.
@@ -388,16 +371,16 @@ async def test_cancelling_the_parents_turn_while_it_waits_disposes_its_children(
         family.parent_model.steps.append(lambda request: "started again")
         family.model.release("t")
         with anyio.fail_after(WAIT):
-            assert (await family.agent.run_turn("again")).output == "after the cancel"
-            assert (await family.agent.run_turn("once more")).output == "started again"
+            assert (await family.parent.run_turn("again")).output == "after the cancel"
+            assert (await family.parent.run_turn("once more")).output == "started again"
         await family.notices_count(1)
         [notice] = family.notices
         assert (notice.parent_id, notice.child.prompt, notice.child.state) == (
-            family.agent.id,
+            family.parent.id,
             "task t",
             "completed",
         )
-        assert family.agent.messages[-1] == Message.user(notice.text)
+        assert family.parent.messages[-1] == Message.user(notice.text)
 
 
 # -- after the turn: wake, or the host's next turn -------------------------------------------------------
@@ -410,32 +393,29 @@ async def test_with_wake_a_notice_that_finds_the_parent_idle_starts_a_turn_of_it
             lambda request: "started",
             lambda request: "read the notice",
         ]
-        woken: list[WakeTurn] = []
-        came = anyio.Event()
-
-        def wake(turn: WakeTurn) -> None:
-            woken.append(turn)
-            came.set()
-
-        family.background.on_wake(wake)
+        woken = family.wake_turns()
         with anyio.fail_after(WAIT):
-            assert (await family.agent.run_turn("go")).output == "started"
+            assert (await family.parent.run_turn("go")).output == "started"
         handle = family.handles()["s"]
         family.model.release("s")
         with anyio.fail_after(WAIT):
-            await came.wait()
+            await woken.count(1)
         text = notice_text(handle, "spawn", "s", "answer s")
-        [turn] = woken
-        assert (turn.parent_id, turn.prompt, turn.result.output) == (family.agent.id, text, "read the notice")
+        [turn] = woken.items
+        assert (turn.parent_id, turn.prompt, turn.result.output) == (
+            family.parent.id,
+            text,
+            "read the notice",
+        )
         assert turn.result.stop_reason == "completed"
         requests = family.parent_model.llm.requests
         assert len(requests) == 3
         assert requests[2].messages[-1] == Message.user(text)
-        assert [m for m in family.agent.messages if m.role == "user"] == [
+        assert [m for m in family.parent.messages if m.role == "user"] == [
             Message.user("go"),
             Message.user(text),
         ]
-        assert await family.background.next_turn_prompt(family.agent.id, timeout=0) is None
+        assert await family.background.next_turn_prompt(family.parent.id, timeout=0) is None
 
 
 async def test_without_wake_the_notice_waits_in_the_log_and_next_turn_prompt_says_so() -> None:
@@ -446,24 +426,24 @@ async def test_without_wake_the_notice_waits_in_the_log_and_next_turn_prompt_say
             lambda request: "read the notice",
         ]
         with anyio.fail_after(WAIT):
-            assert (await family.agent.run_turn("go")).output == "started"
+            assert (await family.parent.run_turn("go")).output == "started"
         handle = family.handles()["s"]
         next_prompt: list[str | None] = []
         async with anyio.create_task_group() as task_group:
 
             async def host() -> None:  # waits for the notice while the child runs
-                next_prompt.append(await family.background.next_turn_prompt(family.agent.id, timeout=WAIT))
+                next_prompt.append(await family.background.next_turn_prompt(family.parent.id, timeout=WAIT))
 
             task_group.start_soon(host)
             family.model.release("s")
         text = notice_text(handle, "spawn", "s", "answer s")
         assert next_prompt == [WAKE_PROMPT]
-        assert family.agent.messages[-1] == Message.user(text)  # in the idle agent's log at once
-        assert not family.agent.busy
+        assert family.parent.messages[-1] == Message.user(text)  # in the idle agent's log at once
+        assert not family.parent.busy
         assert len(family.parent_model.llm.requests) == 2  # no turn started by itself
-        assert await family.background.next_turn_prompt(family.agent.id) is None  # seen, none live
+        assert await family.background.next_turn_prompt(family.parent.id) is None  # seen, none live
         with anyio.fail_after(WAIT):
-            assert (await family.agent.run_turn(WAKE_PROMPT)).output == "read the notice"
+            assert (await family.parent.run_turn(WAKE_PROMPT)).output == "read the notice"
         assert family.parent_model.llm.requests[2].messages[-2:] == (
             Message.user(text),
             Message.user(WAKE_PROMPT),
@@ -500,15 +480,15 @@ async def test_a_result_the_parent_collected_by_waiting_is_not_also_delivered_as
             lambda request: "done",
         ]
         with anyio.fail_after(WAIT):
-            assert (await family.agent.run_turn("go")).output == "done"
+            assert (await family.parent.run_turn("go")).output == "done"
         handle = family.handles()["s"]
         text = notice_text(handle, "spawn", "s", "answer s")
         requests = family.parent_model.llm.requests
         assert tool_results(requests[2])[-1] == text
         assert [m for m in requests[2].messages if m.role == "user"] == [Message.user("go")]
-        assert [m.content for m in family.agent.messages].count(text) == 1
+        assert [m.content for m in family.parent.messages].count(text) == 1
         assert [n.text for n in family.notices] == [text]  # the host's listener still hears it
-        assert await family.background.next_turn_prompt(family.agent.id, timeout=0) is None
+        assert await family.background.next_turn_prompt(family.parent.id, timeout=0) is None
 
 
 @pytest.mark.xfail(
@@ -519,12 +499,8 @@ async def test_a_result_the_parent_collected_by_waiting_is_not_also_delivered_as
 async def test_closing_the_tool_after_the_parent_agent_returns_once_its_children_are_gone(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    gates = AcpGates()
-    provider = acp(stub_agent_command({"turns": [ACP_HELD_TURN]}), tmp_path, permission=gates)
-    async with open_family(None, provider) as family:
-        await children_started_and_held(family, gates)
-        pid = acp_pid(family.service)
-        await family.agent.close()
+    async with parent_with_two_children(stub_agent_command, tmp_path) as (family, pid):
+        await family.parent.close()
         with anyio.fail_after(WAIT):
             await family.tool.aclose()
         assert family.service.live_runs == ()
@@ -540,15 +516,14 @@ async def test_with_wake_a_notice_the_parent_read_in_its_turn_wakes_no_further_t
             releasing(family, "s", call("pause", {"count": 1})),
             lambda request: "read it",
         ]
-        woken: list[WakeTurn] = []
-        family.background.on_wake(woken.append)
+        woken = family.wake_turns()
         with anyio.fail_after(WAIT):
-            assert (await family.agent.run_turn("go")).output == "read it"
+            assert (await family.parent.run_turn("go")).output == "read it"
         handle = family.handles()["s"]
         text = notice_text(handle, "spawn", "s", "answer s")
         assert family.parent_model.llm.requests[2].messages[-1] == Message.user(text)
-        assert await family.background.next_turn_prompt(family.agent.id, timeout=0) is None
-        assert (woken, len(family.parent_model.llm.requests), family.agent.busy) == ([], 3, False)
+        assert await family.background.next_turn_prompt(family.parent.id, timeout=0) is None
+        assert (woken.items, len(family.parent_model.llm.requests), family.parent.busy) == ([], 3, False)
 
 
 def answering_after_notices(family: Family, count: int, reply: Reply) -> Step:
@@ -572,15 +547,14 @@ async def test_a_notice_that_arrives_during_the_parents_last_model_call_is_answe
             answering_after_notices(family, 1, Reply("first answer")),
             lambda request: "second answer",
         ]
-        woken: list[WakeTurn] = []
-        family.background.on_wake(woken.append)
+        woken = family.wake_turns()
         with anyio.fail_after(WAIT):
-            assert (await family.agent.run_turn("go")).output == "second answer"
+            assert (await family.parent.run_turn("go")).output == "second answer"
         text = notice_text(family.handles()["s"], "spawn", "s", "answer s")
         requests = family.parent_model.llm.requests
         assert requests[2].messages[-2:] == (Message.assistant("first answer"), Message.user(text))
-        assert await family.background.next_turn_prompt(family.agent.id, timeout=0) is None
-        assert (woken, len(requests)) == ([], 3)
+        assert await family.background.next_turn_prompt(family.parent.id, timeout=0) is None
+        assert (woken.items, len(requests)) == ([], 3)
 
 
 async def test_with_wake_a_notice_delivered_as_a_failed_turn_ends_wakes_the_parent_with_wake_prompt() -> None:
@@ -591,20 +565,13 @@ async def test_with_wake_a_notice_delivered_as_a_failed_turn_ends_wakes_the_pare
             answering_after_notices(family, 1, Reply(error=failure)),
             lambda request: "woken",
         ]
-        woken: list[WakeTurn] = []
-        came = anyio.Event()
-
-        def wake(turn: WakeTurn) -> None:
-            woken.append(turn)
-            came.set()
-
-        family.background.on_wake(wake)
+        woken = family.wake_turns()
         with anyio.fail_after(WAIT):
-            assert (await family.agent.run_turn("go")).stop_reason == "error"
-            await came.wait()
+            assert (await family.parent.run_turn("go")).stop_reason == "error"
+            await woken.count(1)
         text = notice_text(family.handles()["s"], "spawn", "s", "answer s")
-        [turn] = woken
+        [turn] = woken.items
         assert (turn.prompt, turn.result.output) == (WAKE_PROMPT, "woken")
         requests = family.parent_model.llm.requests
         assert requests[2].messages[-2:] == (Message.user(text), Message.user(WAKE_PROMPT))
-        assert [m.content for m in family.agent.messages].count(text) == 1
+        assert [m.content for m in family.parent.messages].count(text) == 1
