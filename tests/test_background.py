@@ -970,3 +970,85 @@ async def test_a_slot_freed_by_a_failed_start_goes_to_the_first_queued_child(
         assert (failed[0].is_error, failed[0].error_code) == (True, ErrorCode.START_FAILED)
         await host.model.held("b", bound=10)  # the freed slot went to b (a short guard: it hangs today)
         assert host.background.child("host", b).state == "running"
+
+
+# -- what the model is shown, and the options ------------------------------------------------------------
+
+
+async def test_the_tool_offers_background_and_five_companions_only_with_background_delegation() -> None:
+    async with open_host(BackgroundOptions(max_running=3, spill_bytes=1000)) as host:
+        definition = host.tool.definition
+        assert definition.input_schema["properties"]["background"] == {
+            "type": "boolean",
+            "description": (
+                "Start the subagent in the background: this call returns a handle as soon as the subagent "
+                "has started, and you keep working; its result reaches you as a notice when it ends."
+            ),
+        }
+        assert definition.description.endswith(
+            "Background: set `background` to true to start a subagent and get its handle at once; you keep "
+            "working, and a notice with its result reaches you when it ends. At most 3 of yours run at "
+            "once; more are queued. `subagent_list` lists your background subagents, `subagent_wait` waits "
+            "for them, `subagent_send` messages one, `subagent_cancel` stops one, `subagent_result` reads "
+            "one's result. A result longer than 1000 bytes is saved to a file: you get its start, its end "
+            "and the file's path."
+        )
+        companions = {d.name: d.input_schema for d in host.tool.companion_definitions}
+        assert list(companions) == [
+            f"subagent_{action}" for action in ("list", "wait", "send", "cancel", "result")
+        ]
+        assert {name: schema["required"] for name, schema in companions.items()} == {
+            "subagent_list": [],
+            "subagent_wait": [],
+            "subagent_send": ["handle", "message"],
+            "subagent_cancel": ["handle"],
+            "subagent_result": ["handle"],
+        }
+        assert all(schema["additionalProperties"] is False for schema in companions.values())
+        assert [tool.spec.name for tool in host.tool.agent_tools()] == ["subagent", *companions]
+        plain = SubagentTool(host.service)
+        assert "background" not in plain.definition.input_schema["properties"]
+        assert (plain.companion_definitions, plain.background) == ((), None)
+        assert [tool.spec.name for tool in plain.agent_tools()] == ["subagent"]
+        refused = await plain.execute({"prompt": "task a", "provider": "spawn", "background": True})
+        assert refused.render().startswith(
+            "Error: invalid arguments, no subagent was started:\n- unknown parameter"
+        )
+        with pytest.raises(ValueError, match="no background delegation"):
+            await plain.execute_companion("list", {})
+        plain.close()
+        assert host.service.live_runs == ()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_running": 0}, "max_running must be >= 1, got 0"),
+        ({"spill_bytes": 0}, "spill_bytes must be >= 1 (or None), got 0"),
+        ({"head_chars": -1}, "head_chars and tail_chars must be >= 0"),
+        ({"tail_chars": -1}, "head_chars and tail_chars must be >= 0"),
+        ({"max_wait": 0}, "max_wait must be > 0 seconds, got 0"),
+        ({"max_wait": float("nan")}, "max_wait must be > 0 seconds, got nan"),
+    ],
+)
+def test_background_options_out_of_range_are_refused(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)) as refused:
+        BackgroundOptions(**options)
+    assert str(refused.value) == message
+
+
+async def test_companion_calls_with_bad_arguments_are_refused_with_what_is_wrong() -> None:
+    async with open_host() as host:
+        assert await host.companion("send", handle="", extra=1) == (
+            "Error: invalid arguments:\n"
+            "- unknown parameter `extra`; it takes `handle`, `message`.\n"
+            "- `handle` is required: a non-empty string.\n"
+            "- `message` is required: a non-empty string."
+        )
+        assert await host.companion("list", handle="x") == (
+            "Error: invalid arguments:\n- unknown parameter `handle`; it takes no parameters."
+        )
+        with pytest.raises(ValueError, match="no companion tool 'kill'"):
+            await host.tool.execute_companion("kill", {})
+        text = await host.tool.execute_companion("subagent_list", "{not json")
+        assert (text.is_error, text.render().startswith("Error: invalid arguments:\n- ")) == (True, True)
