@@ -1011,8 +1011,9 @@ async def test_the_tool_offers_background_and_five_companions_only_with_backgrou
         assert (plain.companion_definitions, plain.background) == ((), None)
         assert [tool.spec.name for tool in plain.agent_tools()] == ["subagent"]
         refused = await plain.execute({"prompt": "task a", "provider": "spawn", "background": True})
-        assert refused.render().startswith(
-            "Error: invalid arguments, no subagent was started:\n- unknown parameter"
+        assert refused.render() == (
+            "Error: invalid arguments, no subagent was started:\n- unknown parameter `background`; this tool "
+            "takes `prompt`, `provider`, `output_schema`, `depth_limit`, `tool_filter`, `persona`."
         )
         with pytest.raises(ValueError, match="no background delegation"):
             await plain.execute_companion("list", {})
