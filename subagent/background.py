@@ -102,6 +102,14 @@ WAKE_PROMPT = (
 )
 """The prompt of a turn a parent is woken for when its notices are already in its log."""
 
+MAX_KEPT_COLLECTED = 100
+"""Ended children whose result their parent has received that are kept per parent (still listed and
+readable by handle); older ones are forgotten, so a parent's memory stays bounded."""
+
+MAX_UNSEEN_NOTICES = 1_000
+"""Notices kept per parent for a host that never asks for them (:meth:`BackgroundChildren.next_turn_prompt`);
+past it the oldest are dropped (and logged): a notice is also given to every listener as it comes."""
+
 CANCEL_GRACE = 10.0
 """Seconds a cancelled child may take to end by itself before it is disposed (killed)."""
 
@@ -342,6 +350,7 @@ class BackgroundChildren:
         self._spill_dir: str | None = None
         self._spilled = 0
         self._closed = False
+        self._closing: set[_Parent] = set()
 
     def __repr__(self) -> str:
         live = sum(1 for parent in self._parents.values() for child in parent.children.values() if child.live)
@@ -433,6 +442,8 @@ class BackgroundChildren:
             child.ended.set()  # a close waiting on it (the parent closed while it started) goes on
             with anyio.CancelScope(shield=True):
                 await run.dispose()
+            if self._open_for(parent):
+                self._start_queued(parent)  # the slot it held is free again
             raise
         self._spawn_watcher(child)
         parent.signal()
@@ -521,7 +532,7 @@ class BackgroundChildren:
         notice = Notice(child.info(), result)
         child.notice = notice
         child.ended.set()
-        if not self._closed and not parent.closed:
+        if self._open_for(parent):
             if notify:
                 self._notify(parent, notice)
             self._start_queued(parent)
@@ -557,6 +568,14 @@ class BackgroundChildren:
         agent = parent.agent
         if agent is None or agent.closed:
             parent.unseen.append((notice, None))
+            if len(parent.unseen) > MAX_UNSEEN_NOTICES:
+                dropped, _pending = parent.unseen.pop(0)
+                logger.warning(
+                    "parent %s: the notice of %s was dropped unread (%d kept)",
+                    parent.id,
+                    dropped.child.handle,
+                    MAX_UNSEEN_NOTICES,
+                )
             return
         if self.options.wake and not agent.busy and not parent.waking:
             parent.unseen.append((notice, None))
@@ -570,8 +589,18 @@ class BackgroundChildren:
 
     def _on_lifecycle(self, parent: _Parent, event: AgentLifecycleEvent) -> None:
         if isinstance(event, ModelCallStarted):
-            # The messages delivered before this call are in what the model reads now.
-            parent.unseen = [(n, p) for n, p in parent.unseen if p is None or p.status == "queued"]
+            # The messages delivered before this call are in what the model reads now: those children's
+            # results count as received (a wait without handles does not hand them out again).
+            kept = []
+            for notice, pending in parent.unseen:
+                if pending is None or pending.status == "queued":
+                    kept.append((notice, pending))
+                else:
+                    child = parent.children.get(notice.child.handle)
+                    if child is not None:
+                        child.collected = True
+            parent.unseen = kept
+            self._forget_collected(parent)
         elif isinstance(event, TurnEnded):
             agent = parent.agent
             if self.options.wake and agent is not None and parent.unseen and not parent.waking:
@@ -745,7 +774,10 @@ class BackgroundChildren:
                         await child.ended.wait()
                 else:
                     await _first_set([child.ended for child in targets])
-            timed_out = scope.cancelled_caught
+            # Out of time only if what was waited for had not happened: a zero timeout on a child that
+            # has ended already is no timeout.
+            ended_now = [child.ended.is_set() for child in targets]
+            timed_out = scope.cancelled_caught and not (all(ended_now) if mode == "all" else any(ended_now))
         ended = sorted((c for c in targets if c.notice is not None), key=lambda c: c.ended_at or 0.0)
         for child in ended:
             self._collect(child)
@@ -774,6 +806,7 @@ class BackgroundChildren:
             task_group = self._service._require_open()
         except (SubagentError, RuntimeError):
             return  # the service is closing: it disposes every run itself
+        self._closing.add(parent)  # until it is done, aclose() waits for it too
         task_group.start_soon(self._close, parent, name=f"close background children of {parent.id}")
 
     async def _close(self, parent: _Parent) -> None:
@@ -796,12 +829,13 @@ class BackgroundChildren:
                 with anyio.move_on_after(CANCEL_GRACE * 3):
                     await child.ended.wait()
             parent.signal()
+            self._closing.discard(parent)
 
     async def aclose(self) -> None:
         """Cancel and dispose every child of every parent; remove a spill directory created here.
         Idempotent; returns once nothing of them is running."""
         self._closed = True
-        parents, self._parents = list(self._parents.values()), {}
+        parents, self._parents = [*self._parents.values(), *self._closing], {}
         for parent in parents:
             parent.closed = True
         with anyio.CancelScope(shield=True):
@@ -826,6 +860,10 @@ class BackgroundChildren:
         await self.aclose()
 
     # -- helpers -----------------------------------------------------------------------------------------
+
+    def _open_for(self, parent: _Parent) -> bool:
+        """Whether the parent can still hear of its children and get new ones started."""
+        return not self._closed and not parent.closed
 
     def _parent(self, parent_id: str) -> _Parent:
         parent = self._parents.get(parent_id)
@@ -882,11 +920,20 @@ class BackgroundChildren:
         return Spill(path=path, size=len(data), head=head, tail=tail)
 
     @staticmethod
+    def _forget_collected(parent: _Parent) -> None:
+        """Keep at most ``MAX_KEPT_COLLECTED`` children whose result the parent has: a long-lived parent
+        that delegates all day must not keep every result it ever read."""
+        collected = [c for c in parent.children.values() if c.collected and not c.live]
+        for child in collected[: max(len(collected) - MAX_KEPT_COLLECTED, 0)]:
+            del parent.children[child.handle]
+
+    @staticmethod
     def _collect(child: _Child) -> None:
         """The parent has the child's result now (a wait, a read, a cancel): a notice of it still
         queued for the parent's agent is taken back, so the model does not read the same result twice."""
         child.collected = True
         parent = child.parent
+        BackgroundChildren._forget_collected(parent)
         kept = []
         for notice, pending in parent.unseen:
             if notice.child.handle != child.handle:
