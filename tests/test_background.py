@@ -193,6 +193,19 @@ def held_acp(stub_agent_command: StubAgentCommand, tmp_path: Path) -> tuple[AcpP
     return acp(command, tmp_path, permission=gates), gates
 
 
+def never_ready_acp(stub_agent_command: StubAgentCommand, tmp_path: Path) -> tuple[AcpProvider, anyio.Event]:
+    """An ``acp`` provider whose stub agent never answers ``initialize``, and an event set once a child of
+    it is initializing (its process is up)."""
+    initializing = anyio.Event()
+
+    def stderr_line(line: str) -> None:
+        if line == "initializing":
+            initializing.set()
+
+    scenario = {"initialize": {"steps": [{"step": "stderr", "text": "initializing\n"}, {"step": "hang"}]}}
+    return acp(stub_agent_command(scenario), tmp_path, on_stderr_line=stderr_line), initializing
+
+
 @dataclass
 class Starts:
     """What the service started: the prompts in start order, and the most runs live at any start."""
@@ -945,14 +958,7 @@ async def test_a_private_spill_directory_goes_when_the_tool_is_closed_synchronou
 async def test_a_slot_freed_by_a_failed_start_goes_to_the_first_queued_child(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    initializing = anyio.Event()
-
-    def stderr_line(line: str) -> None:
-        if line == "initializing":
-            initializing.set()
-
-    scenario = {"initialize": {"steps": [{"step": "stderr", "text": "initializing\n"}, {"step": "hang"}]}}
-    provider = acp(stub_agent_command(scenario), tmp_path, on_stderr_line=stderr_line)
+    provider, initializing = never_ready_acp(stub_agent_command, tmp_path)
     async with open_host(BackgroundOptions(max_running=1), provider) as host:
         failed = []
         async with anyio.create_task_group() as task_group:

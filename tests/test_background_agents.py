@@ -42,6 +42,7 @@ from tests.test_background import (
     Recorder,
     acp_pid,
     held_acp,
+    never_ready_acp,
     normalised,
     open_host,
 )
@@ -575,3 +576,30 @@ async def test_with_wake_a_notice_delivered_as_a_failed_turn_ends_wakes_the_pare
         requests = family.parent_model.llm.requests
         assert requests[2].messages[-2:] == (Message.user(text), Message.user(WAKE_PROMPT))
         assert [m.content for m in family.parent.messages].count(text) == 1
+
+
+async def test_cancelling_the_parents_turn_while_a_background_child_starts_leaves_nothing(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    provider, initializing = never_ready_acp(stub_agent_command, tmp_path)
+    async with open_family(None, provider) as family:
+        family.parent_model.steps = [lambda request: Reply(tool_calls=[delegate("a", "acp")])]
+        outcome = []
+        async with anyio.create_task_group() as task_group:
+
+            async def turn() -> None:
+                outcome.append(await family.parent.run_turn("go"))
+
+            task_group.start_soon(turn)
+            with anyio.fail_after(WAIT):
+                await initializing.wait()
+            pid = acp_pid(family.service)
+            [starting] = family.service.live_runs
+            family.parent.cancel()
+        assert outcome[0].stop_reason == "cancelled"
+        with anyio.fail_after(WAIT):
+            await starting.dispose()  # joins the disposal the cancel began
+        assert family.service.live_runs == ()
+        assert process_is_gone(pid)
+        assert family.background.children(family.parent.id) == []
+        assert family.notices == []
