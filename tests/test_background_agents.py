@@ -492,11 +492,6 @@ async def test_a_result_the_parent_collected_by_waiting_is_not_also_delivered_as
         assert await family.background.next_turn_prompt(family.parent.id, timeout=0) is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="aclose() does not wait for the children of a parent agent closed just before: "
-    "_close_parent_soon drops the parent from _parents, so aclose() never sees them",
-)
 async def test_closing_the_tool_after_the_parent_agent_returns_once_its_children_are_gone(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
