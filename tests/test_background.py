@@ -7,6 +7,7 @@ on a permission question the test answers; nothing sleeps to wait for something.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -38,6 +39,8 @@ from subagent.runtime import (
     AgentRegistry,
     CompletionRequest,
     FunctionTool,
+    LlmError,
+    LlmErrorKind,
     Message,
     Reply,
     ScriptedLlm,
@@ -125,9 +128,7 @@ class HeldModel:
         answer = self.answers.get(name, f"answer {name}")
         reply = Reply(answer) if isinstance(answer, str) else answer
         gate = self.gate(name)
-        return Reply(
-            reply.text, tool_calls=reply.tool_calls, finish_reason=reply.finish_reason, wait=gate.wait
-        )
+        return dataclasses.replace(reply, wait=gate.wait)
 
 
 def _task(request: CompletionRequest) -> str:
@@ -541,6 +542,9 @@ async def test_cancel_returns_the_partial_result_and_the_child_is_cancelled() ->
         )
         info = host.background.child("host", a)
         assert (info.state, info.stop_reason, info.live) == ("cancelled", "cancelled", False)
+        assert normalised(await host.companion("list")) == (
+            f"- {a} (spawn): cancelled T s ago (stop reason: cancelled): task a"
+        )
         assert host.notices == []  # the cancel call answered it: no notice on top
         assert await host.companion("wait") == NOTHING_TO_WAIT_FOR
 
@@ -1169,3 +1173,36 @@ async def test_the_memory_of_a_parent_that_receives_every_result_stays_bounded()
     # 100 results of 64 KiB are kept (6.4 MB); keeping all 300 would be 19.7 MB.
     assert kept == background_module.MAX_KEPT_COLLECTED
     assert grown < 12_000_000, f"grew by {grown} bytes"
+
+
+async def test_a_child_whose_model_fails_ends_failed_with_the_reason_in_its_notice() -> None:
+    async with open_host() as host:
+        host.model.answers["a"] = Reply("so far", error=LlmError(LlmErrorKind.SERVER, "boom"))
+        a = await host.start("a")
+        host.model.release("a")
+        await host.notices_count(1)
+        [notice] = host.notices
+        assert notice.text == notice_text(
+            a,
+            "a",
+            "failed",
+            "Error: the subagent stopped before finishing (stop reason: error): it failed: the model call "
+            "failed (server): boom\n\nPartial output:\nso far",
+        )
+        info = host.background.child("host", a)
+        assert (info.state, info.stop_reason, info.error) == ("failed", "error", notice.result.error)
+        assert (
+            normalised(await host.companion("list"))
+            == f"- {a} (spawn): failed T s ago (stop reason: error): task a"
+        )
+
+
+async def test_a_zero_timeout_wait_on_a_child_that_ended_is_no_timeout() -> None:
+    async with open_host() as host:
+        a, b = await host.start("a"), await host.start("b")
+        host.model.release("a")
+        await host.notices_count(1)
+        any_outcome = await host.background.wait("host", [a, b], timeout=0)
+        assert ([n.child.handle for n in any_outcome.ended], any_outcome.timed_out) == ([a], False)
+        all_outcome = await host.background.wait("host", [a, b], mode="all", timeout=0)
+        assert ([c.handle for c in all_outcome.live], all_outcome.timed_out) == ([b], True)
