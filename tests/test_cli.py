@@ -66,8 +66,13 @@ class Finished:
         return json.loads(self.stdout)
 
     def events(self) -> list[dict[str, Any]]:
-        """Every stderr line, each parsed as one JSON object."""
-        return [json.loads(line) for line in self.stderr.splitlines()]
+        """Every stderr line, each parsed as one JSON object, its ``time`` checked (a number of seconds
+        since the epoch, never going back) and taken out so the tests compare the rest exactly."""
+        events = [json.loads(line) for line in self.stderr.splitlines()]
+        times = [event.pop("time") for event in events]
+        assert all(isinstance(when, float | int) and when > 1e9 for when in times), times
+        assert times == sorted(times)
+        return events
 
 
 def cli_env(tmp_path: Path, extra: Mapping[str, str] | None = None) -> tuple[dict[str, str], str]:

@@ -191,7 +191,9 @@ def test_a_run_event_takes_only_well_typed_members_from_the_agent() -> None:
     view.update(run_update(mistyped), None)
     view.update(run_update({"runId": 3}), None)  # no string id: not a run
     view.update(run_update("not a mapping"), None)
-    runs = [event for event in map(json.loads, stream.getvalue().splitlines()) if event["event"] == "run"]
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert all(isinstance(line.pop("time"), float | int) for line in lines)
+    runs = [event for event in lines if event["event"] == "run"]
     assert runs == [
         {
             "event": "run",

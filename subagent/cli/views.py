@@ -11,7 +11,9 @@
 * :class:`EventView`: one JSON object per line (``--events``), each with an ``"event"`` member:
   ``spawn``, ``start``, ``update`` (the ACP ``session/update`` params: ``sessionId`` and the update,
   camelCase as on the wire), ``run``, ``permission_request``, ``permission``, ``interrupt``,
-  ``start_failed``, ``end`` and ``log``.
+  ``start_failed``, ``end`` and ``log``; and a ``"time"`` member: when it was written, in seconds
+  since the epoch (milliseconds kept), so a recorded stream can be laid out in time
+  (``subagent trace``).
 
   ``run`` follows each ``update`` of a tool call that shows one run of the agent's subagent tree
   (its ``_meta["subagent-seam/run"]``, see :data:`~subagent.types.RUN_META_KEY`, which
@@ -27,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
@@ -270,7 +273,8 @@ class EventView(RunView):
 
     def emit(self, event: str, **fields: Any) -> None:
         """Write one event line (``fields`` are already JSON-ready and camelCase)."""
-        self.console.write(json.dumps({"event": event, **fields}, ensure_ascii=False) + "\n")
+        line = {"event": event, "time": round(time.time(), 3), **fields}
+        self.console.write(json.dumps(line, ensure_ascii=False) + "\n")
 
     def spawning(self, command: Sequence[str], cwd: str) -> None:
         self.emit("spawn", command=list(command), cwd=cwd)
