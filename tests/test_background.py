@@ -1206,3 +1206,40 @@ async def test_a_zero_timeout_wait_on_a_child_that_ended_is_no_timeout() -> None
         assert ([n.child.handle for n in any_outcome.ended], any_outcome.timed_out) == ([a], False)
         all_outcome = await host.background.wait("host", [a, b], mode="all", timeout=0)
         assert ([c.handle for c in all_outcome.live], all_outcome.timed_out) == ([b], True)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="cancel() awaits the provider's own run.cancel() unbounded (an AcpRun waits its "
+    "cancel_grace) before CANCEL_GRACE starts, so CANCEL_GRACE does not bound the cancel",
+)
+async def test_a_child_that_ignores_cancel_is_disposed_after_the_grace_and_reported_cancelled(
+    stub_agent_command: StubAgentCommand, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(background_module, "CANCEL_GRACE", 0.2)
+    turn = [{"step": "message", "text": "half"}, {"step": "hang"}]  # a hang ignores session/cancel
+    provider = acp(stub_agent_command({"turns": [turn]}), tmp_path, cancel_grace=60)
+    async with open_host(None, provider) as host:
+        a = await host.start("a", "acp")
+        child = acp_run(acp_service_run(host.service))
+        await first_update(child)
+        pid = acp_pid(host.service)
+        with anyio.fail_after(10):  # CANCEL_GRACE is 0.2 s; the provider's own grace a minute
+            notice = await host.background.cancel("host", a)
+        assert (notice.child.state, notice.result.is_error) == ("cancelled", True)
+        assert notice.text.startswith(f"[background subagent {a} (acp) cancelled]\nTask: task a\n\nError: ")
+        assert host.service.live_runs == ()
+        assert process_is_gone(pid)
+
+
+async def test_an_acp_child_that_crashes_mid_turn_ends_failed(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    turn = [{"step": "message", "text": "half"}, {"step": "exit", "code": 3}]
+    async with open_host(None, acp(stub_agent_command({"turns": [turn]}), tmp_path)) as host:
+        a = await host.start("a", "acp")
+        notice = await host.ended(a)
+        assert (notice.child.state, notice.result.is_error) == ("failed", True)
+        assert notice.text.startswith(f"[background subagent {a} (acp) failed]\nTask: task a\n\nError: ")
+        assert "3" in (notice.result.error or "")
+        assert host.service.live_runs == ()

@@ -640,3 +640,27 @@ async def test_a_notice_that_woke_the_parent_is_not_handed_out_again_by_a_wait()
         await woken.count(1)
         assert woken.items[0].prompt == text
         assert tool_results(family.parent_model.llm.requests[3])[-1] == NOTHING_TO_WAIT_FOR
+
+
+async def test_closing_one_parent_agent_leaves_another_parents_children_running() -> None:
+    async with open_family() as family:
+        family.parent_model.steps = [lambda request: Reply(tool_calls=[delegate("s", "spawn")])]
+        other_model = ParentModel()
+        other_model.steps = [lambda request: Reply(tool_calls=[delegate("o", "spawn")])]
+        other = family.new_agent(other_model)
+        with anyio.fail_after(WAIT):
+            await family.parent.run_turn("go")
+            await other.run_turn("go too")
+            await family.model.held("s", "o")
+        mine, theirs = sorted(family.service.live_runs, key=lambda run: run.request.prompt != "task s")
+        async with runs_ending(family.service, 1):
+            await other.close()
+        with anyio.fail_after(WAIT):
+            await theirs.dispose()  # joins the disposal the close began
+        assert family.background.children(other.id) == []
+        assert family.service.live_runs == (mine,)
+        assert mine.request.prompt == "task s"
+        family.model.release("s")
+        await family.notices_count(1)
+        assert (family.notices[0].parent_id, family.notices[0].child.prompt) == (family.parent.id, "task s")
+        assert family.parent.messages[-1] == Message.user(family.notices[0].text)
