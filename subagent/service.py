@@ -20,6 +20,7 @@ closing the service disposes every run still live, then ends its task group.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import logging
@@ -51,12 +52,14 @@ from subagent.types import (
     SubagentRun,
     SubagentRunEndInfo,
     SubagentRunInfo,
+    Usage,
+    sum_usage,
 )
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
-__all__ = ["DEFAULT_PROGRESS_INTERVAL", "RunState", "ServiceRun", "SubagentService"]
+__all__ = ["DEFAULT_PROGRESS_INTERVAL", "ENDED_RUNS_KEPT", "RunState", "ServiceRun", "SubagentService"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,10 @@ OBSERVER_SETTLE_TIMEOUT: float = 5.0
 """How long a disposed run's readiness and result may take to settle after the provider's
 ``dispose()`` returned. A provider that keeps its contract settles both before returning; this
 bound only keeps a faulty provider from hanging the caller (its observer is then cancelled)."""
+
+ENDED_RUNS_KEPT = 10_000
+"""Ended runs whose usage :meth:`SubagentService.subtree_usage` can still count: a long-lived service
+keeps a bounded record (about 1 MiB), the most recent ones."""
 
 DEFAULT_PROGRESS_INTERVAL: float = 10.0
 """Seconds between ``subagent/progress`` heartbeats: often enough that a person never stares at a
@@ -133,6 +140,8 @@ class SubagentService:
         self._registrations: dict[str, _Registration] = {}
         self._runs: dict[ServiceRun, None] = {}  # live runs, in start order
         self._runs_by_id: dict[str, ServiceRun] = {}  # the same runs, to find a request's parent
+        # Ended runs' parent and usage, most recent last, for subtree_usage (bounded: ENDED_RUNS_KEPT).
+        self._ended: collections.OrderedDict[str, tuple[str | None, Usage | None]] = collections.OrderedDict()
         self._task_group: TaskGroup | None = None
         self._closing = False
 
@@ -269,6 +278,38 @@ class SubagentService:
             tool_filter=tool_filter,
         )
 
+    def subtree_usage(self, run_id: str) -> Usage | None:
+        """The usage of run ``run_id`` and of every run below it (its children, theirs, ...), added up
+        with :func:`~subagent.types.sum_usage`: what delegating cost, as far as the children reported
+        it. Counts runs that ended (live runs have reported nothing yet) among the last
+        ``ENDED_RUNS_KEPT`` ended runs of this service. None when none of them reported usage."""
+        children: dict[str, list[str]] = {}
+        for ended_id, (parent_id, _usage) in self._ended.items():
+            if parent_id is not None:
+                children.setdefault(parent_id, []).append(ended_id)
+        for run in self._runs:
+            if run.request.parent_id is not None:
+                children.setdefault(run.request.parent_id, []).append(run.id)
+        usages: list[Usage | None] = []
+        seen: set[str] = set()
+        stack = [run_id]
+        while stack:
+            current = stack.pop()
+            if current in seen:
+                continue  # ids reused by another provider could make a cycle: count each once
+            seen.add(current)
+            ended = self._ended.get(current)
+            if ended is not None:
+                usages.append(ended[1])
+            stack.extend(children.get(current, ()))
+        return sum_usage(usages)
+
+    def _record_end(self, run_id: str, parent_id: str | None, usage: Usage | None) -> None:
+        self._ended[run_id] = (parent_id, usage)
+        self._ended.move_to_end(run_id)
+        while len(self._ended) > ENDED_RUNS_KEPT:
+            self._ended.popitem(last=False)
+
     def _require_open(self) -> TaskGroup:
         if self._closing:
             raise SubagentError(ErrorCode.DISPOSED, "the subagent service is closed")
@@ -357,6 +398,7 @@ class ServiceRun(DisposeOnExit):
         self._observable = cast(ObservableRun, provider_run) if kind.observable else None
         self._queueable = cast(QueueableRun, provider_run) if kind.queueable else None
         self._started_at: float | None = None
+        self._created_at = time.monotonic()
         self._progress_scope = anyio.CancelScope()
         self._progress_stopped = False
 
@@ -520,7 +562,11 @@ class ServiceRun(DisposeOnExit):
 
     def _settle(self, outcome: SubagentResult | BaseException) -> None:
         # The end's payload is taken now, before any caller can see (and mutate) the result object.
+        elapsed = time.monotonic() - self._created_at
+        parent_id = self.request.parent_id
         if isinstance(outcome, SubagentResult):
+            # A copy carries the wall time: the provider's own object is left as it made it.
+            outcome = dataclasses.replace(outcome, elapsed_seconds=elapsed)
             if self._result.settle(outcome):
                 self._end_info = SubagentRunEndInfo(
                     id=self.id,
@@ -528,7 +574,11 @@ class ServiceRun(DisposeOnExit):
                     stop_reason=outcome.stop_reason,
                     last_assistant_message=str(outcome.output),
                     error=outcome.error,
+                    usage=outcome.usage,
+                    elapsed_seconds=elapsed,
+                    parent_id=parent_id,
                 )
+                self._service._record_end(self.id, parent_id, outcome.usage)
         elif self._result.fail(outcome):
             self._end_info = SubagentRunEndInfo(
                 id=self.id,
@@ -536,7 +586,10 @@ class ServiceRun(DisposeOnExit):
                 stop_reason=None,
                 last_assistant_message=None,
                 error=str(outcome) or type(outcome).__name__,
+                elapsed_seconds=elapsed,
+                parent_id=parent_id,
             )
+            self._service._record_end(self.id, parent_id, None)
 
     def _emit_start(self) -> None:
         self._start_emitted = True

@@ -20,7 +20,7 @@ concurrency slot.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -57,6 +57,7 @@ __all__ = [
     "ToolFilter",
     "Usage",
     "freeze_json",
+    "sum_usage",
     "thaw_json",
 ]
 
@@ -258,6 +259,17 @@ class Usage:
     cost_currency: str | None = None
 
 
+_TOKEN_FIELDS = (
+    "input_tokens",
+    "output_tokens",
+    "total_tokens",
+    "thought_tokens",
+    "cached_read_tokens",
+    "cached_write_tokens",
+)
+"""The fields of :class:`Usage` that count tokens (and so add up across turns and runs)."""
+
+
 @dataclass(slots=True)
 class SubagentResult:
     """How a child's turn ended.
@@ -266,6 +278,8 @@ class SubagentResult:
     (for a child process: its exit status and the tail of its stderr), never an exception.
     ``output`` is the final assistant message, partial when the turn did not complete.
     ``structured`` holds the validated JSON value when the request carried ``output_schema``.
+    ``elapsed_seconds`` is the run's wall time from its start request to its end, set by the
+    service (None from a provider used directly); it is not part of equality.
     """
 
     output: str
@@ -273,6 +287,7 @@ class SubagentResult:
     structured: Any = None
     error: str | None = None
     usage: Usage | None = None
+    elapsed_seconds: float | None = field(default=None, compare=False)
 
     @property
     def ok(self) -> bool:
@@ -446,6 +461,38 @@ class SubagentRunEndInfo:
     stop_reason: StopReason | None
     last_assistant_message: str | None
     error: str | None
+    usage: Usage | None = None
+    """What the run's turn used, as far as its child reported it (None: nothing reported)."""
+    elapsed_seconds: float | None = field(default=None, compare=False)
+    """Wall time from the start request to the end, the child's start-up included (not part of
+    equality: no two runs take the same time)."""
+    parent_id: str | None = None
+    """The run's parent, as in ``subagent/start``: enough to roll costs up a tree of ends."""
+
+
+def sum_usage(usages: Iterable[Usage | None]) -> Usage | None:
+    """The total of several runs' usage: token counts added up, costs too when every cost given is in
+    the same currency (else the cost is left out: adding dollars to euros says nothing). The context
+    window fields are snapshots of one session, so a total has none. None when no usage was given."""
+    seen = False
+    tokens: dict[str, Any] = {}  # ints only (Any: Usage also has a str field)
+    costs: list[tuple[float, str | None]] = []
+    for usage in usages:
+        if usage is None:
+            continue
+        seen = True
+        for name in _TOKEN_FIELDS:
+            value = getattr(usage, name)
+            if isinstance(value, int):
+                tokens[name] = tokens.get(name, 0) + value
+        if usage.cost is not None:
+            costs.append((usage.cost, usage.cost_currency))
+    if not seen:
+        return None
+    currencies = {currency for _cost, currency in costs}
+    if costs and len(currencies) == 1:
+        return Usage(**tokens, cost=sum(cost for cost, _currency in costs), cost_currency=currencies.pop())
+    return Usage(**tokens)
 
 
 def _seconds(value: float) -> str:

@@ -890,7 +890,12 @@ async def test_cancel_mid_turn_ends_it_cancelled_and_leaves_no_task_and_dispose_
         assert running_task_ids() == before
         assert ends == [
             SubagentRunEndInfo(
-                id=run.id, provider="spawn", stop_reason="cancelled", last_assistant_message="", error=None
+                id=run.id,
+                provider="spawn",
+                stop_reason="cancelled",
+                last_assistant_message="",
+                error=None,
+                parent_id="root",
             )
         ]
 

@@ -315,7 +315,13 @@ async def test_start_fires_only_after_readiness_and_end_only_after_the_result() 
                 stop_reason="completed",
                 last_assistant_message="the summary",
                 error=None,
+                parent_id="parent-1",
             )
+            # The wall time from the start request to the end rides along (on the result too).
+            end_elapsed = recorder.payload("end").elapsed_seconds
+            assert end_elapsed is not None
+            assert end_elapsed >= 0
+            assert result.elapsed_seconds == end_elapsed
             assert state_of(run) is RunState.ENDED
         assert state_of(run) is RunState.DISPOSED
 
