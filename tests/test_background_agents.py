@@ -33,7 +33,7 @@ from subagent.runtime import (
 )
 from subagent.service import RunState
 from subagent.testing.pytest_plugin import StubAgentCommand
-from subagent.types import SubagentRunEndInfo
+from subagent.types import SubagentResult, SubagentRunEndInfo
 from tests.leaks import process_is_gone
 from tests.test_background import (
     NOTHING_TO_WAIT_FOR,
@@ -273,6 +273,20 @@ async def test_a_parent_agent_sees_none_of_another_parents_children() -> None:
 
 
 @asynccontextmanager
+async def turn_in_flight(agent: Agent, prompt: str) -> AsyncIterator[list[SubagentResult]]:
+    """Run a turn of ``agent`` beside the block; leaving the block waits for it, whose result is then
+    the yielded list's one item."""
+    outcome: list[SubagentResult] = []
+    async with anyio.create_task_group() as task_group:
+
+        async def turn() -> None:
+            outcome.append(await agent.run_turn(prompt))
+
+        task_group.start_soon(turn)
+        yield outcome
+
+
+@asynccontextmanager
 async def runs_ending(service: SubagentService, count: int) -> AsyncIterator[None]:
     """Return from the block once ``count`` runs of ``service`` ended (``subagent/end``)."""
     ended: list[SubagentRunEndInfo] = []
@@ -352,13 +366,7 @@ async def test_cancelling_the_parents_turn_while_it_waits_disposes_its_children(
                 else None
             )
         )
-        outcome = []
-        async with anyio.create_task_group() as task_group:
-
-            async def turn() -> None:
-                outcome.append(await family.parent.run_turn("go"))
-
-            task_group.start_soon(turn)
+        async with turn_in_flight(family.parent, "go") as outcome:
             with anyio.fail_after(WAIT):
                 await waiting.wait()
                 await family.model.held("s")
@@ -580,13 +588,7 @@ async def test_cancelling_the_parents_turn_while_a_background_child_starts_leave
     provider, initializing = never_ready_acp(stub_agent_command, tmp_path)
     async with open_family(None, provider) as family:
         family.parent_model.steps = [lambda request: Reply(tool_calls=[delegate("a", "acp")])]
-        outcome = []
-        async with anyio.create_task_group() as task_group:
-
-            async def turn() -> None:
-                outcome.append(await family.parent.run_turn("go"))
-
-            task_group.start_soon(turn)
+        async with turn_in_flight(family.parent, "go") as outcome:
             with anyio.fail_after(WAIT):
                 await initializing.wait()
             pid = acp_pid(family.service)
