@@ -133,6 +133,12 @@ def noticing_tool(family_ref: list[Family]) -> FunctionTool:
     return FunctionTool("pause", "Wait for a notice.", schema, pause)
 
 
+def started_then(*later: Step) -> list[Step]:
+    """A parent's script: a turn that starts ``task s`` (spawn) in the background and answers
+    ``started``, then ``later``."""
+    return [lambda request: Reply(tool_calls=[delegate("s", "spawn")]), lambda request: "started", *later]
+
+
 def releasing(family: Family, name: str, tool_call: Any) -> Step:
     """A step that releases the spawn or fork child ``task <name>`` and calls ``tool_call``."""
 
@@ -398,11 +404,7 @@ async def test_cancelling_the_parents_turn_while_it_waits_disposes_its_children(
 
 async def test_with_wake_a_notice_that_finds_the_parent_idle_starts_a_turn_of_it() -> None:
     async with open_family(BackgroundOptions(wake=True)) as family:
-        family.parent_model.steps = [
-            lambda request: Reply(tool_calls=[delegate("s", "spawn")]),
-            lambda request: "started",
-            lambda request: "read the notice",
-        ]
+        family.parent_model.steps = started_then(lambda request: "read the notice")
         woken = family.wake_turns()
         with anyio.fail_after(WAIT):
             assert (await family.parent.run_turn("go")).output == "started"
@@ -430,11 +432,7 @@ async def test_with_wake_a_notice_that_finds_the_parent_idle_starts_a_turn_of_it
 
 async def test_without_wake_the_notice_waits_in_the_log_and_next_turn_prompt_says_so() -> None:
     async with open_family(BackgroundOptions(wake=False)) as family:
-        family.parent_model.steps = [
-            lambda request: Reply(tool_calls=[delegate("s", "spawn")]),
-            lambda request: "started",
-            lambda request: "read the notice",
-        ]
+        family.parent_model.steps = started_then(lambda request: "read the notice")
         with anyio.fail_after(WAIT):
             assert (await family.parent.run_turn("go")).output == "started"
         handle = family.handles()["s"]
@@ -628,12 +626,10 @@ async def test_a_notice_the_parent_read_in_its_log_is_not_handed_out_again_by_a_
 )
 async def test_a_notice_that_woke_the_parent_is_not_handed_out_again_by_a_wait() -> None:
     async with open_family(BackgroundOptions(wake=True)) as family:
-        family.parent_model.steps = [
-            lambda request: Reply(tool_calls=[delegate("s", "spawn")]),
-            lambda request: "started",
+        family.parent_model.steps = started_then(
             lambda request: Reply(tool_calls=[call("subagent_wait", {"timeout": 0})]),
             lambda request: "woken",
-        ]
+        )
         woken = family.wake_turns()
         with anyio.fail_after(WAIT):
             assert (await family.parent.run_turn("go")).output == "started"
