@@ -72,8 +72,10 @@ at each ``subagent/progress``, and ``completed`` (with an excerpt of the child's
 ``_meta["subagent-seam/run"]`` (:data:`~subagent.types.RUN_META_KEY`): ``runId``, ``parentId``
 (the session's id for the session's own children), ``provider``, ``depth`` below the session,
 ``state`` (``running``, ``completed``, ``failed``, ``cancelled``) and, once ended with one,
-``stopReason``; so a client can draw the tree. Runs are shown while a turn is reported; one still
-open when the turn ends is shown failed, like any call left open.
+``stopReason``; at the end also ``elapsedSeconds`` (wall time) and ``usage`` (ACP's camelCase
+counts, when the run reported any); so a client can draw the tree and add up its cost. Runs are
+shown while a turn is reported; one still open when the turn ends is shown failed, like any call
+left open.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from subagent._acp_usage import prompt_response_usage
+from subagent._acp_usage import prompt_response_usage, usage_to_acp
 from subagent._version import __version__
 from subagent.acp import schema
 from subagent.acp.agent import (
@@ -801,9 +803,24 @@ class _Reporter:
         else:
             state = "cancelled" if stop_reason == "cancelled" else "failed"
             text = f"error: {info.error}" if info.error else f"the run stopped ({stop_reason})"
-        self._finish_run(run, _truncated(text, _RUN_TEXT_EXCERPT), state, stop_reason)
+        meta = run.meta(state, stop_reason)
+        # What the run cost, so a client can add up a tree (``subagent run`` gives the subtree total).
+        usage = usage_to_acp(info.usage)
+        if usage is not None:
+            meta["usage"] = usage
+        if info.elapsed_seconds is not None:
+            meta["elapsedSeconds"] = round(info.elapsed_seconds, 3)
+        self._finish_run(run, _truncated(text, _RUN_TEXT_EXCERPT), state, stop_reason, meta=meta)
 
-    def _finish_run(self, run: _Run, text: str, state: _RunState, stop_reason: str | None = None) -> None:
+    def _finish_run(
+        self,
+        run: _Run,
+        text: str,
+        state: _RunState,
+        stop_reason: str | None = None,
+        *,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
         self._open_calls.pop(run.call_id, None)
         self._queue(
             schema.ToolCallProgress(
@@ -811,7 +828,7 @@ class _Reporter:
                 title=run.title,
                 status="completed" if state == "completed" else "failed",
                 content=_text_content(text),
-                meta={RUN_META_KEY: run.meta(state, stop_reason)},
+                meta={RUN_META_KEY: meta if meta is not None else run.meta(state, stop_reason)},
             )
         )
 

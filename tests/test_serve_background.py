@@ -103,7 +103,15 @@ def client_lines(transcript: Iterable[bytes]) -> list[dict[str, Any]]:
 
 
 def updates_of(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [line["params"]["update"] for line in lines if line.get("method") == "session/update"]
+    """The session updates; a run's wall time at its end is checked and taken out (it varies)."""
+    updates = [line["params"]["update"] for line in lines if line.get("method") == "session/update"]
+    for update in updates:
+        run = update.get("_meta", {}).get(RUN_META_KEY, {})
+        if "elapsedSeconds" in run:
+            elapsed = run.pop("elapsedSeconds")
+            assert isinstance(elapsed, float | int)
+            assert elapsed >= 0
+    return updates
 
 
 def position(updates: list[dict[str, Any]], found: Callable[[dict[str, Any]], bool]) -> int:
@@ -207,6 +215,8 @@ async def test_cancelling_the_prompt_disposes_its_background_children(tmp_path: 
     # Disposed with the prompt, and shown so before the prompt's answer.
     (end,) = ends
     run_id = end.tool_call_id.removeprefix("run/")
+    assert end.meta is not None
+    assert end.meta[RUN_META_KEY].pop("elapsedSeconds") >= 0  # the wall time, checked apart: it varies
     assert end == schema.ToolCallProgress(
         tool_call_id=f"run/{run_id}",
         title="spawn subagent: hang",

@@ -22,7 +22,7 @@ from subagent.events import EventName
 from subagent.runtime import FunctionTool, Reply, ScriptedLlm, When, call
 from subagent.runtime.llm import LlmError, LlmErrorKind
 from subagent.serve import ServedAgent
-from subagent.types import RUN_META_KEY, SubagentProgressInfo
+from subagent.types import RUN_META_KEY, SubagentProgressInfo, Usage
 from tests.test_serve import WAIT, content, served
 
 pytestmark = pytest.mark.anyio
@@ -32,13 +32,21 @@ HEARTBEAT: Final = re.compile(r"child alive, (no update yet after|last update) [
 
 
 def run_updates(updates: Iterable[schema.SessionUpdate]) -> list[schema.ToolCall | schema.ToolCallProgress]:
-    """The updates of the tool calls that show runs."""
-    return [
+    """The updates of the tool calls that show runs; a run's wall time at its end (``elapsedSeconds``,
+    never the same twice) is checked to be a number of seconds and taken out, so the rest compares exactly."""
+    shown = [
         update
         for update in updates
         if isinstance(update, schema.ToolCall | schema.ToolCallProgress)
         and update.tool_call_id.startswith("run/")
     ]
+    for update in shown:
+        run = (update.meta or {}).get(RUN_META_KEY, {})
+        if "elapsedSeconds" in run:
+            elapsed = run.pop("elapsedSeconds")
+            assert isinstance(elapsed, float | int)
+            assert elapsed >= 0
+    return shown
 
 
 def call_updates(updates: Iterable[schema.SessionUpdate]) -> list[tuple[str, str | None]]:
@@ -144,6 +152,33 @@ async def test_each_run_below_a_session_is_a_tool_call_linked_to_its_parent(tmp_
         (f"run/{child}", "completed"),
         ("call-1", "completed"),
     ]
+
+
+async def test_a_runs_end_carries_the_usage_its_child_reported(tmp_path: Path) -> None:
+    llm = ScriptedLlm(
+        [
+            Reply(
+                tool_calls=[call("subagent", {"provider": "spawn", "prompt": "count"}, id="call-1")],
+                when=When(last_user_contains="go", after_tool_result=False),
+            ),
+            Reply(
+                "counted",
+                usage=Usage(input_tokens=40, output_tokens=4),
+                when=When(last_user_contains="count"),
+            ),
+            Reply("Done.", when=When(last_user_contains="go", after_tool_result=True)),
+        ]
+    )
+    async with served(llm) as (_handler, client):
+        with anyio.fail_after(WAIT):
+            session = await client.new_session(tmp_path)
+            turn = await session.prompt("go")
+    *_, end = run_updates(turn.updates)
+    child = end.tool_call_id.removeprefix("run/")
+    expected = ended(child, session.session_id, 1, "count", "counted", "completed", "completed")
+    assert expected.meta is not None
+    expected.meta[RUN_META_KEY]["usage"] = {"inputTokens": 40, "outputTokens": 4}
+    assert end == expected
 
 
 async def test_a_failed_child_is_shown_failed_with_its_error(tmp_path: Path) -> None:
