@@ -22,6 +22,8 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from subagent import ErrorCode, SubagentRequest, SubagentService
 from subagent import background as background_module
@@ -1243,3 +1245,44 @@ async def test_an_acp_child_that_crashes_mid_turn_ends_failed(
         assert notice.text.startswith(f"[background subagent {a} (acp) failed]\nTask: task a\n\nError: ")
         assert "3" in (notice.result.error or "")
         assert host.service.live_runs == ()
+
+
+# -- whatever a model sends, it gets a result, never an exception ---------------------------------------
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=8,
+)
+REFUSALS = ("Error: invalid arguments:\n- ", "Error: no background subagent of yours has the handle ")
+QUIET_ANSWERS = (
+    ("list", "You have no background subagents."),
+    ("wait", NOTHING_TO_WAIT_FOR),
+    ("wait", "None of those subagents is running."),  # an empty list of handles
+)
+_KEYS = st.sampled_from(["handle", "handles", "message", "mode", "timeout", "prompt", "x"])
+
+
+@pytest.mark.fuzz
+@given(
+    action=st.sampled_from(["list", "wait", "send", "cancel", "result"]),
+    arguments=st.dictionaries(_KEYS, _JSON, max_size=4) | _JSON,
+)
+async def test_any_companion_arguments_get_a_result_and_touch_no_one_elses_child(
+    action: str, arguments: Any
+) -> None:
+    model = HeldModel()
+    async with SubagentService() as service:
+        service.register_provider(SpawnProvider(llm=model.llm, agents=AgentRegistry()))
+        async with SubagentTool(service, background=BackgroundOptions(max_wait=0.05)) as tool:
+            mine = await tool.execute({"prompt": "task a", "provider": "spawn", "background": True})
+            assert mine.handle is not None
+            with anyio.fail_after(WAIT):
+                result = await tool.execute_companion(action, arguments, parent_id="stranger")
+            text = result.render()
+            if result.is_error:
+                assert text.startswith(REFUSALS)
+            else:
+                assert (action, text) in QUIET_ANSWERS
+            assert tool.background is not None
+            assert tool.background.child("host", mine.handle).state == "running"
