@@ -8,6 +8,13 @@
   needs a person: permission prompts and interrupt notes. A tool call that shows a run of the
   agent's subagent tree (``subagent serve`` marks them, see below) reads ``run <title>: <status>``,
   indented one step per level below the session.
+
+  Live, on a terminal with colour (see :func:`~subagent.cli.console.use_color`), those runs are
+  shown instead as a block kept below the rest (:class:`~subagent.cli.run_tree.RunTree`, drawn as the
+  console's footer): one row per run, indented by depth, with its state and last activity, redrawn
+  at each change and, while :meth:`RunView.tick` runs, each second for the ages. A run that fails
+  or is cancelled also gets its ``run`` line above the block. When the turn ends the block gives
+  way to one line: ``3 runs: 2 completed, 1 failed``.
 * :class:`EventView`: one JSON object per line (``--events``), each with an ``"event"`` member:
   ``spawn``, ``start``, ``update`` (the ACP ``session/update`` params: ``sessionId`` and the update,
   camelCase as on the wire), ``run``, ``permission_request``, ``permission``, ``interrupt``,
@@ -30,14 +37,17 @@ import json
 import logging
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, TextIO
+
+import anyio
 
 from subagent._acp_usage import usage_to_acp
 from subagent.acp import schema
 from subagent.acp.handlers import PermissionDecision, PermissionOption, PermissionOutcome, PermissionQuestion
-from subagent.cli.console import Console, sanitize
+from subagent.cli.console import Console, is_terminal, sanitize
+from subagent.cli.run_tree import RunTree
 from subagent.cli.tool_calls import ToolCallState
 from subagent.types import RUN_META_KEY, SubagentResult
 
@@ -47,6 +57,8 @@ _RAW_INPUT_CHARS: Final = 400
 """How much of a tool call's input a permission question shows (as JSON)."""
 _MAX_RUN_INDENT: Final = 20
 """The deepest level of the subagent tree whose lines are indented to it (an agent chooses the depth)."""
+TICK_SECONDS: Final = 1.0
+"""How often :meth:`HumanView.tick` redraws the live block (its ages are in whole seconds)."""
 
 
 def _call_name(call: ToolCallState) -> str:
@@ -112,6 +124,14 @@ class RunView:
     def log(self, record: logging.LogRecord, message: str) -> None:
         """A log record (``message`` is formatted) for the user."""
 
+    async def tick(self) -> None:
+        """Keep what the view shows live current until cancelled (the ages of a live block).
+
+        Whoever drives the run starts it in a task group when the run starts and cancels it
+        before calling :meth:`ended`; it never returns on its own while there is something to keep
+        current. This base view has nothing live: it returns at once.
+        """
+
 
 _TOOL_CALL_UPDATES: Final = (schema.ToolCall, schema.ToolCallProgress)
 _STATUS_COLOR: Final = {"pending": "33", "in_progress": "33", "completed": "32", "failed": "31"}
@@ -120,14 +140,32 @@ _PLAN_MARK: Final = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
 
 class HumanView(RunView):
     """Progress for a person on ``console`` (see the module docstring). ``progress=False`` keeps only
-    permission prompts, interrupt notes and, when ``decisions`` is true, permission decisions."""
+    permission prompts, interrupt notes and, when ``decisions`` is true, permission decisions.
 
-    def __init__(self, console: Console, *, progress: bool, decisions: bool | None = None) -> None:
+    ``live`` shows the runs of the agent's subagent tree as a block redrawn in place; by default
+    when there is progress to show and the console colours a terminal. ``clock`` gives the time
+    the block's ages count in (``time.monotonic``).
+    """
+
+    def __init__(
+        self,
+        console: Console,
+        *,
+        progress: bool,
+        decisions: bool | None = None,
+        live: bool | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.console = console
         self.progress = progress
         self.decisions = progress if decisions is None else decisions
+        self.live = progress and (console.color and is_terminal(console.stream) if live is None else live)
+        self._clock = clock
         self._streaming: str | None = None  # "message" or "thought" while text is flowing
         self._last_plan: list[tuple[str, str]] | None = None
+        self._runs = RunTree()
+        self._held = False  # the block is off while a permission question waits for its answer
+        self._over = False  # the turn ended: the block gave way to its summary
 
     def spawning(self, command: Sequence[str], cwd: str) -> None:
         if self.progress:
@@ -145,6 +183,11 @@ class HumanView(RunView):
         if not self.progress:
             return
         console = self.console
+        if self.live and isinstance(update, _TOOL_CALL_UPDATES):
+            run = _run_meta(update)
+            if run is not None:
+                self._observe_run(run, update, changed_call)
+                return
         if isinstance(update, schema.AgentMessageChunk):
             if self._streaming != "message":
                 console.finish_line()
@@ -188,6 +231,9 @@ class HumanView(RunView):
 
     def question(self, question: PermissionQuestion, call: ToolCallState, timeout: float) -> None:
         console = self.console
+        if self.live:
+            self._held = True
+            console.clear_footer()  # the person answers on the prompt's line, nothing drawn below
         self._block()
         kind = f" ({call.kind})" if call.kind else ""
         lines = [console.paint(f"permission requested: {sanitize(_call_name(call))}{kind}", "1", "35")]
@@ -203,13 +249,19 @@ class HumanView(RunView):
 
     def answered(self, *, echoed: bool) -> None:
         if echoed:
-            self.console.at_line_start = True  # the terminal echoed the newline typed after the answer
+            self.console.typed_newline()  # the terminal echoed the newline typed after the answer
         else:
             self.console.finish_line()
+        self._held = False
+        self._redraw()
 
     def decided(
         self, question: PermissionQuestion, call: ToolCallState, decision: PermissionDecision, reason: str
     ) -> None:
+        if self._held:
+            self._held = False  # no answer came (a timeout, a withdrawn question): the prompt line ends
+            self._block()
+            self._redraw()
         if not self.decisions:
             return
         console = self.console
@@ -229,9 +281,13 @@ class HumanView(RunView):
             text = f"{signal_name}: stopping the agent now"
         self.console.line(self.console.paint(f"subagent: {text}", "33"))
 
+    def start_failed(self, message: str) -> None:
+        self._end_block()
+
     def ended(self, result: SubagentResult, elapsed: float) -> None:
         if not self.progress:
             return
+        self._end_block()
         self._block()
         color = "32" if result.ok else "31"
         self.console.line(self.console.paint(f"done: {result.stop_reason} in {elapsed:.1f} s", color))
@@ -242,6 +298,44 @@ class HumanView(RunView):
             "31" if record.levelno >= logging.ERROR else "33" if record.levelno >= logging.WARNING else "2"
         )
         self.console.line(self.console.paint(f"subagent: {record.levelname.lower()}: {message}", color))
+
+    async def tick(self) -> None:
+        if not self.live:
+            return
+        while not self._over:
+            await anyio.sleep(TICK_SECONDS)
+            self._redraw()  # the console writes only if a row changed (an age ticked over)
+
+    def _observe_run(
+        self,
+        run: Mapping[str, Any],
+        update: schema.ToolCall | schema.ToolCallProgress,
+        call: ToolCallState | None,
+    ) -> None:
+        """Live: an update of a run of the agent's subagent tree goes into the block."""
+        row = self._runs.observe(run, update, self._clock())
+        if row is not None and row.state in ("failed", "cancelled") and call is not None:
+            self._block()
+            self._run_line(run, call)  # a failure stays readable once the block is gone
+        self._redraw()
+
+    def _redraw(self) -> None:
+        if not self.live or self._held or self._over:
+            return
+        console = self.console
+        unicode = "utf" in (getattr(console.stream, "encoding", None) or "utf-8").lower()
+        console.set_footer(self._runs.frame(self._clock(), console.columns(), console.paint, unicode=unicode))
+
+    def _end_block(self) -> None:
+        """The turn is over: the block gives way to its one-line summary."""
+        if not self.live or self._over:
+            return
+        self._over = True
+        self.console.clear_footer()
+        summary = self._runs.summary()
+        if summary is not None:
+            self._block()
+            self.console.line(self.console.paint(summary, "1"))
 
     def _run_line(self, run: Mapping[str, Any], call: ToolCallState) -> None:
         """A run of the agent's subagent tree started or ended: one line, indented by its depth."""
