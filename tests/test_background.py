@@ -284,8 +284,8 @@ async def open_host(
 ) -> AsyncIterator[Host]:
     """An open `Host` (its spawn children on ``model``, made here when not given, with ``tools``);
     once it closed, no run, task, process or file descriptor is left."""
-    model = model or HeldModel()
-    agents = agents or AgentRegistry()
+    model = HeldModel() if model is None else model
+    agents = AgentRegistry() if agents is None else agents  # an empty registry is falsy
     heard: Recorder[Notice] = Recorder()
 
     async with assert_no_leaks():

@@ -662,3 +662,26 @@ async def test_closing_one_parent_agent_leaves_another_parents_children_running(
         await family.notices_count(1)
         assert (family.notices[0].parent_id, family.notices[0].child.prompt) == (family.parent.id, "task s")
         assert family.parent.messages[-1] == Message.user(family.notices[0].text)
+
+
+async def test_a_background_childs_own_background_children_die_when_it_ends() -> None:
+    async with open_family() as family:
+        family.parent_model.steps = started_then()
+        family.model.answers["s"] = Reply(tool_calls=[delegate("g", "spawn")])  # s delegates g, then answers
+        with anyio.fail_after(WAIT):
+            await family.parent.run_turn("go")
+        async with runs_ending(family.service, 2):
+            family.model.release("s")  # g stays held: only its parent's end can stop it
+            await family.model.held("g")
+            [grandchild] = [run for run in family.service.live_runs if run.request.prompt == "task g"]
+        with anyio.fail_after(WAIT):
+            await grandchild.dispose()  # joins the disposal s's end began
+        assert family.service.live_runs == ()
+        await family.notices_count(1)
+        [notice] = family.notices
+        assert (notice.parent_id, notice.child.prompt, notice.result.output) == (
+            family.parent.id,
+            "task s",
+            "after the tool",
+        )
+        assert grandchild.request.parent_id == notice.child.run_id
