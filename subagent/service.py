@@ -16,6 +16,13 @@ fire outside that window nor outlive the run.
 
 Ownership: leaving ``async with service.start(...)`` disposes the run, whatever the exit path;
 closing the service disposes every run still live, then ends its task group.
+
+Tracing (:mod:`subagent.telemetry`, when a tracer provider is configured): each run is an
+``invoke_agent`` span from ``start()`` to its end (the result settled, or the disposal). Its parent
+is passed explicitly: the parent run's span when ``parent_id`` is a run of this service, else the
+span current where ``start()`` is called. The span is current while the provider starts the run,
+so what the provider starts from there (an in-process child's turn, an ACP child's handshake)
+inherits it; each ``resume()`` is an ``invoke_agent`` span of its own below the run's.
 """
 
 from __future__ import annotations
@@ -24,14 +31,16 @@ import collections
 import dataclasses
 import enum
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, cast
+from typing import TYPE_CHECKING, Any, Self, cast
 
 import anyio
 
+from subagent import telemetry
 from subagent._outcome import DisposeOnExit, Outcome, raise_sole_error
 from subagent.events import EventHub
 from subagent.types import (
@@ -58,6 +67,7 @@ from subagent.types import (
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
+    from opentelemetry.trace import Span
 
 __all__ = ["DEFAULT_PROGRESS_INTERVAL", "ENDED_RUNS_KEPT", "RunState", "ServiceRun", "SubagentService"]
 
@@ -218,19 +228,41 @@ class SubagentService:
                     feature=feature,
                 )
         request = dataclasses.replace(request, lineage=self._lineage(snapshot, request))
+        span = self._run_span(snapshot, request)
         try:
-            provider_run = snapshot.start(request, task_group)
-        except SubagentError:
+            # Current while the provider starts the run: what it starts inherits the span.
+            with telemetry.current(span):
+                provider_run = snapshot.start(request, task_group)
+        except SubagentError as exc:
+            telemetry.end_agent_span(span, exc)
             raise
         except Exception as exc:
-            raise SubagentError(
+            error = SubagentError(
                 ErrorCode.START_FAILED, f"provider {name!r} failed to start a run: {exc}", provider=name
-            ) from exc
+            )
+            telemetry.end_agent_span(span, error)
+            raise error from exc
         run = _managed_run_class(provider_run)(self, snapshot.name, provider_run, request)
+        if span is not None:
+            run._span = span
+            span.set_attribute("gen_ai.agent.id", run.id)
         self._runs[run] = None
         self._runs_by_id.setdefault(run.id, run)
         task_group.start_soon(run._observe, name=f"subagent observer {run.id}")
         return run
+
+    def _run_span(self, snapshot: ProviderSnapshot, request: SubagentRequest) -> Span | None:
+        """The run's ``invoke_agent`` span, begun (None when nothing is recorded)."""
+        if not telemetry.enabled():
+            return None
+        parent = self._runs_by_id.get(request.parent_id) if request.parent_id is not None else None
+        attributes = _run_attributes(snapshot.name, request)
+        return telemetry.start_span(
+            f"invoke_agent {snapshot.name}",
+            _span_kind(snapshot),
+            attributes,
+            parent._span if parent is not None else None,
+        )
 
     def _lineage(self, snapshot: ProviderSnapshot, request: SubagentRequest) -> Lineage:
         """Count the child's place in its parent chain; refuse what an ancestor's limits forbid."""
@@ -401,6 +433,8 @@ class ServiceRun(DisposeOnExit):
         self._created_at = time.monotonic()
         self._progress_scope = anyio.CancelScope()
         self._progress_stopped = False
+        self._span: Span | None = None  # the run's invoke_agent span, when recorded
+        self._span_ended = False
 
     @property
     def id(self) -> str:
@@ -488,6 +522,8 @@ class ServiceRun(DisposeOnExit):
             finally:
                 await self._wait_observer_quiescent()
                 self._service._forget(self)
+                # Ended with the result as a rule; an observer that never ran leaves it to us.
+                self._end_span(self._disposed_error("before its result settled"))
                 self._disposed.set()
 
     async def _wait_observer_quiescent(self) -> None:
@@ -579,6 +615,7 @@ class ServiceRun(DisposeOnExit):
                     parent_id=parent_id,
                 )
                 self._service._record_end(self.id, parent_id, outcome.usage)
+                self._end_span(outcome)
         elif self._result.fail(outcome):
             self._end_info = SubagentRunEndInfo(
                 id=self.id,
@@ -590,10 +627,21 @@ class ServiceRun(DisposeOnExit):
                 parent_id=parent_id,
             )
             self._service._record_end(self.id, parent_id, None)
+            self._end_span(outcome)
+
+    def _end_span(self, outcome: SubagentResult | BaseException) -> None:
+        if self._span is not None and not self._span_ended:
+            self._span_ended = True
+            telemetry.end_agent_span(self._span, outcome)
 
     def _emit_start(self) -> None:
         self._start_emitted = True
         self._started_at = time.monotonic()
+        if self._span is not None:
+            # An ACP child's session is its conversation; an in-process child's is the run itself.
+            session_id = getattr(self._provider_run, "session_id", None)
+            conversation = session_id if isinstance(session_id, str) else self.id
+            self._span.set_attribute("gen_ai.conversation.id", conversation)
         self._service.events.emit("subagent/start", self.info)
 
     async def _heartbeat(self, interval: float) -> None:
@@ -639,7 +687,21 @@ class _Resumable(ServiceRun):
     async def resume(self, prompt: str) -> SubagentResult:
         """Run another turn in the same child and return how that turn ended."""
         self._check_live()
-        return await cast(ResumableRun, self._provider_run).resume(prompt)
+        span: Span | None = None
+        if self._span is not None and telemetry.enabled():
+            attributes = _run_attributes(self.provider, dataclasses.replace(self.request, prompt=prompt))
+            attributes["gen_ai.agent.id"] = self.id
+            snapshot = self._service.get_provider(self.provider)
+            kind: telemetry.SpanKind = "client" if snapshot is None else _span_kind(snapshot)
+            span = telemetry.start_span(f"invoke_agent {self.provider}", kind, attributes, self._span)
+        try:
+            with telemetry.current(span):
+                result = await cast(ResumableRun, self._provider_run).resume(prompt)
+        except BaseException as exc:
+            telemetry.end_agent_span(span, exc)
+            raise
+        telemetry.end_agent_span(span, result)
+        return result
 
 
 class _Observable(ServiceRun):
@@ -657,6 +719,31 @@ class _Observable(ServiceRun):
     def update_count(self) -> int:
         """How many updates the child has sent so far."""
         return cast(ObservableRun, self._provider_run).update_count
+
+
+def _span_kind(snapshot: ProviderSnapshot) -> telemetry.SpanKind:
+    """INTERNAL for a provider whose children run in this process, else CLIENT (the conventions')."""
+    # Not imported when unused: then no provider of that module can exist either.
+    in_process = sys.modules.get("subagent.providers._inprocess")
+    owner = getattr(snapshot.start, "__self__", None)
+    if in_process is not None and isinstance(owner, in_process.InProcessProvider):
+        return "internal"
+    return "client"
+
+
+def _run_attributes(provider: str, request: SubagentRequest) -> dict[str, Any]:
+    """What an ``invoke_agent`` span of a run says about it when it begins."""
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": telemetry.PROVIDER_NAME,
+        "gen_ai.agent.name": provider,
+        "subagent.provider": provider,
+        "subagent.parent.id": request.parent_id,
+        "subagent.run.depth": request.lineage.depth if request.lineage is not None else None,
+    }
+    if telemetry.capture_content():
+        attributes["gen_ai.input.messages"] = telemetry.messages_json("user", request.prompt)
+    return attributes
 
 
 _wrapper_classes: dict[tuple[bool, bool, bool], type[ServiceRun]] = {}

@@ -10,6 +10,12 @@ never dropped.
 
 Turn results are :class:`~subagent.types.SubagentResult` values: the seam's vocabulary, so a
 provider hands them on unchanged.
+
+Tracing (:mod:`subagent.telemetry`, when a tracer provider is configured): each model call is a
+``chat`` span with the completion's token counts and finish reason, each tool call an
+``execute_tool`` span (current while the tool runs, so what it starts nests below it), and each
+wait for the approver a ``permission_wait`` span inside it; all below the span current when the
+turn runs (a run's ``invoke_agent`` span, for a child of the seam's providers).
 """
 
 from __future__ import annotations
@@ -19,17 +25,18 @@ import contextvars
 import dataclasses
 import json
 import logging
+import sys
 import time
 import uuid
 import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from subagent import _structured
+from subagent import _structured, telemetry
 from subagent._outcome import Outcome, raise_sole_error
 from subagent.events import Listeners
 from subagent.runtime.llm import LlmAdapter, LlmError, LlmErrorKind
@@ -44,6 +51,9 @@ from subagent.runtime.messages import (
 )
 from subagent.runtime.tools import Approver, Tool, ToolContext, ToolError, ToolInvocation
 from subagent.types import Disposer, StopReason, SubagentResult, Usage, freeze_json, thaw_json
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = [
     "DEFAULT_MAX_MODEL_CALLS",
@@ -653,6 +663,21 @@ class Agent:
             tools=tuple(tool.spec for tool in self.tools),
             response_schema=wanted,
         )
+        span = _chat_span(self.llm) if telemetry.enabled() else None
+        try:
+            completion = await self._stream_completion(request)
+        except BaseException as exc:
+            telemetry.end_span(
+                span, exc.kind.value if isinstance(exc, LlmError) else telemetry.error_type(exc)
+            )
+            raise
+        if span is not None:
+            telemetry.set_usage(span, completion.usage)
+            span.set_attribute("gen_ai.response.finish_reasons", (completion.finish_reason,))
+            telemetry.end_span(span)
+        return completion
+
+    async def _stream_completion(self, request: CompletionRequest) -> Completion:
         completion: Completion | None = None
         self._streamed = []
         stream = self.llm.stream(request)
@@ -703,49 +728,96 @@ class Agent:
             self._touch()
 
     async def _run_tool_call(self, call: ToolCall) -> tuple[str, bool]:
+        """The call's output and whether it failed, inside its ``execute_tool`` span."""
+        if not telemetry.enabled():
+            output, failure = await self._execute_tool_call(call)
+            return output, failure is not None
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": call.name,
+            "gen_ai.tool.call.id": call.id,
+            "gen_ai.tool.type": "function",
+        }
+        capture = telemetry.capture_content()
+        if capture:
+            attributes["gen_ai.tool.call.arguments"] = telemetry.clip(call.arguments)
+        span = telemetry.start_span(f"execute_tool {call.name}", "internal", attributes)
+        try:
+            with telemetry.current(span):
+                output, failure = await self._execute_tool_call(call)
+        except BaseException as exc:
+            telemetry.end_span(span, telemetry.error_type(exc))
+            raise
+        if capture and span is not None:
+            span.set_attribute("gen_ai.tool.call.result", telemetry.clip(output))
+        telemetry.end_span(span, failure)
+        return output, failure is not None
+
+    async def _execute_tool_call(self, call: ToolCall) -> tuple[str, str | None]:
+        """The call's output, and None or the low-cardinality kind of its failure."""
         self._update_count += 1
         tool = self.tool(call.name)
         if tool is None:
             known = ", ".join(repr(t.spec.name) for t in self.tools) or "none"
-            return f"error: there is no tool named {call.name!r} (available: {known})", True
+            return f"error: there is no tool named {call.name!r} (available: {known})", "unknown_tool"
         try:
             decoded = json.loads(call.arguments) if call.arguments.strip() else {}
         except json.JSONDecodeError as exc:
-            return f"error: the arguments are not valid JSON ({exc}); nothing was run", True
+            return f"error: the arguments are not valid JSON ({exc}); nothing was run", "invalid_arguments"
         problem = _argument_problem(tool, decoded)
         if problem is not None:
-            return f"error: {problem}; nothing was run", True
+            return f"error: {problem}; nothing was run", "invalid_arguments"
         # Frozen once: the approver decides on this snapshot and the tool runs with the same one.
         invocation = ToolInvocation(call.id, call.name, freeze_json(decoded), self._context)
         if tool.needs_approval and not await self._approve(invocation):
-            return "error: this tool call was not approved, so it did not run", True
+            return "error: this tool call was not approved, so it did not run", "not_approved"
         self._listeners.emit(ToolCallStarted(invocation))
         try:
             output = await tool.run(invocation)
         except ToolError as exc:
-            return f"error: {exc}", True
+            return f"error: {exc}", "tool_error"
         except Exception as exc:
             logger.exception("agent %s: tool %r raised", self.id, call.name)
-            return f"error: the tool failed ({type(exc).__name__}: {exc})", True
+            return f"error: the tool failed ({type(exc).__name__}: {exc})", type(exc).__qualname__
         finally:
             self._touch()
-        return output, False
+        return output, None
 
     async def _approve(self, invocation: ToolInvocation) -> bool:
         if self.approver is None:
             return False
+        span = (
+            telemetry.start_span(
+                f"permission_wait {invocation.tool}",
+                "internal",
+                {"gen_ai.tool.name": invocation.tool, "gen_ai.tool.call.id": invocation.call_id},
+            )
+            if telemetry.enabled()
+            else None
+        )
         self._pending_approvals += 1
+        outcome = "denied"
+        failure: str | None = None
         try:
             decision = self.approver(invocation)
             if not isinstance(decision, bool):
                 decision = await decision
+            if decision is True:
+                outcome = "allowed"
             return decision is True
-        except Exception:
+        except Exception as exc:
             logger.exception("agent %s: the approver raised; the call is refused", self.id)
+            failure = type(exc).__qualname__
             return False
+        except BaseException as exc:
+            outcome, failure = "cancelled", telemetry.error_type(exc)
+            raise
         finally:
             self._pending_approvals -= 1
             self._touch()
+            if span is not None:
+                span.set_attribute("subagent.permission.outcome", outcome)
+                telemetry.end_span(span, failure)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -867,6 +939,21 @@ def _validator_for(spec: ToolSpec) -> Any:
     if len(_VALIDATORS) > _VALIDATORS_KEPT:
         _VALIDATORS.popitem(last=False)
     return validator
+
+
+def _chat_span(llm: LlmAdapter) -> Span | None:
+    """A model call's ``chat`` span, begun: the model and provider as far as the adapter says."""
+    model = getattr(llm, "model", None)
+    model = model if isinstance(model, str) and model else None
+    # Not imported when unused: then no adapter of that module can exist either.
+    openai = sys.modules.get("subagent.runtime.openai")
+    speaks_openai = openai is not None and isinstance(llm, openai.OpenAiChatAdapter)
+    attributes = {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "openai" if speaks_openai else "_OTHER",
+        "gen_ai.request.model": model,
+    }
+    return telemetry.start_span("chat" if model is None else f"chat {model}", "client", attributes)
 
 
 _TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(Usage) if f.name.endswith("_tokens"))
