@@ -341,6 +341,35 @@ def test_the_block_is_at_most_twelve_rows_running_runs_first_and_the_rest_counte
     ] + ["  \u2026 and 30 more (20 running)"]
 
 
+def test_on_a_short_terminal_the_block_takes_at_most_half_its_rows() -> None:
+    stream = FakeTerminal()
+    console = Console(stream, color=False, columns=lambda: 60, height=lambda: 10)
+    feed = Feed(HumanView(console, progress=True, live=True, clock=Clock()))
+    for number in range(6):
+        feed.start(f"r{number}", f"spawn subagent: task {number}")
+    assert Screen(60).feed(stream.getvalue()).lines() == [
+        "runs: 6 running",
+        "  \u25cf spawn: task 0  running, 0 s ago",
+        "  \u25cf spawn: task 1  running, 0 s ago",
+        "  \u25cf spawn: task 2  running, 0 s ago",
+        "  \u2026 and 3 more (3 running)",
+    ]
+
+
+def test_a_stream_that_cannot_encode_the_marks_gets_ascii_ones() -> None:
+    view, stream, _ = live_view()
+    stream.encoding = "ascii"
+    feed = Feed(view)
+    feed.start("a", "spawn subagent: child task")
+    feed.start("b", "spawn subagent: other task")
+    feed.end("b", "spawn subagent: other task")
+    assert stream.getvalue().isascii()
+    assert Screen(60).feed(stream.getvalue()).lines()[1:] == [
+        "  * spawn: child task  running, 0 s ago",
+        "  + spawn: other task  completed, 0 s ago",
+    ]
+
+
 def test_each_row_is_cut_to_the_terminal_width_keeping_its_state_and_age() -> None:
     view, stream, _ = live_view(columns=40)
     feed = Feed(view)
@@ -403,7 +432,7 @@ def test_when_the_turn_ends_the_block_gives_way_to_a_one_line_summary() -> None:
     done(view)
     assert Screen(60).feed(stream.getvalue()).lines() == [
         "  run spawn subagent: task b: failed",
-        "  run spawn subagent: task d: failed",
+        "  run spawn subagent: task d: cancelled",
         "4 runs: 2 completed, 1 failed, 1 cancelled",
         "done: completed in 2.5 s",
     ]
@@ -456,6 +485,28 @@ async def test_the_ticker_redraws_the_ages_and_stops_when_the_turn_ends(
             await ticked.wait()
             done(view)
         # The task group ended: the ticker returned on its own once the turn was over.
+    assert Screen(60).feed(stream.getvalue()).lines() == ["1 run: 1 running", "done: completed in 2.5 s"]
+
+
+@pytest.mark.anyio
+async def test_a_ticker_cancelled_by_its_driver_leaves_the_block_for_the_end_of_the_turn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(views, "TICK_SECONDS", 0.01)
+    view, stream, clock = live_view()
+    Feed(view).start("a", "spawn subagent: child task")
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as group:
+            group.start_soon(view.tick)
+            ticked = stream.shows("running, 2 s ago")
+            clock.now += 2
+            await ticked.wait()
+            group.cancel_scope.cancel()  # as the driver does when the run is over, before ended()
+    assert Screen(60).feed(stream.getvalue()).lines() == [
+        "runs: 1 running",
+        "  \u25cf spawn: child task  running, 2 s ago",
+    ]
+    done(view)
     assert Screen(60).feed(stream.getvalue()).lines() == ["1 run: 1 running", "done: completed in 2.5 s"]
 
 
@@ -594,24 +645,31 @@ def test_progress_on_a_terminal_shows_the_background_children_live_and_ends_with
     shown = b"".join(output).decode().replace("\r\n", "\n")
     assert "\x1b[J" in shown  # the block was redrawn in place
     uncoloured = re.sub(r"\x1b\[[0-9;]*m", "", shown)
-    # Both children were in the block together: a frame (all written at once) lists both.
-    frames = [frame for frame in uncoloured.split("\x1b[J") if frame.startswith("runs: 2 running")]
-    assert frames, uncoloured
-    assert re.fullmatch(
-        r"runs: 2 running\n"
-        r"  \u25cf spawn: child task  running, \d+ s ago\n"
-        r"  \u25cf spawn: other task  running, \d+ s ago\r(\x1b\[2A)?",
-        frames[0],
-    ), frames[0]
+    # The block (each frame is written whole, ending where the next erase starts) listed both
+    # children at once: running or, once ended, still there; in the order they became ready.
+    row = re.compile(r"  [\u25cf\u2713] spawn: (child task|other task)  (?:running|completed), \d+ s ago")
+    blocks = []
+    for segment in uncoloured.split("\x1b[J"):
+        rows = segment.partition("\r")[0].split("\n")  # what scrolled above, then the block
+        heads = [number for number, line in enumerate(rows) if line.startswith("runs: ")]
+        if heads:
+            blocks.append(rows[heads[-1] :])
+    assert blocks, uncoloured
+    children = [[row.fullmatch(line) for line in block[1:]] for block in blocks]
+    both = [[match.group(1) for match in matches if match] for matches in children if len(matches) == 2]
+    assert {"child task", "other task"} in [set(names) for names in both], blocks
+    assert blocks[-1][0] == "runs: 2 completed"
     lines = Screen(100).feed(shown).lines()
     ready = next(number for number, line in enumerate(lines) if line.startswith("subagent-seam agent"))
-    # What the terminal is left with: no block, its summary, then the end of the turn.
-    assert lines[ready + 1 : -1] == [
-        "  tool subagent (spawn): child task (other): in_progress",
-        "  tool subagent (spawn): other task (other): in_progress",
+    # What the terminal is left with: no block but its summary, then the end of the turn.
+    tool_lines, (text, summary, end) = lines[ready + 1 : ready + 5], lines[ready + 5 :]
+    assert sorted(tool_lines) == [
         "  tool subagent (spawn): child task (other): completed",
+        "  tool subagent (spawn): child task (other): in_progress",
         "  tool subagent (spawn): other task (other): completed",
-        "Started.All done.",
-        "2 runs: 2 completed",
+        "  tool subagent (spawn): other task (other): in_progress",
     ]
-    assert re.fullmatch(r"done: completed in \d+\.\d s", lines[-1])
+    # However the children's notices fall into the parent's turns, each of those ends "All done.".
+    assert re.fullmatch(r"Started\.(All done\.)+", text)
+    assert summary == "2 runs: 2 completed"
+    assert re.fullmatch(r"done: completed in \d+\.\d s", end)

@@ -33,7 +33,7 @@ __all__ = [
     "print_json",
     "print_stdout",
     "sanitize",
-    "terminal_columns",
+    "terminal_size",
     "text_width",
     "use_color",
 ]
@@ -49,6 +49,8 @@ def sanitize(text: str) -> str:
 
 DEFAULT_COLUMNS: Final = 80
 """The width assumed for a stream whose terminal size cannot be read."""
+DEFAULT_HEIGHT: Final = 24
+"""The height (rows) assumed for a stream whose terminal size cannot be read."""
 _SGR: Final = re.compile(r"\x1b\[[0-9;]*m")
 """A colour sequence (what :meth:`Console.paint` adds): it takes no column."""
 _TAB_STOP: Final = 8
@@ -111,13 +113,16 @@ def advance_column(column: int, text: str, columns: int) -> int:
     return column
 
 
-def terminal_columns(stream: TextIO) -> int:
-    """The width of the terminal ``stream`` shows on (:data:`DEFAULT_COLUMNS` when unknown)."""
+def terminal_size(stream: TextIO) -> tuple[int, int]:
+    """Columns and rows of the terminal ``stream`` shows on (the defaults for what is unknown)."""
     try:
-        columns = os.get_terminal_size(stream.fileno()).columns
+        size = os.get_terminal_size(stream.fileno())
     except (AttributeError, ValueError, OSError):
-        return DEFAULT_COLUMNS
-    return columns if columns > 0 else DEFAULT_COLUMNS
+        return DEFAULT_COLUMNS, DEFAULT_HEIGHT
+    return (
+        size.columns if size.columns > 0 else DEFAULT_COLUMNS,
+        size.lines if size.lines > 0 else DEFAULT_HEIGHT,
+    )
 
 
 def is_terminal(stream: TextIO | None) -> bool:
@@ -140,15 +145,23 @@ class Console:
     """A text stream (stderr) that knows whether its cursor is at the start of a line.
 
     Writes are flushed at once, serialized by a lock (logging may write from worker threads), and
-    never raise: a closed stderr silences the console instead of failing the run. ``columns`` gives
-    the terminal's width (default: :func:`terminal_columns` of ``stream``, read at each footer draw).
+    never raise: a closed stderr silences the console instead of failing the run. ``columns`` and
+    ``height`` give the terminal's size (default: :func:`terminal_size` of ``stream``).
     """
 
-    def __init__(self, stream: TextIO, *, color: bool, columns: Callable[[], int] | None = None) -> None:
+    def __init__(
+        self,
+        stream: TextIO,
+        *,
+        color: bool,
+        columns: Callable[[], int] | None = None,
+        height: Callable[[], int] | None = None,
+    ) -> None:
         self.stream = stream
         self.color = color
         self.at_line_start = True
         self._columns = columns
+        self._height = height
         self._lock = threading.Lock()
         self._broken = False
         self._footer: tuple[str, ...] = ()
@@ -158,7 +171,11 @@ class Console:
 
     def columns(self) -> int:
         """The terminal's width in columns."""
-        return self._columns() if self._columns is not None else terminal_columns(self.stream)
+        return self._columns() if self._columns is not None else terminal_size(self.stream)[0]
+
+    def height(self) -> int:
+        """The terminal's height in rows."""
+        return self._height() if self._height is not None else terminal_size(self.stream)[1]
 
     def set_footer(self, rows: Sequence[str]) -> None:
         """Show ``rows`` below everything else, in place of the footer shown before (see the module

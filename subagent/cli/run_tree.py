@@ -98,15 +98,18 @@ class RunTree:
         row.last_activity, row.waiting = _activity(update, now, row)
         return row if changed else None
 
-    def frame(self, now: float, columns: int, paint: Paint, *, unicode: bool = True) -> list[str]:
-        """The block's rows at ``now``, each cut to ``columns - 1`` (so a terminal never wraps one)."""
+    def frame(
+        self, now: float, columns: int, paint: Paint, *, height: int = MAX_BLOCK_ROWS, unicode: bool = True
+    ) -> list[str]:
+        """The block's rows at ``now``: at most ``height`` (and :data:`MAX_BLOCK_ROWS`), each cut to
+        ``columns - 1`` (so a terminal never wraps one); ASCII marks unless ``unicode``."""
         if not self._rows:
             return []
         width = max(columns - 1, 1)
         ordered = self._tree_order()
         counts = self._counts()
         header = "runs: " + ", ".join(f"{count} {state}" for state, count in counts.items())
-        budget = MAX_BLOCK_ROWS - 1
+        budget = max(min(height, MAX_BLOCK_ROWS), 3) - 1
         shown = ordered
         hidden: list[tuple[int, RunRow]] = []
         if len(ordered) > budget:

@@ -316,7 +316,7 @@ class HumanView(RunView):
         row = self._runs.observe(run, update, self._clock())
         if row is not None and row.state in ("failed", "cancelled") and call is not None:
             self._block()
-            self._run_line(run, call)  # a failure stays readable once the block is gone
+            self._run_line(run, call, row.state)  # a failure stays readable once the block is gone
         self._redraw()
 
     def _redraw(self) -> None:
@@ -324,7 +324,11 @@ class HumanView(RunView):
             return
         console = self.console
         unicode = "utf" in (getattr(console.stream, "encoding", None) or "utf-8").lower()
-        console.set_footer(self._runs.frame(self._clock(), console.columns(), console.paint, unicode=unicode))
+        # At most half the terminal's rows: a block taller than the screen could not be moved over.
+        rows = self._runs.frame(
+            self._clock(), console.columns(), console.paint, height=console.height() // 2, unicode=unicode
+        )
+        console.set_footer(rows)
 
     def _end_block(self) -> None:
         """The turn is over: the block gives way to its one-line summary."""
@@ -337,12 +341,14 @@ class HumanView(RunView):
             self._block()
             self.console.line(self.console.paint(summary, "1"))
 
-    def _run_line(self, run: Mapping[str, Any], call: ToolCallState) -> None:
-        """A run of the agent's subagent tree started or ended: one line, indented by its depth."""
+    def _run_line(self, run: Mapping[str, Any], call: ToolCallState, state: str | None = None) -> None:
+        """A run of the agent's subagent tree started or ended: one line, indented by its depth,
+        with the call's status (or ``state``)."""
         console = self.console
         depth = run.get("depth")
         indent = "  " * (depth if isinstance(depth, int) and 0 < depth <= _MAX_RUN_INDENT else 1)
-        status = console.paint(call.status, _STATUS_COLOR.get(call.status, "0"))
+        status = state or call.status
+        status = console.paint(status, _STATUS_COLOR.get(call.status, "0"))
         console.line(f"{indent}{console.paint('run', '36')} {sanitize(_call_name(call))}: {status}")
 
     def _block(self) -> None:
