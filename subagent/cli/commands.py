@@ -9,11 +9,13 @@ outcome: the answer (or one JSON object) on stdout, diagnostics on stderr, and a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import logging
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
 
@@ -27,7 +29,8 @@ from subagent.cli.config import SSH_OPTION, AgentConfig, config_search_path, fin
 from subagent.cli.console import Console, is_terminal, print_json, print_stdout, use_color
 from subagent.cli.logs import LOG_HANDLER
 from subagent.cli.permission import AnswerSource, PermissionMode, answer_source, default_permission
-from subagent.cli.turn import TurnSpec, drive
+from subagent.cli.tracing import FanOut, TraceRecorder, emit_prompt, write_page
+from subagent.cli.turn import TurnOutcome, TurnSpec, drive
 from subagent.cli.usage import (
     EXIT_COMPLETED,
     EXIT_NOT_COMPLETED,
@@ -137,7 +140,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         events=args.events,
         progress=_progress_wanted(args, default=is_terminal(sys.stderr)),
     )
-    return _execute(spec)
+    return _execute(spec, _Recording.from_args(args))
 
 
 def _transport(on: str | None, agent: AgentConfig | None) -> Transport:
@@ -212,7 +215,7 @@ def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
             console = Console(sys.stderr, color=use_color(sys.stderr))
             console.line(console.paint(f"{PROG} demo: one turn against the bundled stub ACP agent", "1"))
             console.line(console.paint(f"> {DEMO_PROMPT}", "2"))
-        status = _execute(spec)
+        status = _execute(spec, _Recording.from_args(args))
     if args.only in (None, "delegation") and status != EXIT_USAGE:
         status = max(status, _delegation_demo(args, narrate=spec.progress and not spec.events))
     return status
@@ -306,21 +309,76 @@ def agents_command(args: argparse.Namespace, command: list[str] | None) -> int:
     return 0
 
 
-def _execute(spec: TurnSpec) -> int:
+@dataclass(frozen=True, slots=True)
+class _Recording:
+    """Where a run is recorded besides what stderr shows: ``--events-file`` and ``--trace``."""
+
+    events_file: str | None = None
+    trace: str | None = None
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> _Recording:
+        for flag, path in (("--events-file", args.events_file), ("--trace", args.trace)):
+            # Checked before the agent starts: a run is not worth losing to a typo in a path.
+            if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+                raise UsageError(f"{flag}: the directory of {path!r} does not exist")
+        return cls(args.events_file, args.trace)
+
+
+def _execute(spec: TurnSpec, recording: _Recording | None = None) -> int:
     """Run the turn, print its outcome, and return the exit status."""
+    recording = recording or _Recording()
     console = Console(sys.stderr, color=use_color(sys.stderr))
-    view: RunView = (
+    views: list[RunView] = [
         EventView(sys.stderr)
         if spec.events
         else HumanView(console, progress=spec.progress, decisions=spec.progress or spec.permission == "ask")
-    )
-    LOG_HANDLER.view = view
+    ]
+    with contextlib.ExitStack() as stack:
+        if recording.events_file is not None:
+            try:
+                stream = stack.enter_context(open(recording.events_file, "w", encoding="utf-8"))
+            except OSError as exc:
+                raise UsageError(
+                    f"--events-file: cannot write {recording.events_file}: {exc.strerror}"
+                ) from None
+            views.append(EventView(stream))
+        recorder = TraceRecorder() if recording.trace is not None else None
+        if recorder is not None:
+            views.append(recorder)
+        for view in views[1:]:
+            assert isinstance(view, EventView)
+            emit_prompt(view, spec.prompt)
+        view = views[0] if len(views) == 1 else FanOut(views)
+        LOG_HANDLER.view = view
+        try:
+            outcome = anyio.run(drive, spec, view)
+        finally:
+            LOG_HANDLER.view = None
+            if spec.answers is not None:
+                spec.answers.close()
+            # Written however the run ended (a failure, an interrupt): that is when a trace is wanted most.
+            trace_failed = recorder is not None and not _write_trace(recording, recorder, spec)
+    status = _report(spec, outcome, console)
+    return EXIT_USAGE if trace_failed else status
+
+
+def _write_trace(recording: _Recording, recorder: TraceRecorder, spec: TurnSpec) -> bool:
+    """Write the trace page; False (said on stderr) if it could not be written."""
+    assert recording.trace is not None
+    title = f"{PROG} trace: {shlex.join(spec.command)}"
     try:
-        outcome = anyio.run(drive, spec, view)
-    finally:
-        LOG_HANDLER.view = None
-        if spec.answers is not None:
-            spec.answers.close()
+        write_page(recording.trace, recorder.builder.page(title[:200]))
+    except OSError as exc:
+        Console(sys.stderr, color=False).line(
+            f"{PROG}: --trace: cannot write {recording.trace}: {exc.strerror}"
+        )
+        return False
+    return True
+
+
+def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
+    """Print the turn's outcome and return the exit status."""
     result = outcome.result
     if spec.json_output:
         print_json(

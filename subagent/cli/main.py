@@ -17,6 +17,7 @@ from subagent.cli.commands import MAX_PROMPT_MIB, agents_command, demo_command, 
 from subagent.cli.config import ConfigError
 from subagent.cli.logs import configure_logging
 from subagent.cli.serve import SERVE_COMMAND
+from subagent.cli.tracing import TRACE_COMMAND
 from subagent.cli.usage import (
     EXIT_NOT_COMPLETED,
     EXIT_USAGE,
@@ -55,8 +56,13 @@ output:
   calls as their status changes, the plan, thoughts dimmed, permission decisions; never
   with --json or --events. Colour only on a terminal and without NO_COLOR.
   --events writes one JSON object per line on stderr instead: spawn, start, update (the ACP
-  session/update params, camelCase as on the wire), permission_request, permission,
+  session/update params, camelCase as on the wire), run, permission_request, permission,
   interrupt, start_failed, end, and log.
+  --events-file FILE writes those lines to FILE (after a `prompt` line: the prompt's first
+  4,000 characters and its length) while stderr shows what it would without it.
+  --trace FILE.html records them and writes the trace page when the run ends, however it
+  ends: one self-contained HTML file (no network) with the run and its subagent tree on a
+  timeline; `{PROG} trace EVENTS.jsonl -o FILE.html` makes it from an --events-file.
 
 exit status:
   0 the turn completed; 1 it ended any other way (refusal, max_tokens, max_turns, timeout,
@@ -132,6 +138,17 @@ def _add_turn_options(parser: argparse.ArgumentParser, *, demo: bool) -> None:
         "--events",
         action="store_true",
         help="write every session update and lifecycle event as one JSON object per line on stderr",
+    )
+    parser.add_argument(
+        "--events-file",
+        metavar="FILE",
+        help="also write the --events lines (and the prompt first) to FILE; stderr shows what it would",
+    )
+    parser.add_argument(
+        "--trace",
+        metavar="FILE.html",
+        help="write the run's trace page (a timeline of its runs, one self-contained HTML file) to "
+        "FILE.html when it ends",
     )
     progress_default = "on" if demo else "on when stderr is a terminal"
     parser.add_argument(
@@ -248,6 +265,7 @@ _COMMANDS: Final[dict[str, Command]] = {
         run=agents_command,
     ),
     "serve": SERVE_COMMAND,
+    "trace": TRACE_COMMAND,
 }
 """Every command, in the order ``subagent --help`` lists them."""
 
