@@ -1319,3 +1319,30 @@ async def test_spill_returns_none_when_the_file_cannot_be_written(tmp_path: Path
     options = BackgroundOptions(spill_bytes=1, run_dir=not_a_directory)
     async with SubagentService() as service, BackgroundChildren(service, options) as background:
         assert await background.spill("too long", label="x") is None
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="between _start_queued (state running) and its watcher's service.start (run None), send() "
+    "says 'has ended (running)' and cancel() waits CANCEL_GRACE while the child starts anyway",
+)
+async def test_a_child_just_given_a_freed_slot_can_be_messaged_and_cancelled_at_once(
+    anyio_backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The window between a slot freeing and the next child's run existing is reached for sure only
+    with asyncio's first-in-first-out ready queue (trio runs the woken tasks in random order): the
+    notice wakes this test before the dequeued child's watcher runs."""
+    monkeypatch.setattr(background_module, "CANCEL_GRACE", 0.5)  # keeps the failure quick
+    async with open_host(BackgroundOptions(max_running=1)) as host:
+        a, b = await host.start("a"), await host.start("b")
+        host.model.release("a")
+        await host.notices_count(1)
+        assert host.background.child("host", b).state == "running"
+        sent = await host.companion("send", handle=b, message="hi")
+        assert sent != f"Error: subagent {b} has ended (running)"
+        with anyio.fail_after(WAIT):
+            notice = await host.background.cancel("host", b)
+        assert notice.child.state == "cancelled"
+        assert host.starts.prompts == ["task a"]  # b was cancelled before its run existed: never started
+        assert host.notices[0].child.handle == a
