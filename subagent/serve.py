@@ -50,6 +50,13 @@ in-process runtime (:class:`~subagent.runtime.Agent`):
   invocation, or not at all. Subagents inherit the approver, so their questions reach the client
   too, in their parent session.
 
+Tracing (:mod:`subagent.telemetry`, when a tracer provider is configured in this process): each
+prompt is an ``invoke_agent subagent-seam`` span of kind SERVER, whose parent is the W3C trace
+context (``traceparent``, ``tracestate``) the client put at the root of the prompt's ``_meta``, else
+of its ``session/new``'s (as :class:`~subagent.providers.acp.AcpProvider` does): a served agent's
+spans (its model calls, tool calls, subagents) join the caller's trace across processes. A
+malformed trace context is ignored.
+
 When the connection ends (the client closed stdin), every session's agent is closed and the
 service disposes every subagent still running: nothing outlives :func:`serve`. End of input
 ends everything at once: a request still being served then is never answered (the connection
@@ -90,12 +97,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from subagent import telemetry
 from subagent._acp_usage import prompt_response_usage, usage_to_acp
 from subagent._version import __version__
 from subagent.acp import schema
@@ -137,6 +145,9 @@ from subagent.types import (
     freeze_json,
     thaw_json,
 )
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
 
 __all__ = [
     "AGENT_NAME",
@@ -229,6 +240,8 @@ class ServedSession:
     agent: Agent
     subagent_tool: SubagentTool | None
     reporter: _Reporter = field(repr=False)
+    trace_context: telemetry.Parent = field(default=None, repr=False)
+    """The trace context the client sent with ``session/new`` (None: none, or nothing recorded)."""
 
 
 class ServedAgent(AgentHandler):
@@ -400,7 +413,9 @@ class ServedAgent(AgentHandler):
         reporter.agent = agent
         agent.on_event(reporter.on_event)
         reporter.watch(self.service.events)
-        self._sessions[session_id] = ServedSession(session_id, params.cwd, agent, subagent_tool, reporter)
+        self._sessions[session_id] = ServedSession(
+            session_id, params.cwd, agent, subagent_tool, reporter, telemetry.extract(params.meta)
+        )
         logger.info("session %s opened in %s", session_id, params.cwd)
         return schema.NewSessionResponse(session_id=session_id)
 
@@ -415,25 +430,38 @@ class ServedAgent(AgentHandler):
                 {"sessionId": session.id, "reason": "a prompt is already running in this session"}
             )
         result: SubagentResult | None = None
-        async with anyio.create_task_group() as task_group:
-            updates = session.reporter.begin_turn()
-            task_group.start_soon(session.reporter.forward, updates, turn)
-            try:
-                # The cancel scope is cancelled the moment session/cancel (or session/close) arrives, even
-                # before the agent's own turn scope exists; the runtime closes the turn's dangling calls and
-                # the subagent tool disposes its runs on the way out.
-                with turn.abort_on_cancel():
-                    result = await self._run_turns(session, text)
-            except AgentClosedError:
-                pass  # the session was closed while this prompt waited: answered cancelled below
-            finally:
-                # The prompt owns the background children it leaves (its turns failed, or it was cancelled):
-                # they go now, and their ends are shown before the turn ends.
-                background = session.subagent_tool.background if session.subagent_tool is not None else None
-                if background is not None:
-                    with anyio.CancelScope(shield=True):
-                        await background.close_parent(session.id)
-                session.reporter.end_turn()
+        span = _prompt_span(session, params, text)
+        try:
+            async with anyio.create_task_group() as task_group:
+                updates = session.reporter.begin_turn()
+                task_group.start_soon(session.reporter.forward, updates, turn)
+                try:
+                    # The cancel scope is cancelled the moment session/cancel (or session/close) arrives,
+                    # even before the agent's own turn scope exists; the runtime closes the turn's dangling
+                    # calls and the subagent tool disposes its runs on the way out.
+                    with turn.abort_on_cancel(), telemetry.current(span):
+                        result = await self._run_turns(session, text)
+                except AgentClosedError:
+                    pass  # the session was closed while this prompt waited: answered cancelled below
+                finally:
+                    # The prompt owns the background children it leaves (its turns failed, or it was
+                    # cancelled): they go now, and their ends are shown before the turn ends.
+                    background = (
+                        session.subagent_tool.background if session.subagent_tool is not None else None
+                    )
+                    if background is not None:
+                        with anyio.CancelScope(shield=True):
+                            await background.close_parent(session.id)
+                    session.reporter.end_turn()
+        except BaseException as exc:
+            telemetry.end_agent_span(span, exc)
+            raise
+        if span is not None:
+            # As answered: a prompt cancelled (or aborted) ends cancelled, whatever its turn said.
+            ended = SubagentResult(output="", stop_reason="cancelled") if result is None else result
+            if turn.cancel_requested:
+                ended = dataclasses.replace(ended, stop_reason="cancelled")
+            telemetry.end_agent_span(span, ended)
         # The task group waited for every update to go out: the answer comes after all of them.
         return _answer(result, turn)
 
@@ -490,6 +518,23 @@ class ServedAgent(AgentHandler):
         finally:
             session.reporter.unwatch()
         logger.info("session %s closed", session.id)
+
+
+def _prompt_span(session: ServedSession, params: schema.PromptRequest, text: str) -> Span | None:
+    """The prompt's ``invoke_agent`` span, begun below the client's trace context, if it sent one."""
+    if not telemetry.enabled():
+        return None
+    parent = telemetry.extract(params.meta) or session.trace_context
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": telemetry.PROVIDER_NAME,
+        "gen_ai.agent.name": AGENT_NAME,
+        "gen_ai.agent.id": session.id,
+        "gen_ai.conversation.id": session.id,
+    }
+    if telemetry.capture_content():
+        attributes["gen_ai.input.messages"] = telemetry.messages_json("user", text)
+    return telemetry.start_span(f"invoke_agent {AGENT_NAME}", "server", attributes, parent)
 
 
 def _answer(result: SubagentResult | None, turn: PromptTurn) -> schema.PromptResponse | msgspec.Raw:

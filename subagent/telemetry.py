@@ -278,6 +278,16 @@ def _current(span: Span) -> Iterator[None]:
         context.detach(token)
 
 
+def current_context() -> Parent:
+    """The current context, to hang spans on later from another task; None when nothing is
+    recorded."""
+    if _tracer() is None:
+        return None
+    from opentelemetry import context
+
+    return context.get_current()
+
+
 def inject(meta: dict[str, Any] | None) -> dict[str, Any] | None:
     """``meta`` with the current span's W3C ``traceparent`` (and ``tracestate``) added at its root,
     as ACP reserves them: a new dict (None stays None when there is nothing to add)."""

@@ -3,6 +3,8 @@ child running ``subagent serve``; nothing without a tracer provider, nothing nee
 
 from __future__ import annotations
 
+import json
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -15,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from subagent import SubagentRequest, SubagentService, telemetry
+from subagent.providers.acp import AcpProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import AgentRegistry, FunctionTool, Reply, ScriptedLlm, Tool, When, call
 from subagent.tool import SubagentTool
@@ -194,3 +197,76 @@ async def test_a_spawned_delegation_is_one_trace_of_agent_chat_and_tool_spans_ne
     )
     assert (parent_of(looking), attributes(looking)["gen_ai.tool.call.id"]) == (span_id(child), "call-c")
     assert all(span.status.status_code is StatusCode.UNSET for span in spans.get_finished_spans())
+
+
+# -- across processes: an ACP child running `subagent serve` ----------------------------------------------
+
+SERVE: Final = [sys.executable, "-m", "subagent", "serve"]
+DELEGATING_SCRIPT: Final = ROOT.parent / "fixtures" / "scripts" / "delegate_to_spawn.json"
+USER_PROMPT: Final = "Ask a subagent what 6 times 7 is."
+CHILD_HOOK: Final = ROOT / "otel_child"
+"""A sitecustomize that makes a child process export its spans to a file (a test-only hook)."""
+
+
+def child_spans(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_a_served_agents_spans_join_the_callers_trace_below_its_invoke_agent_span(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    exported = tmp_path / "child-spans.jsonl"
+    env = {"PYTHONPATH": str(CHILD_HOOK), "SUBAGENT_OTEL_TEST_EXPORT": str(exported)}
+    provider = AcpProvider([*SERVE, "--script", str(DELEGATING_SCRIPT)], name="served", cwd=tmp_path, env=env)
+    async with SubagentService(progress_interval=None) as service:
+        service.register_provider(provider)
+        with anyio.fail_after(30):
+            async with service.start(
+                "served", SubagentRequest(prompt="Ask a subagent what 6 times 7 is.")
+            ) as run:
+                result = await run.result()
+    assert result.output == "The subagent says 6 times 7 is 42."
+
+    (caller,) = spans.get_finished_spans()
+    assert (caller.name, caller.kind, caller.parent) == ("invoke_agent served", SpanKind.CLIENT, None)
+    assert attributes(caller)["gen_ai.conversation.id"] == run.provider_run.session_id  # type: ignore[attr-defined]
+    trace_id = format(caller.context.trace_id, "032x")
+    caller_id = format(span_id(caller), "016x")
+
+    served = child_spans(exported)
+    assert {span["trace_id"] for span in served} == {trace_id}
+    ids = {span["span_id"]: span for span in served}
+    tree = sorted(
+        (
+            span["name"],
+            span["kind"],
+            ids[span["parent_id"]]["name"] if span["parent_id"] in ids else span["parent_id"],
+        )
+        for span in served
+    )
+    assert tree == [
+        ("chat", "CLIENT", "invoke_agent spawn"),
+        ("chat", "CLIENT", "invoke_agent subagent-seam"),
+        ("chat", "CLIENT", "invoke_agent subagent-seam"),
+        ("execute_tool subagent", "INTERNAL", "invoke_agent subagent-seam"),
+        ("invoke_agent spawn", "INTERNAL", "execute_tool subagent"),
+        ("invoke_agent subagent-seam", "SERVER", caller_id),
+    ]
+    (prompt,) = (span for span in served if span["name"] == "invoke_agent subagent-seam")
+    session_id = prompt["attributes"]["gen_ai.agent.id"]
+    assert prompt["attributes"] == {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": "subagent-seam",
+        "gen_ai.agent.name": "subagent-seam",
+        "gen_ai.agent.id": session_id,
+        "gen_ai.conversation.id": session_id,
+        "subagent.stop_reason": "completed",
+        "gen_ai.usage.input_tokens": 60,
+        "gen_ai.usage.output_tokens": 22,
+    }
+    assert session_id == run.provider_run.session_id  # type: ignore[attr-defined]
+    assert sorted(
+        (span["attributes"]["gen_ai.usage.input_tokens"], span["attributes"]["gen_ai.usage.output_tokens"])
+        for span in served
+        if span["name"] == "chat"
+    ) == [(9, 1), (20, 12), (40, 10)]

@@ -67,7 +67,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from subagent import _structured
+from subagent import _structured, telemetry
 from subagent._acp_usage import usage_from_acp
 from subagent._outcome import DisposeOnExit, Outcome
 from subagent.acp import schema
@@ -93,7 +93,15 @@ from subagent.acp.errors import (
     ProtocolError,
     RequestError,
 )
-from subagent.acp.handlers import FsSandbox, PermissionCallback, PermissionPolicy
+from subagent.acp.handlers import (
+    FsSandbox,
+    PermissionCallback,
+    PermissionDecision,
+    PermissionOutcome,
+    PermissionPolicy,
+    PermissionQuestion,
+    permission_policy,
+)
 from subagent.acp.process import ExitInfo
 from subagent.acp.transport import LocalTransport, Transport, transport_from_url
 from subagent.types import (
@@ -683,7 +691,7 @@ class AcpRun(DisposeOnExit):
                 provider.command,
                 env=provider.env,
                 cwd=cwd,
-                permission=provider.permission,
+                permission=_traced(provider.permission),
                 fs=sandbox if provider.fs else None,
                 terminals=terminals,
                 max_line_bytes=provider.max_line_bytes,
@@ -741,11 +749,14 @@ class AcpRun(DisposeOnExit):
                 pass
 
     def _session_meta(self) -> dict[str, Any] | None:
-        """The child's place in the chain, for an agent that can honour it (``subagent serve``)."""
+        """The child's place in the chain, for an agent that can honour it (``subagent serve``), and
+        the run's trace context (W3C ``traceparent``) when spans are recorded."""
         lineage = self.request.lineage
         if lineage is None or lineage.depth_budget is None:
-            return None
-        return {LINEAGE_META_KEY: {"depth": lineage.depth, "depthBudget": lineage.depth_budget}}
+            return telemetry.inject(None)
+        return telemetry.inject(
+            {LINEAGE_META_KEY: {"depth": lineage.depth, "depthBudget": lineage.depth_budget}}
+        )
 
     async def _handshake(self, client: AcpClient, cwd: str) -> AcpSession | None:
         """initialize, session/new (authenticating once when demanded); None after a failure."""
@@ -950,6 +961,45 @@ class AcpRun(DisposeOnExit):
     def _record_exit(self, client: AcpClient) -> None:
         if client.process is not None and self.exit_info is None:
             self.exit_info = client.process.exit_info()
+
+
+def _traced(
+    permission: Literal["allow", "deny"] | PermissionPolicy | PermissionCallback,
+) -> Literal["allow", "deny"] | PermissionPolicy | PermissionCallback:
+    """The permission policy, recording each question as a span when spans are recorded."""
+    parent = telemetry.current_context()
+    if parent is None:
+        return permission
+    return _TracedPolicy(permission_policy(permission), parent)
+
+
+class _TracedPolicy:
+    """A policy that records each question the agent asks as a ``permission_wait`` span, from the
+    question to the answer, below the run's span (questions arrive on the connection's task)."""
+
+    def __init__(self, inner: PermissionPolicy, parent: telemetry.Parent) -> None:
+        self._inner = inner
+        self._parent = parent
+
+    async def decide(self, question: PermissionQuestion) -> PermissionDecision:
+        span = telemetry.start_span(
+            "permission_wait",
+            "internal",
+            {"gen_ai.tool.call.id": question.tool_call_id, "subagent.permission.kind": question.kind},
+            self._parent,
+        )
+        outcome, failure = "cancelled", None
+        try:
+            decision = await self._inner.decide(question)
+            if decision is not PermissionOutcome.CANCELLED:
+                outcome = "denied" if decision.kind.startswith("reject") else "allowed"
+            return decision
+        except BaseException as exc:
+            failure = telemetry.error_type(exc)
+            raise
+        finally:
+            telemetry.set_attributes(span, {"subagent.permission.outcome": outcome})
+            telemetry.end_span(span, failure)
 
 
 async def _watch_idle(session: AcpSession, timeout: float, on_timeout: Any) -> None:
