@@ -1346,3 +1346,31 @@ async def test_a_child_just_given_a_freed_slot_can_be_messaged_and_cancelled_at_
         assert notice.child.state == "cancelled"
         assert host.starts.prompts == ["task a"]  # b was cancelled before its run existed: never started
         assert host.notices[0].child.handle == a
+
+
+async def test_a_background_start_after_the_service_closed_is_refused_and_nothing_is_kept() -> None:
+    async with SubagentService() as service:
+        service.register_provider(SpawnProvider(llm=HeldModel().llm, agents=AgentRegistry()))
+        tool = SubagentTool(service, background=BackgroundOptions())
+    result = await tool.execute({"prompt": "task a", "provider": "spawn", "background": True})
+    assert (result.error_code, result.render()) == (
+        ErrorCode.DISPOSED,
+        "Error: the subagent could not be started (DISPOSED): the subagent service is closed",
+    )
+    assert tool.background is not None
+    assert tool.background.children("host") == []
+    await tool.aclose()
+
+
+async def test_a_notice_shows_the_start_of_a_long_task_on_one_line() -> None:
+    async with open_host() as host:
+        prompt = "task a\n\n" + "step " * 40
+        result = await host.tool.execute({"prompt": prompt, "provider": "spawn", "background": True})
+        assert result.handle is not None
+        host.model.release("a")
+        notice = await host.ended(result.handle)
+        one_line = " ".join(prompt.split())
+        assert notice.text == (
+            f"[background subagent {result.handle} (spawn) completed]\nTask: {one_line[:99]}…\n\nanswer a"
+        )
+        assert notice.child.prompt == prompt  # whole, for the host
