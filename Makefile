@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install interop test fuzz lint format demo bench schema
+.PHONY: help install interop test fuzz lint format demo bench schema trace-screenshot
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -75,3 +75,7 @@ bench: $(STAMP) ## run every benchmark under bench/ (installs the bench-only ext
 
 schema: $(STAMP) ## regenerate subagent/acp/schema.py from schema/acp/v1/schema.json
 	$(BIN)/python scripts/gen_schema.py
+
+trace-screenshot: $(STAMP) ## regenerate docs/trace-page.png: the trace page of a three-level run, in headless chromium
+	SUBAGENT_REQUIRE_CHROMIUM=1 SUBAGENT_TRACE_SCREENSHOT=docs/trace-page.png $(BIN)/python -m pytest -p no:cacheprovider \
+		-q tests/test_trace_page.py -k "screenshot and asyncio"

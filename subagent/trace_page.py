@@ -530,7 +530,7 @@ aside{width:380px;flex:none;overflow:auto;border-left:1px solid #d4d8df;backgrou
 .tick{position:absolute;top:0;bottom:0;border-left:1px solid #d4d8df;padding-left:3px;line-height:22px}
 .bar{position:absolute;top:4px;height:14px;min-width:3px;border-radius:3px;background:var(--c);opacity:.85}
 .mark{position:absolute;min-width:2px;border-radius:1px;background:var(--c);pointer-events:auto}
-.mark.mark-tool,.mark.mark-text,.mark.mark-permission{top:7px;height:8px}
+.mark.mark-tool,.mark.mark-text,.mark.mark-permission{top:11px;height:6px;opacity:.9}
 .mark.mark-error,.mark.mark-interrupt,.mark.mark-log{top:2px;height:18px;width:3px;min-width:3px}
 .state-completed{--c:#3a9a5b}.state-failed{--c:#d0453b}.state-stopped{--c:#e08a1e}
 .state-cancelled{--c:#8a8f98}

@@ -123,7 +123,12 @@ def test_trace_and_events_file_record_the_run_while_stderr_keeps_its_human_view(
 
 @pytest.mark.subprocess
 def test_the_trace_shows_the_run_tree_in_order_with_prompts_outputs_and_usage(recorded: Path) -> None:
-    data = trace_data((recorded / "trace.html").read_text())
+    html = (recorded / "trace.html").read_text()
+    assert (
+        "<title>subagent trace: go &lt;/script&gt;&lt;script&gt;alert(1)&lt;/script&gt; &lt;!-- &amp; "
+        in html
+    )
+    data = trace_data(html)
     runs = data["runs"]
     assert [
         (run["depth"], run["provider"], run["title"], run["state"], run["stopReason"]) for run in runs
@@ -517,9 +522,12 @@ async def test_chromium_screenshot_of_the_three_level_run_zoomed_in_on_its_child
     recorded: Path, tmp_path: Path
 ) -> None:
     """Also `make trace-screenshot`: SUBAGENT_TRACE_SCREENSHOT names where the picture goes."""
+    events = [json.loads(line) for line in (recorded / "events.jsonl").read_text().splitlines()]
+    page_file = tmp_path / "three-levels.html"
+    page_file.write_text(render_trace_page(events, title="subagent trace: three levels of subagents"))
     with anyio.fail_after(60):
         async with open_page(tmp_path, width=1200, height=700) as page:
-            await page.open((recorded / "trace.html").as_uri())
+            await page.open(page_file.as_uri())
             await page.wait_for_ready()
             before = [row["barWidth"] for row in await page.evaluate(ROWS)]
             await page.click('#rows .row[data-index="1"] .bar')

@@ -366,9 +366,11 @@ def _execute(spec: TurnSpec, recording: _Recording | None = None) -> int:
 def _write_trace(recording: _Recording, recorder: TraceRecorder, spec: TurnSpec) -> bool:
     """Write the trace page; False (said on stderr) if it could not be written."""
     assert recording.trace is not None
-    title = f"{PROG} trace: {shlex.join(spec.command)}"
+    # Named by what it was asked (the command line may hold a secret; the prompt is on the page anyway).
+    asked = " ".join(spec.prompt.split())
+    title = f"{PROG} trace: {asked if len(asked) <= 80 else asked[:79] + chr(0x2026)}"
     try:
-        write_page(recording.trace, recorder.builder.page(title[:200]))
+        write_page(recording.trace, recorder.builder.page(title))
     except OSError as exc:
         Console(sys.stderr, color=False).line(
             f"{PROG}: --trace: cannot write {recording.trace}: {exc.strerror}"
