@@ -4,6 +4,7 @@ child running ``subagent serve``; nothing without a tracer provider, nothing nee
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, Final
 
 import anyio
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -20,6 +22,8 @@ from subagent import SubagentRequest, SubagentService, telemetry
 from subagent.providers.acp import AcpProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import AgentRegistry, FunctionTool, Reply, ScriptedLlm, Tool, When, call
+from subagent.runtime.llm import LlmError, LlmErrorKind
+from subagent.testing import stub_agent_argv
 from subagent.tool import SubagentTool
 from subagent.types import Usage
 
@@ -270,3 +274,261 @@ async def test_a_served_agents_spans_join_the_callers_trace_below_its_invoke_age
         for span in served
         if span["name"] == "chat"
     ) == [(9, 1), (20, 12), (40, 10)]
+
+
+# -- failures, waits and content --------------------------------------------------------------------------
+
+
+def status(span: ReadableSpan) -> tuple[StatusCode, Any]:
+    return span.status.status_code, attributes(span).get("error.type")
+
+
+async def test_a_failing_model_call_ends_its_chat_span_and_the_run_span_with_error_status(
+    spans: InMemorySpanExporter,
+) -> None:
+    failing = NamedModel([Reply(error=LlmError(LlmErrorKind.RATE_LIMITED, "slow down"))])
+    service = SubagentService(progress_interval=None)
+    service.register_provider(SpawnProvider(llm=failing, agents=AgentRegistry()))
+    async with service:
+        with anyio.fail_after(30):
+            result = await service.start("spawn", SubagentRequest(prompt="go")).result()
+    assert result.stop_reason == "error"
+
+    named = by_name(spans.get_finished_spans())
+    ((chat,), (run,)) = named["chat scripted-model"], named["invoke_agent spawn"]
+    assert status(chat) == (StatusCode.ERROR, LlmErrorKind.RATE_LIMITED.value)
+    assert status(run) == (StatusCode.ERROR, "error")
+    assert attributes(run)["subagent.stop_reason"] == "error"
+    assert "slow down" not in json.dumps([attributes(chat), attributes(run)])  # no model text on spans
+
+
+async def test_a_run_disposed_mid_model_call_ends_every_span_it_opened(spans: InMemorySpanExporter) -> None:
+    reached = anyio.Event()
+    never = anyio.Event()
+
+    async def hold() -> None:
+        reached.set()
+        await never.wait()
+
+    service = SubagentService(progress_interval=None)
+    service.register_provider(
+        SpawnProvider(llm=NamedModel([Reply("late", wait=hold)]), agents=AgentRegistry())
+    )
+    async with service:
+        run = service.start("spawn", SubagentRequest(prompt="go"))
+        with anyio.fail_after(30):
+            await reached.wait()
+            await run.dispose()
+
+    named = by_name(spans.get_finished_spans())
+    ((chat,), (invoked,)) = named["chat scripted-model"], named["invoke_agent spawn"]
+    assert status(chat) == (StatusCode.ERROR, "cancelled")
+    assert status(invoked) == (StatusCode.ERROR, "DISPOSED")
+    assert parent_of(chat) == span_id(invoked)
+
+
+async def test_an_approval_wait_is_a_permission_span_inside_its_tool_call(
+    spans: InMemorySpanExporter,
+) -> None:
+    guarded = FunctionTool(
+        "shell", "Run a command.", NO_ARGUMENTS, lambda arguments: "ran", needs_approval=True
+    )
+    llm = NamedModel(
+        [
+            Reply(tool_calls=[call("shell", {}, id="call-1")], when=When(after_tool_result=False)),
+            Reply("refused, as expected", when=When(after_tool_result=True)),
+        ]
+    )
+    service = SubagentService(progress_interval=None)
+    service.register_provider(
+        SpawnProvider(llm=llm, agents=AgentRegistry(), tools=[guarded], approver=lambda invocation: False)
+    )
+    async with service:
+        with anyio.fail_after(30):
+            result = await service.start("spawn", SubagentRequest(prompt="go")).result()
+    assert result.output == "refused, as expected"
+
+    named = by_name(spans.get_finished_spans())
+    ((tool,), (wait,)) = named["execute_tool shell"], named["permission_wait shell"]
+    assert parent_of(wait) == span_id(tool)
+    assert (wait.kind, attributes(wait)) == (
+        SpanKind.INTERNAL,
+        {
+            "gen_ai.tool.name": "shell",
+            "gen_ai.tool.call.id": "call-1",
+            "subagent.permission.outcome": "denied",
+        },
+    )
+    assert status(wait) == (StatusCode.UNSET, None)
+    assert status(tool) == (StatusCode.ERROR, "not_approved")
+
+
+async def test_a_permission_question_of_an_acp_child_is_a_span_below_its_run(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    scenario = tmp_path / "scenario.json"
+    scenario.write_text(
+        json.dumps(
+            {
+                "turns": [
+                    [
+                        {"step": "tool_call", "toolCallId": "c1", "title": "edit", "kind": "edit"},
+                        {
+                            "step": "permission",
+                            "toolCall": {"toolCallId": "c1", "kind": "edit"},
+                            "branches": {
+                                "allow": [{"step": "message", "text": "allowed"}],
+                                "reject": [{"step": "message", "text": "denied"}],
+                            },
+                        },
+                    ]
+                ]
+            }
+        )
+    )
+    provider = AcpProvider(stub_agent_argv(scenario), name="stub", cwd=tmp_path, permission="allow")
+    async with SubagentService(progress_interval=None) as service:
+        service.register_provider(provider)
+        with anyio.fail_after(30):
+            async with service.start("stub", SubagentRequest(prompt="go")) as run:
+                result = await run.result()
+    assert result.output == "allowed"
+
+    named = by_name(spans.get_finished_spans())
+    ((invoked,), (wait,)) = named["invoke_agent stub"], named["permission_wait"]
+    assert parent_of(wait) == span_id(invoked)
+    assert attributes(wait) == {
+        "gen_ai.tool.call.id": "c1",
+        "subagent.permission.kind": "edit",
+        "subagent.permission.outcome": "allowed",
+    }
+
+
+async def test_content_goes_on_spans_only_when_asked_for_and_cut_short(
+    spans: InMemorySpanExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(telemetry.CAPTURE_CONTENT_ENV, "1")
+    long_prompt = "x" * (telemetry.CAPTURED_CONTENT_CHARS + 100)
+    service = SubagentService(progress_interval=None)
+    service.register_provider(SpawnProvider(llm=NamedModel(["the answer"]), agents=AgentRegistry()))
+    async with service:
+        with anyio.fail_after(30):
+            await service.start("spawn", SubagentRequest(prompt=long_prompt)).result()
+
+    (invoked,) = by_name(spans.get_finished_spans())["invoke_agent spawn"]
+    sent = json.loads(attributes(invoked)["gen_ai.input.messages"])
+    answered = json.loads(attributes(invoked)["gen_ai.output.messages"])
+    assert sent == [
+        {"role": "user", "parts": [{"type": "text", "content": "x" * telemetry.CAPTURED_CONTENT_CHARS + "…"}]}
+    ]
+    assert answered == [{"role": "assistant", "parts": [{"type": "text", "content": "the answer"}]}]
+
+
+async def test_a_resumed_turn_is_an_invoke_agent_span_of_its_own_below_the_runs(
+    spans: InMemorySpanExporter,
+) -> None:
+    service = SubagentService(progress_interval=None)
+    service.register_provider(SpawnProvider(llm=NamedModel(["first", "second"]), agents=AgentRegistry()))
+    async with service:
+        with anyio.fail_after(30):
+            async with service.start("spawn", SubagentRequest(prompt="go")) as run:
+                await run.result()
+                resumed = await run.resume("again")  # type: ignore[attr-defined]
+    assert resumed.output == "second"
+
+    first, second = sorted(
+        by_name(spans.get_finished_spans())["invoke_agent spawn"], key=lambda span: span.start_time or 0
+    )
+    assert parent_of(second) == span_id(first)
+    assert attributes(second)["gen_ai.agent.id"] == run.id
+    chats = by_name(spans.get_finished_spans())["chat scripted-model"]
+    assert sorted(parent_of(chat) or 0 for chat in chats) == sorted([span_id(first), span_id(second)])
+
+
+def test_a_peers_malformed_trace_context_is_ignored(spans: InMemorySpanExporter) -> None:
+    valid = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    assert telemetry.extract({"traceparent": valid}) is not None
+    hostile_metas: list[dict[str, Any] | None] = [
+        {"traceparent": 42},
+        {"traceparent": "00-garbage"},
+        {"traceparent": valid + "x" * 600},
+        {"traceparent": ["00", "x"]},
+        {"tracestate": "a=b"},
+        {},
+        None,
+    ]
+    for hostile in hostile_metas:
+        assert telemetry.extract(hostile) is None, hostile
+
+
+# -- nothing without a provider, nothing needed without the API ---------------------------------------------
+
+
+async def test_nothing_is_recorded_and_no_tracer_is_asked_for_without_a_tracer_provider(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[str] = []
+    monkeypatch.setattr(
+        trace.ProxyTracerProvider, "get_tracer", lambda self, *args, **kwargs: asked.append("proxy")
+    )
+    assert not telemetry.enabled()
+    service = SubagentService(progress_interval=None)
+    tools: list[Tool] = [lookup_tool(), SubagentTool(service).for_agents()]
+    service.register_provider(SpawnProvider(llm=delegation_script(), agents=AgentRegistry(), tools=tools))
+    async with service:
+        with anyio.fail_after(30):
+            result = await service.start("spawn", SubagentRequest(prompt="alpha task")).result()
+    assert result.output == "alpha done"
+    assert asked == []
+    assert telemetry.inject({"k": 1}) == {"k": 1}
+    assert (
+        telemetry.extract({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}) is None
+    )
+
+
+WITHOUT_OPENTELEMETRY: Final = """
+import importlib.abc, sys
+
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "opentelemetry" or name.startswith("opentelemetry."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+
+sys.meta_path.insert(0, Block())
+
+import anyio
+from subagent import SubagentRequest, SubagentService, telemetry
+from subagent.providers.spawn import SpawnProvider
+from subagent.runtime import AgentRegistry, FunctionTool, Reply, ScriptedLlm, When, call
+from subagent.serve import ServedAgent
+from subagent.tool import SubagentTool
+
+async def main():
+    service = SubagentService(progress_interval=None)
+    lookup = FunctionTool("lookup", "Look.", {"type": "object"}, lambda a: "found", needs_approval=True)
+    tools = [lookup, SubagentTool(service).for_agents()]
+    llm = ScriptedLlm([
+        Reply(tool_calls=[call("subagent", {"provider": "spawn", "prompt": "beta"})],
+              when=When(last_user_contains="alpha", after_tool_result=False)),
+        Reply(tool_calls=[call("lookup", {})], when=When(last_user_contains="beta", after_tool_result=False)),
+        Reply("beta done", when=When(last_user_contains="beta", after_tool_result=True)),
+        Reply("alpha done", when=When(last_user_contains="alpha", after_tool_result=True)),
+    ])
+    provider = SpawnProvider(llm=llm, agents=AgentRegistry(), tools=tools, approver=lambda i: True)
+    service.register_provider(provider)
+    async with service:
+        result = await service.start("spawn", SubagentRequest(prompt="alpha")).result()
+    print(result.output, telemetry.enabled(), telemetry.inject(None), telemetry.extract({"traceparent": "x"}))
+    print(sorted(name for name in sys.modules if name.startswith("opentelemetry")))
+
+anyio.run(main)
+"""
+
+
+def test_the_library_works_where_opentelemetry_cannot_be_imported() -> None:
+    completed = subprocess.run(
+        [sys.executable, "-c", WITHOUT_OPENTELEMETRY], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout.splitlines() == ["alpha done False None None", "[]"]
