@@ -207,7 +207,13 @@ async def check_start_fires_after_readiness_and_end_after_start(contract: Provid
         stop_reason="completed",
         last_assistant_message=contract.output,
         error=None,
+        usage=result.usage,
+        parent_id=contract.parent_id,
     )
+    # The wall time from the start request to the end, the same on the end and on the result.
+    assert end.elapsed_seconds is not None, end
+    assert end.elapsed_seconds >= 0, end
+    assert result.elapsed_seconds == end.elapsed_seconds, (result.elapsed_seconds, end.elapsed_seconds)
     assert _names(harness.events) == ["start", "end"], f"events after dispose: {harness.events}"
 
 
