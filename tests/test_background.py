@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 import anyio
+import anyio.abc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -36,7 +37,7 @@ from subagent.background import (
     Notice,
 )
 from subagent.providers.acp import AcpProvider, AcpRun
-from subagent.providers.spawn import SpawnProvider
+from subagent.providers.spawn import InProcessRun, SpawnProvider
 from subagent.runtime import (
     AgentRegistry,
     CompletionRequest,
@@ -211,6 +212,18 @@ def never_ready_acp(stub_agent_command: StubAgentCommand, tmp_path: Path) -> tup
     return acp(stub_agent_command(scenario), tmp_path, on_stderr_line=stderr_line), initializing
 
 
+class CountingSpawn(SpawnProvider):
+    """A spawn provider that records the prompt of every run it was asked to start."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(**options)
+        self.prompts: list[str] = []
+
+    def start(self, request: SubagentRequest, task_group: anyio.abc.TaskGroup) -> InProcessRun:
+        self.prompts.append(request.prompt)
+        return super().start(request, task_group)
+
+
 @dataclass
 class Starts:
     """What the service started: the prompts in start order, and the most runs live at any start."""
@@ -240,6 +253,7 @@ class Host:
     model: HeldModel
     starts: Starts
     heard: Recorder[Notice]
+    spawn: CountingSpawn
 
     @property
     def notices(self) -> list[Notice]:
@@ -291,14 +305,15 @@ async def open_host(
     async with assert_no_leaks():
         before = running_task_ids()
         async with SubagentService() as service:
-            service.register_provider(SpawnProvider(llm=model.llm, agents=agents, tools=tools))
+            spawn = CountingSpawn(llm=model.llm, agents=agents, tools=tools)
+            service.register_provider(spawn)
             for provider in extra:
                 service.register_provider(provider)
             starts = count_starts(service)
             async with SubagentTool(
                 service, background=options or BackgroundOptions(), on_notice=heard
             ) as tool:
-                yield Host(service, tool, model, starts, heard)
+                yield Host(service, tool, model, starts, heard, spawn)
             assert service.live_runs == ()
         assert running_task_ids() == before
 
@@ -562,6 +577,7 @@ async def test_cancelling_a_queued_child_means_it_never_starts() -> None:
         assert (notice.child.state, notice.child.run_id) == ("cancelled", None)
         host.model.release("a")
         await host.ended(a)
+        assert host.spawn.prompts == ["task a"]  # the provider was never asked for b
         assert host.starts.prompts == ["task a"]
         assert host.model.holding == ["a"]
         assert host.background.live_count("host") == 0
@@ -726,6 +742,7 @@ async def test_past_max_running_children_are_queued_and_start_in_order_as_slots_
             outcome = await host.background.wait("host", mode="all", timeout=WAIT)
         assert sorted(n.child.handle for n in outcome.ended) == sorted([a, b, c, d])
         assert host.starts.prompts == ["task a", "task b", "task c", "task d"]
+        assert host.spawn.prompts == host.starts.prompts
         assert host.starts.peak == 2
         assert host.model.holding[2:] == ["c", "d"]
 
@@ -799,7 +816,8 @@ async def test_closing_the_tool_cancels_and_disposes_every_child_running_or_queu
         assert running_task_ids() == before
         assert getattr(spawned, "agent").closed  # noqa: B009  (an InProcessRun's child agent)
         assert host.notices == []
-        assert host.starts.prompts == ["task a", "task b"]  # the queued one never started
+        assert host.starts.prompts == ["task a", "task b"]
+        assert host.spawn.prompts == ["task a"]  # the provider was never asked for the queued c
         assert host.background.children("host") == []
         for handle in (a, c):
             with pytest.raises(BackgroundError) as closed:

@@ -107,7 +107,7 @@ async def open_family(
     agents = AgentRegistry()
     fork = ForkProvider(llm=model.llm, agents=agents)
     async with open_host(options, fork, *extra, model=model, agents=agents) as host:
-        family = Family(host.service, host.tool, host.model, host.starts, host.heard, agents)
+        family = Family(host.service, host.tool, host.model, host.starts, host.heard, host.spawn, agents)
         family.agent = Agent(
             llm=family.parent_model.llm, tools=(*host.tool.agent_tools(), *tools), registry=agents
         )
