@@ -46,6 +46,7 @@ from tests.test_background import (
     never_ready_acp,
     normalised,
     open_host,
+    running_line,
 )
 
 pytestmark = pytest.mark.anyio
@@ -712,3 +713,20 @@ async def test_a_wake_turn_whose_model_adapter_raises_leaves_the_service_and_oth
             (other.handle, "completed"),
         ]
     assert "adapter bug" in caplog.text
+
+
+async def test_a_parent_waiting_on_its_children_is_not_silent_to_its_own_idle_timeout() -> None:
+    async with open_family() as family:
+        family.parent_model.steps = [
+            lambda request: Reply(tool_calls=[delegate("s", "spawn")]),
+            lambda request: Reply(tool_calls=[call("subagent_wait", {"timeout": 2})]),
+            lambda request: "waited",
+        ]
+        with anyio.fail_after(WAIT):
+            result = await family.parent.run_turn("go", idle_timeout=1)  # half the wait
+        assert (result.stop_reason, result.output) == ("completed", "waited")
+        waited = tool_results(family.parent_model.llm.requests[2])[-1]
+        handle = family.handles()["s"]
+        assert (
+            normalised(waited) == f"The wait timed out. Still running or queued:\n{running_line(handle, 's')}"
+        )
