@@ -106,6 +106,10 @@ MAX_KEPT_COLLECTED = 100
 """Ended children whose result their parent has received that are kept per parent (still listed and
 readable by handle); older ones are forgotten, so a parent's memory stays bounded."""
 
+MAX_KEPT_ENDED = 1_000
+"""Ended children kept per parent in all, their results read or not: a host that never asks for them
+keeps a bounded amount (each notice also went to every listener as it came)."""
+
 MAX_UNSEEN_NOTICES = 1_000
 """Notices kept per parent for a host that never asks for them (:meth:`BackgroundChildren.next_turn_prompt`);
 past it the oldest are dropped (and logged): a notice is also given to every listener as it comes."""
@@ -492,6 +496,14 @@ class BackgroundChildren:
         provider, handle = child.provider, child.handle
         run = child.run
         if run is None:  # dequeued: start it now
+            if child.cancel_requested:  # cancelled between leaving the queue and this task's first step
+                return SubagentToolResult(
+                    is_error=True,
+                    error="the subagent was cancelled before it started",
+                    stop_reason="cancelled",
+                    provider=provider,
+                    handle=handle,
+                )
             try:
                 run = self._service.start(provider, child.request)
             except SubagentError as exc:
@@ -532,6 +544,7 @@ class BackgroundChildren:
         notice = Notice(child.info(), result)
         child.notice = notice
         child.ended.set()
+        self._forget_collected(parent)
         if self._open_for(parent):
             if notify:
                 self._notify(parent, notice)
@@ -570,6 +583,10 @@ class BackgroundChildren:
             parent.unseen.append((notice, None))
             if len(parent.unseen) > MAX_UNSEEN_NOTICES:
                 dropped, _pending = parent.unseen.pop(0)
+                # The child goes with its notice: nobody asked for either, and the listeners had both.
+                forgotten = parent.children.get(dropped.child.handle)
+                if forgotten is not None and not forgotten.live:
+                    del parent.children[dropped.child.handle]
                 logger.warning(
                     "parent %s: the notice of %s was dropped unread (%d kept)",
                     parent.id,
@@ -626,6 +643,12 @@ class BackgroundChildren:
                         result = await agent.run_turn(prompt)
                     except AgentClosedError:
                         return
+                    except Exception:
+                        # A faulty adapter must not take the service's task group (every run) down.
+                        logger.exception(
+                            "parent %s: a turn woken by its children's notices raised", parent.id
+                        )
+                        return
                     self._wake_listeners.emit(WakeTurn(parent.id, prompt, result))
             finally:
                 parent.waking = False
@@ -637,6 +660,11 @@ class BackgroundChildren:
         if not parent.unseen:
             return None
         unseen, parent.unseen = parent.unseen, []
+        for notice, _pending in unseen:
+            # Handed to the parent as its prompt (or read in its log by the turn it is for): received.
+            child = parent.children.get(notice.child.handle)
+            if child is not None:
+                child.collected = True
         texts = [notice.text for notice, pending in unseen if pending is None]
         if len(texts) < len(unseen):  # some are in its log already
             texts.insert(0, WAKE_PROMPT)
@@ -674,6 +702,11 @@ class BackgroundChildren:
             SubagentError: the provider refused the message.
         """
         child = self._child(parent_id, handle)
+        if child.state == "running" and child.run is None:
+            raise BackgroundError(
+                BackgroundErrorKind.NOT_RUNNING,
+                f"subagent {handle} is starting; send the message once it runs",
+            )
         if child.state != "running" or child.run is None:
             what = (
                 "has not started yet (it is queued)"
@@ -704,9 +737,10 @@ class BackgroundChildren:
         elif child.state == "running":
             child.cancel_requested = True
             run = child.run
-            if run is not None:
-                await run.cancel()
+            # The grace bounds the provider's own cancel too (an ACP run waits for its agent's answer).
             with anyio.move_on_after(CANCEL_GRACE):
+                if run is not None:
+                    await run.cancel()
                 await child.ended.wait()
             if not child.ended.is_set() and child.run is not None:
                 await child.run.dispose()
@@ -899,7 +933,11 @@ class BackgroundChildren:
         data = output.encode()
         if len(data) <= limit:
             return None
-        directory = await self._spill_directory()
+        try:
+            directory = await self._spill_directory()
+        except OSError as exc:
+            logger.warning("could not make the spill directory for an output of %d bytes: %s", len(data), exc)
+            return None
         self._spilled += 1
         name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in label)[:120]
         path = os.path.join(directory, f"{name}-{self._spilled}.txt")
@@ -921,10 +959,17 @@ class BackgroundChildren:
 
     @staticmethod
     def _forget_collected(parent: _Parent) -> None:
-        """Keep at most ``MAX_KEPT_COLLECTED`` children whose result the parent has: a long-lived parent
-        that delegates all day must not keep every result it ever read."""
+        """Keep at most ``MAX_KEPT_COLLECTED`` children whose result the parent has, and at most
+        ``MAX_KEPT_ENDED`` ended children in all (the oldest go first; an unread one goes with a
+        warning): a long-lived parent that delegates all day, or never asks, must not keep every
+        result."""
         collected = [c for c in parent.children.values() if c.collected and not c.live]
         for child in collected[: max(len(collected) - MAX_KEPT_COLLECTED, 0)]:
+            del parent.children[child.handle]
+        ended = [c for c in parent.children.values() if not c.live]
+        for child in ended[: max(len(ended) - MAX_KEPT_ENDED, 0)]:
+            if not child.collected:
+                logger.warning("parent %s: the result of %s was dropped unread", parent.id, child.handle)
             del parent.children[child.handle]
 
     @staticmethod
