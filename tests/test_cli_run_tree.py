@@ -20,6 +20,7 @@ import subprocess
 import sys
 import termios
 import threading
+import tracemalloc
 from pathlib import Path
 from typing import Any, Final
 
@@ -266,11 +267,15 @@ def test_streamed_text_and_tool_lines_scroll_above_the_block_and_text_goes_on_mi
     ]
 
 
+TEXT_PIECES: Final = ["a", "b", " ", "\t", "\n", "\u4e2d", "\u0301", "\x1b[2;3m", "\x1b[0m"]
+"""What the console writes: text (wide, combining, tabs, newlines) and colour sequences."""
+
+
 @given(
     st.integers(min_value=4, max_value=30),
     st.lists(
         st.one_of(
-            st.text(st.sampled_from("ab \t\n\u4e2d\u0301"), max_size=70).map(lambda text: ("text", text)),
+            st.lists(st.sampled_from(TEXT_PIECES), max_size=40).map(lambda pieces: ("text", "".join(pieces))),
             st.integers(min_value=0, max_value=4).map(lambda rows: ("footer", rows)),
         ),
         max_size=12,
@@ -291,6 +296,19 @@ def test_text_written_around_a_footer_lays_out_as_if_the_footer_was_never_there(
     console.clear_footer()
     shown, expected = Screen(columns).feed(stream.getvalue()), Screen(columns).feed(plain.getvalue())
     assert (shown.lines(), shown.cursor()) == (expected.lines(), expected.cursor())
+
+
+def test_a_block_redrawn_under_a_row_of_text_exactly_full_never_moves_down() -> None:
+    stream = FakeTerminal()
+    console = Console(stream, color=False, columns=lambda: 10)
+    console.write("0123456789")  # the terminal is about to wrap
+    for age in range(3):
+        console.set_footer(["runs: 1", f"  {age} s ago"])
+    console.write("\nnext")
+    assert Screen(10).feed(stream.getvalue()).lines() == ["0123456789", "next", "runs: 1", "  2 s ago"]
+    console.clear_footer()
+    console.write("\n")
+    assert Screen(10).feed(stream.getvalue()).cursor() == (2, 0)
 
 
 @pytest.mark.parametrize(
@@ -567,6 +585,69 @@ def test_the_runs_remembered_are_bounded_and_forgotten_ones_still_counted() -> N
     assert tree.observe(run_meta("r9"), more, 0.0) is None  # full of running runs: not taken
     assert len(tree) == 3
     assert MAX_TRACKED_RUNS >= 1000
+
+
+HOSTILE_TEXT: Final = st.text(
+    st.one_of(st.sampled_from("\x1b[]\x07\x9b\r\n\t\u200b\u0301;m"), st.characters()), max_size=40
+)
+ANY_JSON: Final = st.one_of(
+    st.none(), st.booleans(), st.integers(), HOSTILE_TEXT, st.lists(st.integers(), max_size=2)
+)
+
+
+@pytest.mark.fuzz
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["a", "b", "c", "d"]),
+            st.one_of(st.sampled_from(["a", "b", "c", "d", "session"]), ANY_JSON),
+            st.one_of(st.sampled_from(["running", "completed", "failed", "cancelled"]), ANY_JSON),
+            ANY_JSON,
+            HOSTILE_TEXT,
+            st.booleans(),
+        ),
+        max_size=25,
+    ),
+    st.integers(min_value=1, max_value=120),
+    st.integers(min_value=1, max_value=40),
+)
+def test_whatever_the_agent_sends_each_run_is_one_inert_row_within_the_terminal(
+    updates: list[tuple[str, Any, Any, Any, str, bool]], columns: int, height: int
+) -> None:
+    tree = RunTree()
+    for run_id, parent, state, provider, title, announced in updates:
+        meta = {"runId": run_id, "parentId": parent, "state": state, "provider": provider, "depth": parent}
+        update: schema.ToolCall | schema.ToolCallProgress = (
+            schema.ToolCall(tool_call_id=f"run/{run_id}", title=title)
+            if announced
+            else schema.ToolCallProgress(tool_call_id=f"run/{run_id}", title=title, status="failed")
+        )
+        tree.observe(meta, update, 0.0)
+    rows = tree.frame(0.0, columns, lambda text, *codes: text, height=height)
+    assert len(rows) <= max(min(height, MAX_BLOCK_ROWS), 3)
+    for row in rows:
+        assert text_width(row) <= max(columns - 1, 1)
+        assert not re.search(r"[\x00-\x1f\x7f-\x9f]", row)  # no control character: no newline, no ESC
+    ids = {run_id for run_id, *_ in updates}
+    if rows and len(ids) + 1 <= min(height, MAX_BLOCK_ROWS):
+        assert len(rows) == len(ids) + 1  # the header, then each run once, loops in its parents or not
+
+
+def test_twenty_thousand_runs_with_long_titles_cost_the_tree_a_bounded_memory() -> None:
+    tree = RunTree()
+    tracemalloc.start()
+    try:
+        for number in range(20_000):
+            meta = run_meta(f"run-{number}-" + "i" * 200, state="completed")
+            update = schema.ToolCall(tool_call_id=f"run/{number}", title="spawn subagent: " + "t" * 5000)
+            tree.observe(meta, update, float(number))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # 0.8 MB measured for the 1000 kept; all 20,000 would take over 12 MB.
+    assert peak < 4_000_000
+    assert len(tree) == MAX_TRACKED_RUNS
+    assert tree.summary() == "20000 runs: 20000 completed"
 
 
 def test_a_long_title_is_kept_short_and_a_cut_ends_with_an_ellipsis() -> None:

@@ -63,6 +63,20 @@ def _char_width(char: str) -> int:
     return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
 
 
+def _first_spacing(text: str) -> int:
+    """Where the first character of ``text`` that is not a colour sequence or of no width is."""
+    at = 0
+    while at < len(text):
+        colour = _SGR.match(text, at)
+        if colour is not None:
+            at = colour.end()
+        elif not text[at].isascii() and _char_width(text[at]) == 0:
+            at += 1
+        else:
+            break
+    return at
+
+
 def text_width(text: str) -> int:
     """Columns ``text`` (one line, no control characters) takes on a terminal."""
     if text.isascii():
@@ -95,10 +109,10 @@ def advance_column(column: int, text: str, columns: int) -> int:
     character.
     """
     columns = max(columns, 1)
-    text = _SGR.sub("", text)
-    line_start = text.rfind("\n")
+    line_start = text.rfind("\n")  # only the last line counts (and a colour sequence holds no newline)
     if line_start >= 0:
         column, text = 0, text[line_start + 1 :]
+    text = _SGR.sub("", text)
     if text.isascii() and "\t" not in text:
         end = column + len(text)
         return end if end <= columns else (end - columns - 1) % columns + 1
@@ -166,6 +180,8 @@ class Console:
         self._broken = False
         self._footer: tuple[str, ...] = ()
         self._column = 0  # the column where the text written ends (see advance_column)
+        self._below_full_row = False
+        """The text written ends with a full row but the cursor is at the start of the next one."""
         self._width = self.columns() if is_terminal(stream) else DEFAULT_COLUMNS
         """The terminal's width as of the last write (the one ``_column`` is counted in)."""
 
@@ -200,7 +216,7 @@ class Console:
     def typed_newline(self) -> None:
         """The terminal echoed a newline a person typed: the cursor is at the start of a line."""
         with self._lock:
-            self.at_line_start, self._column = True, 0
+            self.at_line_start, self._column, self._below_full_row = True, 0, False
 
     def paint(self, text: str, *codes: str) -> str:
         """``text`` in the given SGR codes (``"2"`` dim, ``"1"`` bold, ``"32"`` green...) when colouring."""
@@ -227,29 +243,45 @@ class Console:
                 self._emit("\n")
 
     def _emit(self, text: str) -> None:
-        erase = ""
+        out = ""
         if self._footer:
-            erase = self._erase_footer()
+            out = self._erase_footer()
             self._width = self.columns()
+        if self._below_full_row:
+            # The text above ends with a full row, the terminal about to wrap, but the cursor already
+            # sits at the start of the row below. A newline would leave a blank row: it is already
+            # done. A tab would not wrap: it goes from the end of the full row.
+            at = _first_spacing(text)
+            first = text[at : at + 1]
+            if first == "\n":
+                out, text = out + text[:at], text[at + 1 :]
+                self._column, self.at_line_start = 0, True
+            elif first == "\t":
+                out += f"\x1b[A\x1b[{self._width}G"
+            self._below_full_row = not first
         self._column = advance_column(self._column, text, self._width)
-        self.at_line_start = text.endswith("\n")
-        self._raw(erase + text + self._footer_text())
+        if text:
+            self.at_line_start = text.endswith("\n")
+        self._raw(out + text + self._footer_text())
 
     def _erase_footer(self) -> str:
         """Erase the footer (the cursor is at the end of its last row) and go back to where the text
         above it ends."""
         up = len(self._footer) - 1
         out = "\r" + (f"\x1b[{up}A" if up else "") + "\x1b[J"
-        if not self.at_line_start and self._column < self._width:
-            # Up to the row the text ends on. A full row ends with the terminal about to wrap: the
-            # text goes on at the start of the row below, where the footer began.
-            out += f"\x1b[A\x1b[{self._column + 1}G"
+        if not self.at_line_start:
+            if self._column < self._width:
+                out += f"\x1b[A\x1b[{self._column + 1}G"  # up to the row the text ends on
+            else:
+                self._below_full_row = True  # the footer began where the full row's text goes on
         return out
 
     def _footer_text(self) -> str:
         if not self._footer:
             return ""
-        return ("" if self.at_line_start else "\n") + "\n".join(self._footer)
+        # After a full row the terminal wraps by itself at the footer's first character.
+        own_row = self.at_line_start or self._column >= self._width
+        return ("" if own_row else "\n") + "\n".join(self._footer)
 
     def _raw(self, text: str) -> None:
         if self._broken or not text:
