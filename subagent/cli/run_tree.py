@@ -40,7 +40,6 @@ _STATES: Final = ("running", "completed", "failed", "cancelled")
 _ENDED: Final = frozenset(_STATES[1:])
 _STATE_COLOR: Final = {"running": "33", "completed": "32", "failed": "31", "cancelled": "33"}
 _GLYPHS: Final = {"running": "\u25cf", "completed": "\u2713", "failed": "\u2717", "cancelled": "\u2298"}
-_ASCII_GLYPHS: Final = {"running": "*", "completed": "+", "failed": "x", "cancelled": "-"}
 _IDLE: Final = re.compile(r"last update (\d{1,9}(?:\.\d{1,3})?) s ago")
 """The idle time in a heartbeat's line (``child alive, last update 3.2 s ago``, see ``subagent serve``)."""
 _WAITING_PREFIX: Final = "waiting on a permission answer"
@@ -98,11 +97,9 @@ class RunTree:
         row.last_activity, row.waiting = _activity(update, now, row)
         return row if changed else None
 
-    def frame(
-        self, now: float, columns: int, paint: Paint, *, height: int = MAX_BLOCK_ROWS, unicode: bool = True
-    ) -> list[str]:
+    def frame(self, now: float, columns: int, paint: Paint, *, height: int = MAX_BLOCK_ROWS) -> list[str]:
         """The block's rows at ``now``: at most ``height`` (and :data:`MAX_BLOCK_ROWS`), each cut to
-        ``columns - 1`` (so a terminal never wraps one); ASCII marks unless ``unicode``."""
+        ``columns - 1`` (so a terminal never wraps one)."""
         if not self._rows:
             return []
         width = max(columns - 1, 1)
@@ -126,8 +123,7 @@ class RunTree:
             shown = [entry for i, entry in enumerate(ordered) if i in kept]
             hidden = [entry for i, entry in enumerate(ordered) if i not in kept]
         rows = [paint(fit_width(header, width), "1")]
-        glyphs = _GLYPHS if unicode else _ASCII_GLYPHS
-        rows += [_row_text(depth, row, now, width, paint, glyphs[row.state]) for depth, row in shown]
+        rows += [_row_text(depth, row, now, width, paint, _GLYPHS[row.state]) for depth, row in shown]
         if hidden:
             running = sum(row.state == "running" for _, row in hidden)
             more = f"\u2026 and {len(hidden)} more ({running} running)"

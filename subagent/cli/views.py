@@ -9,8 +9,8 @@
   agent's subagent tree (``subagent serve`` marks them, see below) reads ``run <title>: <status>``,
   indented one step per level below the session.
 
-  Live, on a terminal with colour (see :func:`~subagent.cli.console.use_color`), those runs are
-  shown instead as a block kept below the rest (:class:`~subagent.cli.run_tree.RunTree`, drawn as the
+  Live, on a UTF-8 terminal with colour (see :func:`~subagent.cli.console.use_color`), those runs
+  are shown instead as a block kept below the rest (:class:`~subagent.cli.run_tree.RunTree`, drawn as the
   console's footer): one row per run, indented by depth, with its state and last activity, redrawn
   at each change and, while :meth:`RunView.tick` runs, each second for the ages. A run that fails
   or is cancelled also gets its ``run`` line above the block. When the turn ends the block gives
@@ -143,8 +143,9 @@ class HumanView(RunView):
     permission prompts, interrupt notes and, when ``decisions`` is true, permission decisions.
 
     ``live`` shows the runs of the agent's subagent tree as a block redrawn in place; by default
-    when there is progress to show and the console colours a terminal. ``clock`` gives the time
-    the block's ages count in (``time.monotonic``).
+    when there is progress to show and the console colours a terminal that takes UTF-8 (elsewhere
+    text would be escaped, and its width unknown). ``clock`` gives the time the block's ages count
+    in (``time.monotonic``).
     """
 
     def __init__(
@@ -159,7 +160,7 @@ class HumanView(RunView):
         self.console = console
         self.progress = progress
         self.decisions = progress if decisions is None else decisions
-        self.live = progress and (console.color and is_terminal(console.stream) if live is None else live)
+        self.live = progress and (_can_draw(console) if live is None else live)
         self._clock = clock
         self._streaming: str | None = None  # "message" or "thought" while text is flowing
         self._last_plan: list[tuple[str, str]] | None = None
@@ -323,11 +324,8 @@ class HumanView(RunView):
         if not self.live or self._held or self._over:
             return
         console = self.console
-        unicode = "utf" in (getattr(console.stream, "encoding", None) or "utf-8").lower()
         # At most half the terminal's rows: a block taller than the screen could not be moved over.
-        rows = self._runs.frame(
-            self._clock(), console.columns(), console.paint, height=console.height() // 2, unicode=unicode
-        )
+        rows = self._runs.frame(self._clock(), console.columns(), console.paint, height=console.height() // 2)
         console.set_footer(rows)
 
     def _end_block(self) -> None:
@@ -455,6 +453,13 @@ class EventView(RunView):
 
     def log(self, record: logging.LogRecord, message: str) -> None:
         self.emit("log", level=record.levelname.lower(), logger=record.name, message=record.getMessage())
+
+
+def _can_draw(console: Console) -> bool:
+    """Whether ``console`` can show a live block: a colour terminal taking UTF-8."""
+    encoding = getattr(console.stream, "encoding", None)
+    unicode = isinstance(encoding, str) and encoding.lower().replace("-", "").replace("_", "") == "utf8"
+    return console.color and unicode and is_terminal(console.stream)
 
 
 def _run_meta(update: schema.ToolCall | schema.ToolCallProgress) -> Mapping[str, Any] | None:
