@@ -395,9 +395,9 @@ def test_a_terminal_too_narrow_for_label_and_state_gets_the_row_cut_whole() -> N
 
 
 def test_a_hostile_title_is_shown_inert_on_one_row() -> None:
-    view, stream, _ = live_view(color=True)
+    view, stream, _ = live_view(columns=120, color=True)
     feed = Feed(view)
-    title = "spawn subagent: evil\x1b[2J\x1b]0;owned\x07\r\nnext\x9b31m line\ttab"
+    title = "spawn subagent: evil\x1b[2J\x1b]0;owned\x07\r\nnext\x9b31m line\ttab \u202eright-to-left\u202c"
     feed.start("a", title)
     done(view)
     output = stream.getvalue()
@@ -407,8 +407,13 @@ def test_a_hostile_title_is_shown_inert_on_one_row() -> None:
     assert "\x1b]" not in output
     assert "\x07" not in output
     assert "\x9b" not in output
-    screen = Screen(60).feed(output).lines()
-    assert screen[:2] == ["1 run: 1 running", "done: completed in 2.5 s"]
+    assert "\u202e" not in output
+    (frame,) = re.findall(r"\x1b\[1mruns: .*?\x1b\[J", output, re.DOTALL)
+    assert re.sub(r"\x1b\[[0-9;]*m", "", frame) == (
+        "runs: 1 running\n"
+        "  \u25cf spawn: evil[2J]0;owned next31m line tab right-to-left  running, 0 s ago\r\x1b[1A\x1b[J"
+    )
+    assert Screen(120).feed(output).lines() == ["1 run: 1 running", "done: completed in 2.5 s"]
 
 
 def test_heartbeats_set_the_last_activity_and_a_wait_on_permission_shows() -> None:

@@ -16,6 +16,7 @@ broken, and at most :data:`MAX_TRACKED_RUNS` runs are remembered.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -207,7 +208,12 @@ def _label(provider: object, title: str) -> str:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(sanitize(text[: MAX_LABEL_CHARS * 2]).split())[:MAX_LABEL_CHARS]
+    """``text`` folded to one line, without control or format characters (no bidi overrides that
+    would reorder the row around it)."""
+    text = sanitize(text[: MAX_LABEL_CHARS * 2])
+    if not text.isascii():
+        text = "".join(char for char in text if char.isascii() or unicodedata.category(char) != "Cf")
+    return " ".join(text.split())[:MAX_LABEL_CHARS]
 
 
 def _activity(
