@@ -23,9 +23,10 @@ from subagent.providers.acp import AcpProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import AgentRegistry, FunctionTool, Reply, ScriptedLlm, Tool, When, call
 from subagent.runtime.llm import LlmError, LlmErrorKind
+from subagent.runtime.tools import Approver
 from subagent.testing import stub_agent_argv
 from subagent.tool import SubagentTool
-from subagent.types import Usage
+from subagent.types import SubagentResult, Usage
 
 pytestmark = pytest.mark.anyio
 
@@ -84,6 +85,26 @@ def depth(span: ReadableSpan) -> int:
     return value
 
 
+async def run_spawned(
+    llm: ScriptedLlm,
+    prompt: str = "go",
+    *,
+    delegate: bool = False,
+    tools: Sequence[Tool] = (),
+    approver: Approver | None = None,
+) -> tuple[SubagentResult, str]:
+    """One ``spawn`` run to its end, and its id; with ``delegate``, its tools are the lookup tool and
+    the subagent tool (so it can spawn children)."""
+    service = SubagentService(progress_interval=None)
+    if delegate:
+        tools = [lookup_tool(), SubagentTool(service).for_agents()]
+    service.register_provider(SpawnProvider(llm=llm, agents=AgentRegistry(), tools=tools, approver=approver))
+    async with service:
+        with anyio.fail_after(30):
+            run = service.start("spawn", SubagentRequest(prompt=prompt))
+            return await run.result(), run.id
+
+
 def delegation_script() -> NamedModel:
     """A parent that delegates to a spawned child, which calls the lookup tool, then both answer."""
     return NamedModel(
@@ -115,13 +136,7 @@ def delegation_script() -> NamedModel:
 async def test_a_spawned_delegation_is_one_trace_of_agent_chat_and_tool_spans_nested_along_the_chain(
     spans: InMemorySpanExporter,
 ) -> None:
-    service = SubagentService(progress_interval=None)
-    tools: list[Tool] = [lookup_tool(), SubagentTool(service).for_agents()]
-    service.register_provider(SpawnProvider(llm=delegation_script(), agents=AgentRegistry(), tools=tools))
-    async with service:
-        with anyio.fail_after(30):
-            run = service.start("spawn", SubagentRequest(prompt="alpha task"))
-            result = await run.result()
+    result, run_id = await run_spawned(delegation_script(), "alpha task", delegate=True)
     assert result.output == "alpha done"
 
     named = by_name(spans.get_finished_spans())
@@ -143,8 +158,8 @@ async def test_a_spawned_delegation_is_one_trace_of_agent_chat_and_tool_spans_ne
         "gen_ai.operation.name": "invoke_agent",
         "gen_ai.provider.name": "subagent-seam",
         "gen_ai.agent.name": "spawn",
-        "gen_ai.agent.id": run.id,
-        "gen_ai.conversation.id": run.id,
+        "gen_ai.agent.id": run_id,
+        "gen_ai.conversation.id": run_id,
         "subagent.provider": "spawn",
         "subagent.run.depth": 1,
         "subagent.stop_reason": "completed",
@@ -158,7 +173,7 @@ async def test_a_spawned_delegation_is_one_trace_of_agent_chat_and_tool_spans_ne
         "gen_ai.agent.id": child_id,
         "gen_ai.conversation.id": child_id,
         "subagent.provider": "spawn",
-        "subagent.parent.id": run.id,
+        "subagent.parent.id": run_id,
         "subagent.run.depth": 2,
         "subagent.stop_reason": "completed",
         "gen_ai.usage.input_tokens": 50,
@@ -287,11 +302,7 @@ async def test_a_failing_model_call_ends_its_chat_span_and_the_run_span_with_err
     spans: InMemorySpanExporter,
 ) -> None:
     failing = NamedModel([Reply(error=LlmError(LlmErrorKind.RATE_LIMITED, "slow down"))])
-    service = SubagentService(progress_interval=None)
-    service.register_provider(SpawnProvider(llm=failing, agents=AgentRegistry()))
-    async with service:
-        with anyio.fail_after(30):
-            result = await service.start("spawn", SubagentRequest(prompt="go")).result()
+    result, _ = await run_spawned(failing)
     assert result.stop_reason == "error"
 
     named = by_name(spans.get_finished_spans())
@@ -339,13 +350,7 @@ async def test_an_approval_wait_is_a_permission_span_inside_its_tool_call(
             Reply("refused, as expected", when=When(after_tool_result=True)),
         ]
     )
-    service = SubagentService(progress_interval=None)
-    service.register_provider(
-        SpawnProvider(llm=llm, agents=AgentRegistry(), tools=[guarded], approver=lambda invocation: False)
-    )
-    async with service:
-        with anyio.fail_after(30):
-            result = await service.start("spawn", SubagentRequest(prompt="go")).result()
+    result, _ = await run_spawned(llm, tools=[guarded], approver=lambda invocation: False)
     assert result.output == "refused, as expected"
 
     named = by_name(spans.get_finished_spans())
@@ -409,11 +414,7 @@ async def test_content_goes_on_spans_only_when_asked_for_and_cut_short(
 ) -> None:
     monkeypatch.setenv(telemetry.CAPTURE_CONTENT_ENV, "1")
     long_prompt = "x" * (telemetry.CAPTURED_CONTENT_CHARS + 100)
-    service = SubagentService(progress_interval=None)
-    service.register_provider(SpawnProvider(llm=NamedModel(["the answer"]), agents=AgentRegistry()))
-    async with service:
-        with anyio.fail_after(30):
-            await service.start("spawn", SubagentRequest(prompt=long_prompt)).result()
+    await run_spawned(NamedModel(["the answer"]), long_prompt)
 
     (invoked,) = by_name(spans.get_finished_spans())["invoke_agent spawn"]
     sent = json.loads(attributes(invoked)["gen_ai.input.messages"])
@@ -472,12 +473,7 @@ async def test_nothing_is_recorded_and_no_tracer_is_asked_for_without_a_tracer_p
         trace.ProxyTracerProvider, "get_tracer", lambda self, *args, **kwargs: asked.append("proxy")
     )
     assert not telemetry.enabled()
-    service = SubagentService(progress_interval=None)
-    tools: list[Tool] = [lookup_tool(), SubagentTool(service).for_agents()]
-    service.register_provider(SpawnProvider(llm=delegation_script(), agents=AgentRegistry(), tools=tools))
-    async with service:
-        with anyio.fail_after(30):
-            result = await service.start("spawn", SubagentRequest(prompt="alpha task")).result()
+    result, _ = await run_spawned(delegation_script(), "alpha task", delegate=True)
     assert result.output == "alpha done"
     assert asked == []
     assert telemetry.inject({"k": 1}) == {"k": 1}
