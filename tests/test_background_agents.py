@@ -620,11 +620,6 @@ async def test_a_notice_the_parent_read_in_its_log_is_not_handed_out_again_by_a_
         assert tool_results(requests[3])[-1] == NOTHING_TO_WAIT_FOR
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the wake turn's prompt comes from _take_prompt, which does not mark those children "
-    "collected, so a wait without handles in the woken turn hands their results out again",
-)
 async def test_a_notice_that_woke_the_parent_is_not_handed_out_again_by_a_wait() -> None:
     async with open_family(BackgroundOptions(wake=True)) as family:
         family.parent_model.steps = started_then(
@@ -688,11 +683,6 @@ async def test_a_background_childs_own_background_children_die_when_it_ends() ->
         assert grandchild.request.parent_id == notice.child.run_id
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a wake turn runs in the service's task group unguarded: an adapter that raises there "
-    "(not an LlmError) crashes the service's task group, and every other run with it",
-)
 async def test_a_wake_turn_whose_model_adapter_raises_leaves_the_service_and_other_children_alone(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
