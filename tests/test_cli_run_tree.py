@@ -480,8 +480,9 @@ def test_a_permission_question_takes_the_block_away_until_it_is_decided() -> Non
 
 
 @pytest.mark.anyio
-async def test_the_ticker_redraws_the_ages_and_stops_when_the_turn_ends(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("stopped_by", ["the turn's end", "its driver"])
+async def test_the_ticker_redraws_the_ages_until_the_turn_ends_or_its_driver_cancels_it(
+    monkeypatch: pytest.MonkeyPatch, stopped_by: str
 ) -> None:
     monkeypatch.setattr(views, "TICK_SECONDS", 0.01)
     view, stream, clock = live_view()
@@ -492,30 +493,14 @@ async def test_the_ticker_redraws_the_ages_and_stops_when_the_turn_ends(
             ticked = stream.shows("running, 7 s ago")
             clock.now += 7
             await ticked.wait()
-            done(view)
-        # The task group ended: the ticker returned on its own once the turn was over.
-    assert Screen(60).feed(stream.getvalue()).lines() == ["1 run: 1 running", "done: completed in 2.5 s"]
-
-
-@pytest.mark.anyio
-async def test_a_ticker_cancelled_by_its_driver_leaves_the_block_for_the_end_of_the_turn(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(views, "TICK_SECONDS", 0.01)
-    view, stream, clock = live_view()
-    Feed(view).start("a", "spawn subagent: child task")
-    with anyio.fail_after(20):
-        async with anyio.create_task_group() as group:
-            group.start_soon(view.tick)
-            ticked = stream.shows("running, 2 s ago")
-            clock.now += 2
-            await ticked.wait()
-            group.cancel_scope.cancel()  # as the driver does when the run is over, before ended()
-    assert Screen(60).feed(stream.getvalue()).lines() == [
-        "runs: 1 running",
-        "  \u25cf spawn: child task  running, 2 s ago",
-    ]
-    done(view)
+            if stopped_by == "its driver":
+                group.cancel_scope.cancel()  # as a driver does when the run is over, before ended()
+            else:
+                done(view)  # the ticker returns on its own: the task group can end
+    if stopped_by == "its driver":
+        lines = Screen(60).feed(stream.getvalue()).lines()
+        assert lines == ["runs: 1 running", "  \u25cf spawn: child task  running, 7 s ago"]
+        done(view)
     assert Screen(60).feed(stream.getvalue()).lines() == ["1 run: 1 running", "done: completed in 2.5 s"]
 
 
