@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+import signal
 import struct
 import subprocess
 import sys
@@ -698,7 +699,12 @@ def test_progress_on_a_terminal_shows_the_background_children_live_and_ends_with
         os.close(terminal)
         terminal = -1
         reader.start()
-        stdout, _ = process.communicate(timeout=BOUND)
+        try:
+            stdout, _ = process.communicate(timeout=BOUND)
+        finally:
+            if process.poll() is None:  # it hung: the test fails, but leaves nothing behind
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
         reader.join(BOUND)
         assert not reader.is_alive()
     finally:
