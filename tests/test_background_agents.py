@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from subagent import SubagentService
-from subagent.background import WAKE_PROMPT, BackgroundOptions, WakeTurn
+from subagent.background import WAKE_PROMPT, BackgroundOptions, Notice, WakeTurn
 from subagent.providers.fork import ForkProvider
 from subagent.runtime import (
     Agent,
@@ -83,6 +83,13 @@ class Family(Host):
 
     def new_agent(self, model: ParentModel) -> Agent:
         return Agent(llm=model.llm, tools=self.tool.agent_tools(), registry=self.agents)
+
+    async def sole_notice(self) -> Notice:
+        """The one notice that went out (waiting for it), which must be the parent agent's."""
+        await self.notices_count(1)
+        [notice] = self.notices
+        assert notice.parent_id == self.parent.id
+        return notice
 
     def wake_turns(self) -> Recorder[WakeTurn]:
         """The turns notices wake the parent for, from now on."""
@@ -390,13 +397,8 @@ async def test_cancelling_the_parents_turn_while_it_waits_disposes_its_children(
         with anyio.fail_after(WAIT):
             assert (await family.parent.run_turn("again")).output == "after the cancel"
             assert (await family.parent.run_turn("once more")).output == "started again"
-        await family.notices_count(1)
-        [notice] = family.notices
-        assert (notice.parent_id, notice.child.prompt, notice.child.state) == (
-            family.parent.id,
-            "task t",
-            "completed",
-        )
+        notice = await family.sole_notice()
+        assert (notice.child.prompt, notice.child.state) == ("task t", "completed")
         assert family.parent.messages[-1] == Message.user(notice.text)
 
 
@@ -673,13 +675,8 @@ async def test_a_background_childs_own_background_children_die_when_it_ends() ->
         with anyio.fail_after(WAIT):
             await grandchild.dispose()  # joins the disposal s's end began
         assert family.service.live_runs == ()
-        await family.notices_count(1)
-        [notice] = family.notices
-        assert (notice.parent_id, notice.child.prompt, notice.result.output) == (
-            family.parent.id,
-            "task s",
-            "after the tool",
-        )
+        notice = await family.sole_notice()
+        assert (notice.child.prompt, notice.result.output) == ("task s", "after the tool")
         assert grandchild.request.parent_id == notice.child.run_id
 
 
