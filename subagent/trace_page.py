@@ -188,8 +188,9 @@ class TraceBuilder:
         kind = event.get("event")
         if kind == "spawn":
             command = event.get("command")
-            if isinstance(command, list):
-                root.title = _label(" ".join(str(part) for part in command))
+            if isinstance(command, list) and command:
+                # The program's name only, until the agent names itself: an argument may be a secret.
+                root.title = _label(str(command[0]).rsplit("/", 1)[-1])
         elif kind == "start":
             self._started(event)
         elif kind == "prompt":

@@ -3,7 +3,8 @@
 ``chromium --remote-debugging-pipe`` reads protocol messages on its fd 3 and writes them on its fd 4,
 each a JSON object ended by a NUL byte. :func:`open_page` starts it in its own process group with a
 private profile under the test's directory, attaches to one page of the given size, and at the end
-kills the whole group and waits until every process of it is gone (a pidfd each: no polling).
+kills the whole group, and every process it started that left it (found by a tag in their
+environment), and waits until each is gone (a pidfd each: no polling).
 Every wait is bounded by the caller's ``anyio.fail_after``.
 
 The tests skip when chromium is not installed, unless ``SUBAGENT_REQUIRE_CHROMIUM=1`` (CI) makes
@@ -21,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Final
@@ -28,10 +30,12 @@ from typing import Any, Final
 import anyio
 import pytest
 
-from tests.leaks import live_group_members
+from tests.leaks import live_group_members, process_info
 
 __all__ = ["Page", "chromium_or_skip", "open_page"]
 
+TAG_VARIABLE: Final = "SUBAGENT_CHROMIUM_TAG"
+"""Set in chromium's environment (inherited by all it starts), so each of its processes can be found."""
 MAX_MESSAGE_BYTES: Final = 64 * 1024 * 1024
 """The largest protocol message read (a screenshot is a few hundred KiB of base64)."""
 
@@ -195,6 +199,7 @@ async def open_page(work_dir: Path, *, width: int = 1200, height: int = 700) -> 
     if os.geteuid() == 0:
         flags.insert(0, "--no-sandbox")  # chromium refuses to run its sandbox as root
     launcher = [sys.executable, "-c", _LAUNCHER, str(commands_read), str(replies_write), chromium, *flags]
+    tag = uuid.uuid4().hex
     with open(work_dir / "chromium.log", "wb") as log:  # noqa: ASYNC230 (a local file, opened once)
         process = await anyio.open_process(
             launcher,
@@ -203,6 +208,7 @@ async def open_page(work_dir: Path, *, width: int = 1200, height: int = 700) -> 
             stderr=log,
             pass_fds=(commands_read, replies_write),
             start_new_session=True,
+            env={**os.environ, TAG_VARIABLE: tag},
         )
     os.close(commands_read)
     os.close(replies_write)
@@ -225,26 +231,48 @@ async def open_page(work_dir: Path, *, width: int = 1200, height: int = 700) -> 
         yield page
     finally:
         with anyio.CancelScope(shield=True):
-            await _kill_group(process)
+            await _kill_all(process, tag)
             os.close(commands_write)
             os.close(replies_read)
 
 
-async def _kill_group(process: anyio.abc.Process) -> None:
-    """SIGKILL chromium's whole process group, then wait for each of its processes to be gone."""
-    group = process.pid
+def _tagged(tag: str) -> list[int]:
+    """The running processes whose environment carries ``TAG_VARIABLE=tag``."""
+    marker = f"{TAG_VARIABLE}={tag}".encode()
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as environ:
+                if marker not in environ.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue  # gone, or not ours to read
+        info = process_info(int(entry.name))
+        if info is not None and not info.is_zombie:
+            found.append(info.pid)
+    return found
+
+
+async def _kill_all(process: anyio.abc.Process, tag: str) -> None:
+    """SIGKILL chromium's process group and every process it started (found by ``tag``: its crash
+    handler leaves the group), then wait for each to be gone."""
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(group, signal.SIGKILL)
+        os.killpg(process.pid, signal.SIGKILL)
     await process.wait()
     with anyio.fail_after(30):
-        for member in live_group_members(group):
-            try:
-                pidfd = os.pidfd_open(member.pid)
-            except ProcessLookupError:
-                continue  # gone already
-            try:
-                # A pidfd reads ready when its process has exited: no polling.
-                await anyio.wait_readable(pidfd)
-            finally:
-                os.close(pidfd)
-    assert live_group_members(group) == []
+        # A process exiting may no longer show its environment, but is still in the group until it is gone.
+        while pids := {*_tagged(tag), *(member.pid for member in live_group_members(process.pid))}:
+            for pid in pids:
+                try:
+                    pidfd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    continue  # gone already
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    # A pidfd reads ready when its process has exited: no polling.
+                    await anyio.wait_readable(pidfd)
+                finally:
+                    os.close(pidfd)
+    assert live_group_members(process.pid) == []

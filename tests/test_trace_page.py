@@ -33,6 +33,7 @@ from subagent.trace_page import (
     render_trace_page,
 )
 from tests.chromium import open_page
+from tests.leaks import assert_no_leaks
 from tests.test_cli import LiveCli, run_cli, scenario
 
 HOSTILE_PROMPT: Final = "go </script><script>alert(1)</script> <!-- & <b>bold</b>"
@@ -222,6 +223,7 @@ def test_a_trace_is_written_when_the_agent_fails_to_start(tmp_path: Path) -> Non
     assert done.status == 2
     (root,) = trace_data(page.read_text())["runs"]
     assert (root["state"], root["stopReason"], root["prompt"]) == ("failed", "error", "hi")
+    assert root["title"] == os.path.basename(sys.executable)  # no argument: any may be a secret
     assert "no key" in root["error"]
     assert [mark[0] for mark in root["marks"]] == ["error"]
 
@@ -510,6 +512,13 @@ async def test_chromium_shows_one_labelled_bar_per_run_and_a_runs_details_on_cli
             assert [row["hidden"] for row in await page.evaluate(ROWS)] == [False] * 4
 
 
+ALPHA_IN_LANE: Final = """(() => {
+    const bar = document.querySelector('#rows .row[data-index="1"] .bar').getBoundingClientRect();
+    const lane = document.querySelector('#rows .row[data-index="1"] .lane').getBoundingClientRect();
+    return {left: bar.left - lane.left, right: bar.right - lane.left, lane: lane.width};
+})()"""
+
+
 def png_size(png: bytes) -> tuple[int, int]:
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", png[16:24])
@@ -529,11 +538,16 @@ async def test_chromium_screenshot_of_the_three_level_run_zoomed_in_on_its_child
         async with open_page(tmp_path, width=1200, height=700) as page:
             await page.open(page_file.as_uri())
             await page.wait_for_ready()
-            before = [row["barWidth"] for row in await page.evaluate(ROWS)]
+            ticks = "[...document.querySelectorAll('#ticks .tick')].map((tick) => tick.textContent)"
+            whole = await page.evaluate(ticks)
+            assert await page.evaluate("document.getElementById('zoom-out').hidden") is True
             await page.click('#rows .row[data-index="1"] .bar')
             await page.click("#zoom-in")
-            after = [row["barWidth"] for row in await page.evaluate(ROWS)]
-            assert after[1] > before[1]  # alpha's bar fills most of the timeline now
+            # The axis shows alpha's time now (however short it was), and a way back to the whole run.
+            assert await page.evaluate(ticks) != whole
+            assert await page.evaluate("document.getElementById('zoom-out').hidden") is False
+            alpha = await page.evaluate(ALPHA_IN_LANE)
+            assert 0 <= alpha["left"] <= alpha["right"] <= alpha["lane"]
             await page.click('#rows .row[data-index="3"] .bar')
             png = await page.screenshot()
     assert png_size(png) == (1200, 700)
@@ -548,7 +562,8 @@ async def test_chromium_renders_a_thousand_runs(tmp_path: Path) -> None:
     page_file = tmp_path / "thousand.html"
     page_file.write_text(render_trace_page(thousand_runs()))
     with anyio.fail_after(60):
-        async with open_page(tmp_path) as page:
+        # Chromium and every process it started are gone after, and no descriptor of ours is left open.
+        async with assert_no_leaks(), open_page(tmp_path) as page:
             await page.open(page_file.as_uri())
             await page.wait_for_ready()
             assert await page.evaluate("document.querySelectorAll('#rows .row').length") == 1001
