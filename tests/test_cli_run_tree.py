@@ -509,7 +509,7 @@ async def test_the_ticker_redraws_the_ages_until_the_turn_ends_or_its_driver_can
 async def test_a_view_with_nothing_live_has_a_ticker_that_returns_at_once() -> None:
     with anyio.fail_after(10):
         await HumanView(Console(io.StringIO(), color=False), progress=True).tick()
-        await live_view()[0].__class__(Console(FakeTerminal(), color=True), progress=False).tick()
+        await HumanView(Console(FakeTerminal(), color=True), progress=False).tick()
 
 
 # -- when not live -------------------------------------------------------------------------------------------
