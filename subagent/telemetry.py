@@ -88,6 +88,9 @@ CAPTURE_CONTENT_ENV: Final = "SUBAGENT_OTEL_CAPTURE_CONTENT"
 CAPTURED_CONTENT_CHARS: Final = 4096
 """How many characters of one captured prompt, output, argument list or result a span carries."""
 
+MAX_ID_CHARS: Final = 256
+"""How many characters of an id or a name a peer or a model chose (a tool call's) a span carries."""
+
 PROVIDER_NAME: Final = "subagent-seam"
 """The ``gen_ai.provider.name`` of agent spans, and the ``gen_ai.agent.name`` of served prompts."""
 
@@ -147,11 +150,17 @@ def capture_content() -> bool:
     return os.environ.get(CAPTURE_CONTENT_ENV, "").strip().lower() in {"1", "true", "yes"}
 
 
-def clip(text: str) -> str:
-    """``text`` cut to :data:`CAPTURED_CONTENT_CHARS` characters."""
-    if len(text) <= CAPTURED_CONTENT_CHARS:
+def clip(text: str, limit: int = CAPTURED_CONTENT_CHARS) -> str:
+    """``text`` cut to ``limit`` characters (:data:`CAPTURED_CONTENT_CHARS` unless given)."""
+    if len(text) <= limit:
         return text
-    return text[:CAPTURED_CONTENT_CHARS] + "…"
+    return text[:limit] + "…"
+
+
+def clip_id(text: str | None) -> str | None:
+    """An id or name a peer or a model chose, cut to :data:`MAX_ID_CHARS` characters: a span's
+    attributes are exported, so a peer must not make them large."""
+    return None if text is None else clip(text, MAX_ID_CHARS)
 
 
 def messages_json(role: str, text: str, finish_reason: str | None = None) -> str:

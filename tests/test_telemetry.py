@@ -528,3 +528,18 @@ def test_the_library_works_where_opentelemetry_cannot_be_imported() -> None:
     )
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.splitlines() == ["alpha done False None None", "[]"]
+
+
+async def test_an_id_a_model_chose_goes_on_a_span_cut_to_a_bound(spans: InMemorySpanExporter) -> None:
+    huge_id = "call-" + "x" * 100_000
+    llm = NamedModel(
+        [
+            Reply(tool_calls=[call("lookup", {}, id=huge_id)], when=When(after_tool_result=False)),
+            Reply("done", when=When(after_tool_result=True)),
+        ]
+    )
+    result, _ = await run_spawned(llm, tools=[lookup_tool()])
+    assert result.output == "done"
+
+    (tool,) = by_name(spans.get_finished_spans())["execute_tool lookup"]
+    assert attributes(tool)["gen_ai.tool.call.id"] == huge_id[: telemetry.MAX_ID_CHARS] + "…"

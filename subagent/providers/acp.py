@@ -985,7 +985,10 @@ class _TracedPolicy:
         span = telemetry.start_span(
             "permission_wait",
             "internal",
-            {"gen_ai.tool.call.id": question.tool_call_id, "subagent.permission.kind": question.kind},
+            {
+                "gen_ai.tool.call.id": telemetry.clip_id(question.tool_call_id),
+                "subagent.permission.kind": telemetry.clip_id(question.kind),
+            },
             self._parent,
         )
         outcome, failure = "cancelled", None

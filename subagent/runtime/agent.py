@@ -734,14 +734,14 @@ class Agent:
             return output, failure is not None
         attributes = {
             "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": call.name,
-            "gen_ai.tool.call.id": call.id,
+            "gen_ai.tool.name": telemetry.clip_id(call.name),
+            "gen_ai.tool.call.id": telemetry.clip_id(call.id),
             "gen_ai.tool.type": "function",
         }
         capture = telemetry.capture_content()
         if capture:
             attributes["gen_ai.tool.call.arguments"] = telemetry.clip(call.arguments)
-        span = telemetry.start_span(f"execute_tool {call.name}", "internal", attributes)
+        span = telemetry.start_span(f"execute_tool {telemetry.clip_id(call.name)}", "internal", attributes)
         try:
             with telemetry.current(span):
                 output, failure = await self._execute_tool_call(call)
@@ -790,7 +790,10 @@ class Agent:
             telemetry.start_span(
                 f"permission_wait {invocation.tool}",
                 "internal",
-                {"gen_ai.tool.name": invocation.tool, "gen_ai.tool.call.id": invocation.call_id},
+                {
+                    "gen_ai.tool.name": invocation.tool,
+                    "gen_ai.tool.call.id": telemetry.clip_id(invocation.call_id),
+                },
             )
             if telemetry.enabled()
             else None
