@@ -1142,7 +1142,9 @@ async def test_a_host_that_never_asks_keeps_only_its_latest_unread_notices(
         BackgroundChildren(service) as background,
     ):
         handles = await run_children(background, 5, collect=False)
+        kept = [info.handle for info in background.children("host")]
         prompt = await background.next_turn_prompt("host", timeout=0)
+    assert kept == handles[2:]  # a child goes with its dropped notice
     assert prompt == "\n\n".join(
         f"[background subagent {handle} (spawn) completed]\nTask: job {index}\n\nanswer {index}"
         for index, handle in enumerate(handles)
@@ -1154,14 +1156,18 @@ async def test_a_host_that_never_asks_keeps_only_its_latest_unread_notices(
     ]
 
 
-async def test_a_host_that_never_asks_keeps_a_bounded_number_of_ended_children(
-    monkeypatch: pytest.MonkeyPatch,
+async def test_a_parent_keeps_at_most_max_kept_ended_children_read_or_not(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(background_module, "MAX_UNSEEN_NOTICES", 3)
-    monkeypatch.setattr(background_module, "MAX_KEPT_COLLECTED", 3)
+    monkeypatch.setattr(background_module, "MAX_KEPT_ENDED", 3)
     async with answering_service(lambda: "ok") as service, BackgroundChildren(service) as background:
-        await run_children(background, 10, collect=False)
-        assert len(background.children("host")) <= 6
+        handles = await run_children(background, 5, collect=False)
+        assert [info.handle for info in background.children("host")] == handles[2:]
+        with pytest.raises(BackgroundError) as forgotten:
+            background.result("host", handles[1])
+        assert forgotten.value.kind is BackgroundErrorKind.UNKNOWN_HANDLE
+    dropped = [r.getMessage() for r in caplog.records if r.name == "subagent.background"]
+    assert dropped == [f"parent host: the result of {handle} was dropped unread" for handle in handles[:2]]
 
 
 async def test_the_memory_of_a_parent_that_receives_every_result_stays_bounded() -> None:
