@@ -621,6 +621,12 @@ _SCRIPT: Final = r"""
     const parts = [(run.provider || "run") + ": " + run.title, "state: " + run.state];
     if (run.stopReason) parts.push("stop reason: " + run.stopReason);
     parts.push(seconds(run.start) + " to " + (run.end === null ? "(not ended)" : seconds(run.end)));
+    const excerpt = (text) => (text.length > 160 ? text.slice(0, 159) + "\u2026" : text);
+    if (run.prompt) parts.push("prompt: " + excerpt(run.prompt));
+    if (run.output) parts.push("output: " + excerpt(run.output));
+    if (run.error) parts.push("error: " + excerpt(run.error));
+    if (run.usage) parts.push("usage: " + excerpt(JSON.stringify(run.usage)));
+    parts.push("(click for the details)");
     return parts.join("\n");
   }
 
@@ -661,6 +667,13 @@ _SCRIPT: Final = r"""
     }
     row.append(label, lane);
     row.addEventListener("click", () => select(index));
+    row.tabIndex = 0;
+    row.addEventListener("keydown", (event) => {
+      if (event.key === "Enter" || event.key === " ") {
+        event.preventDefault();
+        select(index);
+      }
+    });
     return row;
   }
 

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from subagent.cli.commands import DEMO_PROMPT
 from subagent.trace_page import (
     MAX_KEPT_CHARS,
     MAX_KEPT_MARKS,
@@ -34,7 +35,7 @@ from subagent.trace_page import (
 )
 from tests.chromium import open_page
 from tests.leaks import assert_no_leaks
-from tests.test_cli import LiveCli, run_cli, scenario
+from tests.test_cli import ASKING_TURN, LiveCli, one_turn, run_cli, scenario
 
 HOSTILE_PROMPT: Final = "go </script><script>alert(1)</script> <!-- & <b>bold</b>"
 
@@ -161,6 +162,35 @@ def test_the_trace_shows_the_run_tree_in_order_with_prompts_outputs_and_usage(re
         assert [(kind, status) for kind, _, _, _, status in run["marks"] if kind == "tool"] == [
             ("tool", "completed")
         ]
+
+
+@pytest.mark.subprocess
+def test_events_file_holds_the_prompt_then_the_lines_events_writes_on_stderr(tmp_path: Path) -> None:
+    agent = scenario(tmp_path, one_turn(*ASKING_TURN))
+    events_file = tmp_path / "events.jsonl"
+    done = run_cli(tmp_path, "run", "--events", "--events-file", str(events_file), "--permission", "allow",
+                   "-p", "edit it", "--", *agent)  # fmt: skip
+    assert (done.status, done.stdout) == (0, "I edited config.json.\n")
+    recorded = [json.loads(line) for line in events_file.read_text().splitlines()]
+    for line in recorded:
+        line.pop("time")
+    assert recorded == [{"event": "prompt", "text": "edit it", "chars": 7}, *done.events()]
+
+
+@pytest.mark.subprocess
+def test_the_demos_trace_shows_its_tool_calls_and_the_permission_it_answered(tmp_path: Path) -> None:
+    page = tmp_path / "demo.html"
+    done = run_cli(tmp_path, "demo", "--only", "acp", "--no-progress", "--trace", str(page))
+    assert done.status == 0
+    (root,) = trace_data(page.read_text())["runs"]
+    assert (root["title"], root["state"], root["prompt"]) == ("Stub agent 0.1.0", "completed", DEMO_PROMPT)
+    assert [(kind, label, status) for kind, _, _, label, status in root["marks"]] == [
+        ("text", "answer text", None),
+        ("tool", "Read README.md", "completed"),
+        ("tool", "Write SUMMARY.md", "completed"),
+        ("permission", "permission: Write SUMMARY.md", "allow_once (demo)"),
+        ("text", "answer text", None),
+    ]
 
 
 @pytest.mark.subprocess
@@ -487,6 +517,15 @@ async def test_chromium_shows_one_labelled_bar_per_run_and_a_runs_details_on_cli
             assert indents == sorted(indents)
             assert len(set(indents)) == 4
             assert all(row["bar"] == "bar state-completed" and row["barWidth"] >= 3 for row in rows)
+
+            # Hovering a bar shows what it did in short.
+            hover = await page.evaluate("document.querySelector('#rows .row[data-index=\"3\"] .bar').title")
+            assert hover.splitlines()[4:] == [
+                "prompt: gamma: count the files",
+                "output: There are 3 files.",
+                'usage: {"inputTokens":40}',
+                "(click for the details)",
+            ]
 
             await page.click('#rows .row[data-index="3"] .bar')
             details = await page.evaluate(DETAILS)
