@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from subagent import SubagentRequest, SubagentService, telemetry
+from subagent.acp import schema
 from subagent.providers.acp import AcpProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import AgentRegistry, FunctionTool, Reply, ScriptedLlm, Tool, When, call
@@ -27,6 +28,7 @@ from subagent.runtime.tools import Approver
 from subagent.testing import stub_agent_argv
 from subagent.tool import SubagentTool
 from subagent.types import SubagentResult, Usage
+from tests.test_serve import served
 
 pytestmark = pytest.mark.anyio
 
@@ -543,3 +545,50 @@ async def test_an_id_a_model_chose_goes_on_a_span_cut_to_a_bound(spans: InMemory
 
     (tool,) = by_name(spans.get_finished_spans())["execute_tool lookup"]
     assert attributes(tool)["gen_ai.tool.call.id"] == huge_id[: telemetry.MAX_ID_CHARS] + "…"
+
+
+# -- subagent serve in memory: which trace context a prompt continues -------------------------------------
+
+SESSION_TRACE: Final = "00-11111111111111111111111111111111-2222222222222222-01"
+PROMPT_TRACE: Final = "00-33333333333333333333333333333333-4444444444444444-01"
+
+
+async def serve_one_prompt(session_meta: dict[str, Any] | None, prompt_meta: dict[str, Any] | None) -> None:
+    """One session of ``subagent serve`` in memory, and one prompt in it, with those ``_meta``."""
+    async with served(NamedModel(fallback="hello")) as (_, client):
+        with anyio.fail_after(30):
+            created = await client.connection.request(
+                schema.SESSION_NEW,
+                {"cwd": str(ROOT), "mcpServers": [], "_meta": session_meta},
+                result_type=dict,
+            )
+            prompt = {"sessionId": created["sessionId"], "prompt": [{"type": "text", "text": "hi"}]}
+            if prompt_meta is not None:
+                prompt["_meta"] = prompt_meta
+            answer = await client.connection.request(schema.SESSION_PROMPT, prompt, result_type=dict)
+    assert answer["stopReason"] == "end_turn"
+
+
+async def test_a_served_prompt_continues_its_own_trace_context_else_its_sessions(
+    spans: InMemorySpanExporter,
+) -> None:
+    await serve_one_prompt({"traceparent": SESSION_TRACE}, {"traceparent": PROMPT_TRACE})
+    await serve_one_prompt({"traceparent": SESSION_TRACE}, None)
+    await serve_one_prompt({"traceparent": "00-not-a-trace-context"}, None)
+
+    prompts = sorted(
+        by_name(spans.get_finished_spans())["invoke_agent subagent-seam"],
+        key=lambda span: span.start_time or 0,
+    )
+    parents = [
+        None
+        if span.parent is None
+        else (format(span.parent.trace_id, "032x"), format(span.parent.span_id, "016x"))
+        for span in prompts
+    ]
+    assert parents == [
+        ("33333333333333333333333333333333", "4444444444444444"),
+        ("11111111111111111111111111111111", "2222222222222222"),
+        None,  # a malformed trace context is ignored: the prompt starts a trace of its own
+    ]
+    assert {span.kind for span in prompts} == {SpanKind.SERVER}
