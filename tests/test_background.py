@@ -52,7 +52,7 @@ from subagent.runtime import (
 from subagent.service import ServiceRun
 from subagent.testing.pytest_plugin import StubAgentCommand
 from subagent.tool import SubagentTool
-from subagent.types import SubagentRunInfo
+from subagent.types import SubagentRunEndInfo, SubagentRunInfo
 from tests.leaks import assert_no_leaks, process_is_gone
 from tests.test_faults import acp_run, child_pid
 
@@ -1395,3 +1395,26 @@ async def test_a_notice_shows_the_start_of_a_long_task_on_one_line() -> None:
             f"[background subagent {result.handle} (spawn) completed]\nTask: {one_line[:99]}…\n\nanswer a"
         )
         assert notice.child.prompt == prompt  # whole, for the host
+
+
+async def test_closing_the_tool_synchronously_disposes_its_children_while_the_service_runs(
+    stub_agent_command: StubAgentCommand, tmp_path: Path
+) -> None:
+    provider, gates = held_acp(stub_agent_command, tmp_path)
+    async with open_host(None, provider) as host:
+        await host.start("a")
+        await host.start("b", "acp")
+        with anyio.fail_after(WAIT):
+            await host.model.held("a")
+            await gates.asked.wait()
+        runs, pid = host.service.live_runs, acp_pid(host.service)
+        ended: Recorder[SubagentRunEndInfo] = Recorder()
+        host.service.events.on("subagent/end", ended)
+        host.tool.close()  # starts the disposal in the service's task group
+        await ended.count(2)
+        with anyio.fail_after(WAIT):
+            for run in runs:
+                await run.dispose()  # joins the disposal the close began
+        assert host.service.live_runs == ()
+        assert process_is_gone(pid)
+        assert host.notices == []
