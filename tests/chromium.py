@@ -200,18 +200,24 @@ async def open_page(work_dir: Path, *, width: int = 1200, height: int = 700) -> 
         flags.insert(0, "--no-sandbox")  # chromium refuses to run its sandbox as root
     launcher = [sys.executable, "-c", _LAUNCHER, str(commands_read), str(replies_write), chromium, *flags]
     tag = uuid.uuid4().hex
-    with open(work_dir / "chromium.log", "wb") as log:  # noqa: ASYNC230 (a local file, opened once)
-        process = await anyio.open_process(
-            launcher,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            pass_fds=(commands_read, replies_write),
-            start_new_session=True,
-            env={**os.environ, TAG_VARIABLE: tag},
-        )
-    os.close(commands_read)
-    os.close(replies_write)
+    try:
+        with open(work_dir / "chromium.log", "wb") as log:  # noqa: ASYNC230 (a local file, opened once)
+            process = await anyio.open_process(
+                launcher,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(commands_read, replies_write),
+                start_new_session=True,
+                env={**os.environ, TAG_VARIABLE: tag},
+            )
+    except BaseException:
+        os.close(commands_write)
+        os.close(replies_read)
+        raise
+    finally:
+        os.close(commands_read)  # chromium's ends: it has them now (or never will)
+        os.close(replies_write)
     for fd in (commands_write, replies_read):
         os.set_blocking(fd, False)
         fcntl.fcntl(fd, fcntl.F_SETFD, fcntl.FD_CLOEXEC)
