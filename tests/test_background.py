@@ -1121,15 +1121,30 @@ async def answering_service(answer: Callable[[], str]) -> AsyncIterator[Subagent
         yield service
 
 
-async def test_a_parent_keeps_only_its_latest_received_results(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(background_module, "MAX_KEPT_COLLECTED", 3)
+@pytest.mark.parametrize(
+    ("limit", "collect", "dropped"),
+    [
+        ("MAX_KEPT_COLLECTED", True, None),  # received results: forgotten quietly
+        ("MAX_KEPT_ENDED", False, "parent host: the result of {} was dropped unread"),
+    ],
+)
+async def test_a_parent_keeps_only_its_latest_ended_children(
+    limit: str,
+    collect: bool,
+    dropped: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(background_module, limit, 3)
     async with answering_service(lambda: "ok") as service, BackgroundChildren(service) as background:
-        handles = await run_children(background, 5, collect=True)
+        handles = await run_children(background, 5, collect=collect)
         assert [info.handle for info in background.children("host")] == handles[2:]
         with pytest.raises(BackgroundError) as forgotten:
-            background.result("host", handles[0])
+            background.result("host", handles[1])
         assert forgotten.value.kind is BackgroundErrorKind.UNKNOWN_HANDLE
         assert background.result("host", handles[4]).result.output == "ok"
+    logged = [r.getMessage() for r in caplog.records if r.name == "subagent.background"]
+    assert logged == ([] if dropped is None else [dropped.format(handle) for handle in handles[:2]])
 
 
 async def test_a_host_that_never_asks_keeps_only_its_latest_unread_notices(
@@ -1154,20 +1169,6 @@ async def test_a_host_that_never_asks_keeps_only_its_latest_unread_notices(
     assert dropped == [
         f"parent host: the notice of {handle} was dropped unread (3 kept)" for handle in handles[:2]
     ]
-
-
-async def test_a_parent_keeps_at_most_max_kept_ended_children_read_or_not(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    monkeypatch.setattr(background_module, "MAX_KEPT_ENDED", 3)
-    async with answering_service(lambda: "ok") as service, BackgroundChildren(service) as background:
-        handles = await run_children(background, 5, collect=False)
-        assert [info.handle for info in background.children("host")] == handles[2:]
-        with pytest.raises(BackgroundError) as forgotten:
-            background.result("host", handles[1])
-        assert forgotten.value.kind is BackgroundErrorKind.UNKNOWN_HANDLE
-    dropped = [r.getMessage() for r in caplog.records if r.name == "subagent.background"]
-    assert dropped == [f"parent host: the result of {handle} was dropped unread" for handle in handles[:2]]
 
 
 async def test_the_memory_of_a_parent_that_receives_every_result_stays_bounded() -> None:
