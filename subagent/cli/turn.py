@@ -16,6 +16,7 @@ from typing import Final, Literal
 
 import anyio
 
+from subagent._acp_usage import usage_from_acp
 from subagent.acp import schema
 from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.acp.transport import Transport
@@ -27,7 +28,7 @@ from subagent.cli.usage import UsageError
 from subagent.cli.views import RunView, StartInfo
 from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
 from subagent.service import ServiceRun, SubagentService
-from subagent.types import SubagentError, SubagentRequest, SubagentResult
+from subagent.types import RUN_META_KEY, SubagentError, SubagentRequest, SubagentResult, Usage, sum_usage
 
 __all__ = ["TurnOutcome", "TurnSpec", "drive"]
 
@@ -64,6 +65,31 @@ class TurnOutcome:
     result: SubagentResult
     start_error: str | None = None
     elapsed: float = 0.0
+    run_costs: dict[str, Usage] = dataclasses.field(default_factory=dict)
+    """The usage of each run of the agent's subagent tree that ended reporting one (``subagent serve``
+    sends it in the run's ``_meta``), by run id: bounded by ``MAX_COSTED_RUNS``."""
+
+    @property
+    def subtree_usage(self) -> Usage | None:
+        """The turn's own usage and its subagent tree's, added up (None when nothing reported any)."""
+        return sum_usage([self.result.usage, *self.run_costs.values()])
+
+
+MAX_COSTED_RUNS: Final = 100_000
+"""Runs of a subagent tree whose cost one turn remembers: a few MiB at most, whatever an agent sends."""
+
+
+def _note_run_cost(costs: dict[str, Usage], update: schema.SessionUpdate) -> None:
+    """Remember the usage a run's end update carries (``subagent serve``'s tree of runs)."""
+    if not isinstance(update, schema.ToolCallProgress) or update.meta is None:
+        return
+    run = update.meta.get(RUN_META_KEY)
+    if not isinstance(run, Mapping):
+        return
+    run_id, raw = run.get("runId"), run.get("usage")
+    usage = usage_from_acp(raw) if isinstance(raw, Mapping) else None
+    if isinstance(run_id, str) and usage is not None and (run_id in costs or len(costs) < MAX_COSTED_RUNS):
+        costs[run_id] = usage  # an agent that reports a run twice is counted once
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +183,15 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
         raise UsageError(str(exc)) from None
     request = SubagentRequest(prompt=spec.prompt, cwd=spec.cwd, timeout=spec.timeout)
     began = time.monotonic()
+    run_costs: dict[str, Usage] = {}
     async with anyio.create_task_group() as outer:
         interrupts = Interrupts(gate, outer)
         # The receiver stays open until the service has torn the agent down, so a Ctrl-C during
         # teardown is handled too, never raised as KeyboardInterrupt in the middle of it.
         await outer.start(interrupts.watch)
+        # Keeps a live view's clock-driven parts current (the run block's ages); cancelled with the
+        # task group below, before the gate reports the end.
+        outer.start_soon(view.tick)
         try:
             async with SubagentService() as service:
                 service.register_provider(provider)
@@ -180,6 +210,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
                 gate.announce = announce
 
                 def on_update(update: schema.SessionUpdate) -> None:
+                    _note_run_cost(run_costs, update)
                     gate.update(update, tool_calls.observe(update))
 
                 acp_run.on_update(on_update)
@@ -189,6 +220,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
         finally:
             outer.cancel_scope.cancel()
     outcome.elapsed = time.monotonic() - began
+    outcome.run_costs = run_costs
     denial = gate.last_denial
     if outcome.result.stop_reason == "cancelled" and denial is not None and not interrupts.count:
         # Nobody pressed Ctrl-C: the agent ended its own turn on our denial (Codex, for one,
