@@ -246,6 +246,30 @@ def test_bad_trace_paths_are_usage_errors(tmp_path: Path, args: list[str], messa
 
 
 @pytest.mark.subprocess
+def test_a_trace_page_that_cannot_be_written_ends_the_run_with_status_2_after_its_answer(
+    tmp_path: Path,
+) -> None:
+    agent = scenario(tmp_path, one_turn({"step": "message", "text": "hello"}))
+    taken = tmp_path / "taken"
+    taken.mkdir()  # a directory where the page should go: found only when it is written
+    done = run_cli(tmp_path, "run", "--trace", str(taken), "-p", "hi", "--", *agent)
+    assert (done.status, done.stdout) == (2, "hello\n")
+    assert done.stderr.startswith(f"subagent: --trace: cannot write {taken}: ")
+    assert list(tmp_path.glob(".taken.*")) == []  # the half-written file is gone
+
+
+@pytest.mark.subprocess
+def test_help_names_the_trace_command_and_the_run_options_that_record(tmp_path: Path) -> None:
+    top = run_cli(tmp_path, "--help")
+    assert "    trace        make the HTML trace page of a recorded run" in top.stdout
+    run = run_cli(tmp_path, "run", "--help")
+    for flag in ("--events-file FILE", "--trace FILE.html"):
+        assert flag in run.stdout
+    trace = run_cli(tmp_path, "trace", "--help")
+    assert trace.stdout.startswith("usage: subagent trace EVENTS.jsonl -o FILE.html [--title TEXT]\n")
+
+
+@pytest.mark.subprocess
 def test_a_trace_is_written_when_the_agent_fails_to_start(tmp_path: Path) -> None:
     page = tmp_path / "trace.html"
     agent = [sys.executable, "-c", "import sys; sys.stderr.write('no key\\n'); sys.exit(3)"]

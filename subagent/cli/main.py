@@ -28,6 +28,7 @@ from subagent.cli.usage import (
     UsageError,
     add_verbose,
 )
+from subagent.trace_page import MAX_TEXT_CHARS
 
 __all__ = ["main"]
 
@@ -59,7 +60,7 @@ output:
   session/update params, camelCase as on the wire), run, permission_request, permission,
   interrupt, start_failed, end, and log.
   --events-file FILE writes those lines to FILE (after a `prompt` line: the prompt's first
-  4,000 characters and its length) while stderr shows what it would without it.
+  {MAX_TEXT_CHARS:,} characters and its length) while stderr shows what it would without it.
   --trace FILE.html records them and writes the trace page when the run ends, however it
   ends: one self-contained HTML file (no network) with the run and its subagent tree on a
   timeline; `{PROG} trace EVENTS.jsonl -o FILE.html` makes it from an --events-file.
@@ -67,8 +68,9 @@ output:
 exit status:
   0 the turn completed; 1 it ended any other way (refusal, max_tokens, max_turns, timeout,
   error, cancelled); 2 bad usage, a bad config, a prompt too large to send (over {MAX_PROMPT_MIB} MiB as
-  one JSON message; no agent is started), or the agent failed to start (the message names
-  the command, its exit status and the tail of its stderr).
+  one JSON message; no agent is started), the agent failed to start (the message names
+  the command, its exit status and the tail of its stderr), or the --trace page could not
+  be written.
 
 interrupts:
   Ctrl-C once cancels the turn (session/cancel; an agent that ignores it is torn down after
