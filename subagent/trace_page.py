@@ -16,9 +16,10 @@ bar from its first ``running`` to its end, coloured by how it ended. Marks on a 
 (a ``permission_request`` to its ``permission``), streamed answer text, interrupts, errors, and
 warnings logged. Clicking a bar (or its label) shows its details: the prompt, the output, the
 usage, the stop reason, its times and its marks. A child's prompt is the ``prompt`` argument of
-its parent's delegating tool call (the first one not yet matched, in order); its output is the
-excerpt its run's last update carries; the root's prompt comes from a ``prompt`` event
-(``subagent run --trace`` and ``--events-file`` write one) and its output is its streamed text.
+one of its parent's delegating tool calls (the first not matched yet whose start the run's title
+quotes, else the first not matched yet); its output is the excerpt its run's last update carries.
+The root's prompt comes from a ``prompt`` event (``subagent run --trace`` and ``--events-file``
+write one) and its output is its streamed text.
 
 Every text of the agent's is data: it is embedded as JSON in a ``<script type="application/json">``
 with ``<``, ``>`` and ``&`` escaped, and the page's script inserts it with ``textContent`` only.
@@ -139,6 +140,17 @@ def _label(text: str) -> str:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _matching_prompt(pending: list[str], title: str | None) -> int:
+    """Which delegation prompt started the run titled ``title``: the first one its title quotes
+    (``<provider> subagent: <excerpt>``, as ``subagent serve`` titles a run), else the first one."""
+    excerpt = (title or "").partition("subagent: ")[2].removesuffix("\u2026")
+    if excerpt:
+        for index, prompt in enumerate(pending):
+            if " ".join(prompt.split()).startswith(excerpt):
+                return index
+    return 0
 
 
 def _content_text(content: object) -> str:
@@ -314,7 +326,7 @@ class TraceBuilder:
             self._runs[run_id] = run
             pending = self._pending_prompts.get(parent or self._root.id)
             if pending:
-                run.prompt.replace(pending.pop(0))
+                run.prompt.replace(pending.pop(_matching_prompt(pending, _text(event.get("title")))))
                 self._pending_count -= 1
         run.provider = _text(event.get("provider")) or run.provider
         run.title = _label(_text(event.get("title")) or run.title or run_id)

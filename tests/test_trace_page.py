@@ -360,6 +360,25 @@ def test_marks_show_tool_calls_permission_waits_errors_interrupts_and_warnings_o
     ]
 
 
+def test_a_childs_prompt_is_the_delegation_its_title_quotes_whatever_order_they_started_in() -> None:
+    builder = TraceBuilder()
+    builder.add(event("start", 0.0, runId="cli", sessionId="s"))
+    long_prompt = "first:  " + "word " * 40
+    for index, prompt in enumerate([long_prompt, "second task", "third task"]):
+        arguments = {"provider": "spawn", "prompt": prompt}
+        builder.add(tool_call(1.0, f"c{index}", title="subagent", rawInput=arguments))
+    # The second starts first; the first's title quotes its start only, whitespace folded.
+    titles = {"k2": "spawn subagent: second task", "k1": f"spawn subagent: first: {'word ' * 14}wo\u2026"}
+    for run_id, title in [*titles.items(), ("k3", "a title quoting nothing")]:
+        builder.add(event("run", 2.0, runId=run_id, parentId="cli", state="running", title=title))
+    runs = builder.data()["runs"]
+    assert [(run["id"], run["prompt"]) for run in runs[1:]] == [
+        ("k2", "second task"),
+        ("k1", long_prompt),
+        ("k3", "third task"),
+    ]
+
+
 def test_a_root_cut_short_reads_stopped_and_an_error_reads_failed() -> None:
     for stop, state in [("max_tokens", "stopped"), ("refusal", "stopped"), ("error", "failed")]:
         builder = TraceBuilder()
