@@ -717,3 +717,30 @@ async def test_a_parent_waiting_on_its_children_is_not_silent_to_its_own_idle_ti
         assert (
             normalised(waited) == f"The wait timed out. Still running or queued:\n{running_line(handle, 's')}"
         )
+
+
+@pytest.mark.parametrize("action", ["result", "cancel"])
+async def test_a_result_the_parent_read_while_its_notice_waited_is_not_also_delivered(action: str) -> None:
+    ref: list[Family] = []
+
+    async def read_after_notice(arguments: Any) -> str:
+        family = ref[0]
+        await family.notices_count(1)  # the notice waits in the busy parent's queue now
+        handle = family.handles()["s"]
+        read = await family.tool.execute_companion(action, {"handle": handle}, parent_id=family.parent.id)
+        return read.render()
+
+    reader = FunctionTool("read", "Read s's result.", {"type": "object", "properties": {}}, read_after_notice)
+    async with open_family(None, tools=(reader,)) as family:
+        ref.append(family)
+        family.parent_model.steps = [
+            lambda request: Reply(tool_calls=[delegate("s", "spawn")]),
+            releasing(family, "s", call("read")),
+            lambda request: "done",
+        ]
+        with anyio.fail_after(WAIT):
+            assert (await family.parent.run_turn("go")).output == "done"
+        text = notice_text(family.handles()["s"], "spawn", "s", "answer s")
+        requests = family.parent_model.llm.requests
+        assert tool_results(requests[2])[-1] == text
+        assert [m.content for m in family.parent.messages].count(text) == 1
