@@ -409,6 +409,9 @@ async def _read_events(
             event = json.loads(line)
         except ValueError:  # a traceback, say: kept for the failure message
             event = {"event": "not-json", "line": line.decode(errors="replace")}
+        else:
+            # When it was written: checked to be there and taken out, so the tests compare the rest exactly.
+            assert isinstance(event.pop("time"), float | int), event
         events.append(event)
         if interrupt_when is not None and not interrupted and interrupt_when(event):
             process.send_signal(signal.SIGINT)

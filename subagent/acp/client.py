@@ -450,9 +450,12 @@ class AcpSession:
         on_update: UpdateCallback | None = None,
         output: TurnOutput | None = None,
         updates: deque[schema.SessionUpdate] | None = None,
+        meta: Mapping[str, Any] | None = None,
     ) -> TurnResult:
         """Run one turn and return how it ended, with its updates (the most recent
         ``max_kept_updates``) and its final message.
+
+        ``meta`` is sent as the request's ``_meta`` (a trace context, say: ``traceparent``).
 
         ``updates`` is where the turn's updates are kept as they arrive (default: a fresh deque of
         at most ``max_kept_updates``); a caller that keeps every turn's updates in one bounded
@@ -488,7 +491,9 @@ class AcpSession:
         try:
             raw = await self._client._call(
                 schema.SESSION_PROMPT,
-                schema.PromptRequest(session_id=self.session_id, prompt=blocks),
+                schema.PromptRequest(
+                    session_id=self.session_id, prompt=blocks, meta=dict(meta) if meta is not None else None
+                ),
                 courtesy_cancel=False,  # ACP cancels a turn with session/cancel, not $/cancel_request
             )
         except anyio.get_cancelled_exc_class():

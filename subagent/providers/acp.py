@@ -886,7 +886,14 @@ class AcpRun(DisposeOnExit):
             watchers.start_soon(on_overflow)
             with anyio.CancelScope() as self._turn_scope:
                 try:
-                    turn = await session.prompt(text, on_update=record, output=output, updates=self.updates)
+                    turn = await session.prompt(
+                        # The turn's trace context, so the agent's spans for it join the caller's trace.
+                        text,
+                        on_update=record,
+                        output=output,
+                        updates=self.updates,
+                        meta=telemetry.inject(None),
+                    )
                 except (AgentExitedError, RequestError, ProtocolError, msgspec.MsgspecError) as exc:
                     # Caught here, inside the task group, so it is not wrapped in an exception group.
                     failure = exc
