@@ -42,6 +42,7 @@ import secrets
 import shutil
 import tempfile
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -225,9 +226,12 @@ class Notice:
     def text(self) -> str:
         """The notice as the parent model reads it: who ended, how, and the result."""
         child = self.child
+        # The closing line bounds what the child wrote: the child never learns its handle, so text it
+        # made up cannot pass for the end of its notice or for another child's.
         return (
             f"[background subagent {child.handle} ({child.provider}) {child.state}]\n"
-            f"Task: {_excerpt(child.prompt)}\n\n{self.result.render()}"
+            f"Task: {_excerpt(child.prompt)}\n\n{self.result.render()}\n"
+            f"[end of background subagent {child.handle}]"
         )
 
 
@@ -320,7 +324,8 @@ class _Parent:
     children: dict[str, _Child] = field(default_factory=dict)
     queue: deque[_Child] = field(default_factory=deque)
     running: int = 0
-    agent: Agent | None = None
+    # Weak: a parent agent dropped without close() must not be kept alive by its children's records.
+    agent_ref: weakref.ref[Agent] | None = None
     agent_disposer: Disposer | None = None
     # Notices the parent has not yet seen: for an agent, delivered or queued and not yet followed by a
     # model call; for a parent without an agent, not yet handed out by next_turn_prompt.
@@ -328,6 +333,10 @@ class _Parent:
     changed: anyio.Event = field(default_factory=anyio.Event)
     waking: bool = False
     closed: bool = False
+
+    @property
+    def agent(self) -> Agent | None:
+        return self.agent_ref() if self.agent_ref is not None else None
 
     def signal(self) -> None:
         self.changed.set()
@@ -380,7 +389,7 @@ class BackgroundChildren:
             return
         if parent.agent_disposer is not None:
             parent.agent_disposer()
-        parent.agent = agent
+        parent.agent_ref = weakref.ref(agent)
         parent.agent_disposer = agent.on_lifecycle(lambda event: self._on_lifecycle(parent, event))
 
     def parents(self) -> list[str]:
@@ -524,8 +533,17 @@ class BackgroundChildren:
         try:
             result = await run.result()
         except SubagentError as exc:
-            return seam_failure(
-                exc, lead="the subagent run failed", provider=provider, run_id=run.id, handle=handle
+            if not child.cancel_requested:
+                return seam_failure(
+                    exc, lead="the subagent run failed", provider=provider, run_id=run.id, handle=handle
+                )
+            # Cancelled, and disposed after the grace: still a cancel, with what it said so far when its
+            # provider keeps that (an ACP run's ``output``).
+            partial = getattr(run.provider_run, "output", "")
+            result = SubagentResult(
+                output=partial if isinstance(partial, str) else "",
+                stop_reason="cancelled",
+                error=f"it did not stop within {CANCEL_GRACE:g} s of being cancelled and was disposed",
             )
         spill = None
         if child.request.output_schema is None or result.structured is None:
@@ -912,7 +930,7 @@ class BackgroundChildren:
             # The same answer whether another parent has that handle or nobody does.
             raise BackgroundError(
                 BackgroundErrorKind.UNKNOWN_HANDLE,
-                f"no background subagent of yours has the handle {handle!r}",
+                f"no background subagent of yours has the handle {_excerpt(handle, 40)!r}",
             )
         return child
 
@@ -940,7 +958,8 @@ class BackgroundChildren:
             return None
         self._spilled += 1
         name = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in label)[:120]
-        path = os.path.join(directory, f"{name}-{self._spilled}.txt")
+        # A name nobody can take first in a shared run_dir: the exclusive open below then never fails.
+        path = os.path.join(directory, f"{name}-{self._spilled}-{secrets.token_hex(4)}.txt")
 
         def write() -> None:
             # Exclusive and private: a name taken by someone else is never written through.

@@ -158,7 +158,10 @@ def releasing(family: Family, name: str, tool_call: Any) -> Step:
 
 
 def notice_text(handle: str, provider: str, name: str, output: str) -> str:
-    return f"[background subagent {handle} ({provider}) completed]\nTask: task {name}\n\n{output}"
+    return (
+        f"[background subagent {handle} ({provider}) completed]\nTask: task {name}\n\n{output}\n"
+        f"[end of background subagent {handle}]"
+    )
 
 
 def tool_results(request: CompletionRequest) -> list[str]:
