@@ -62,7 +62,7 @@ from subagent.runtime.agent import (
     TurnCancelRequested,
     TurnEnded,
 )
-from subagent.service import ServiceRun, SubagentService
+from subagent.service import RunState, ServiceRun, SubagentService
 from subagent.types import (
     Disposer,
     ObservableRun,
@@ -128,6 +128,9 @@ completed its task; ``failed`` is any other end, a failed start included; ``canc
 cancelled by its parent, its owner or its own provider)."""
 
 _LIVE: frozenset[ChildState] = frozenset({"queued", "running"})
+
+_RUN_OVER = frozenset({RunState.ENDED, RunState.FAILED, RunState.DISPOSED})
+"""States of a run that will take no more messages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -733,6 +736,9 @@ class BackgroundChildren:
             )
             raise BackgroundError(BackgroundErrorKind.NOT_RUNNING, f"subagent {handle} {what}")
         run = child.run
+        if run.state in _RUN_OVER:
+            # Its result is in, its notice on the way: a message now would reach nobody.
+            raise BackgroundError(BackgroundErrorKind.NOT_RUNNING, f"subagent {handle} has ended")
         if not isinstance(run, SteerableRun):
             raise BackgroundError(
                 BackgroundErrorKind.NOT_STEERABLE,
