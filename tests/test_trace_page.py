@@ -24,6 +24,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from subagent.cli.commands import DEMO_PROMPT
+from subagent.cli.tracing import FanOut
+from subagent.cli.views import RunView
 from subagent.trace_page import (
     MAX_KEPT_CHARS,
     MAX_KEPT_MARKS,
@@ -652,3 +654,27 @@ async def test_chromium_renders_a_thousand_runs(tmp_path: Path) -> None:
             await page.click('#rows .row[data-index="0"] .toggle')
             visible = "document.querySelectorAll('#rows .row:not(.hidden)').length"
             assert await page.evaluate(visible) == 1
+
+
+@pytest.mark.anyio
+async def test_a_fan_out_keeps_every_views_tick_running_until_it_is_cancelled() -> None:
+    class Ticking(RunView):
+        def __init__(self) -> None:
+            self.running = anyio.Event()
+            self.stopped = False
+
+        async def tick(self) -> None:
+            self.running.set()
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.stopped = True
+
+    live, other = Ticking(), Ticking()
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(FanOut([live, RunView(), other]).tick)
+            await live.running.wait()
+            await other.running.wait()
+            task_group.cancel_scope.cancel()
+    assert (live.stopped, other.stopped) == (True, True)

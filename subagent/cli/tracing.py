@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Final
 
+import anyio
+
 from subagent.acp import schema
 from subagent.acp.handlers import PermissionDecision, PermissionQuestion
 from subagent.cli.tool_calls import ToolCallState
@@ -83,6 +85,12 @@ class FanOut(RunView):
     def log(self, record: logging.LogRecord, message: str) -> None:
         for view in self.views:
             view.log(record, message)
+
+    async def tick(self) -> None:
+        # Every view's clock-driven parts, the live one among them, kept current side by side.
+        async with anyio.create_task_group() as task_group:
+            for view in self.views:
+                task_group.start_soon(view.tick)
 
 
 class _LineSink(io.StringIO):
