@@ -471,24 +471,37 @@ class SubagentRunEndInfo:
 
 
 def sum_usage(usages: Iterable[Usage | None]) -> Usage | None:
-    """The total of several runs' usage: token counts added up, costs too when every cost given is in
+    """The total of several runs' usage: token counts added up (the total too, when every usage that
+    counts tokens has one or its input and output), costs too when every cost given is in
     the same currency (else the cost is left out: adding dollars to euros says nothing). The context
     window fields are snapshots of one session, so a total has none. None when no usage was given."""
     seen = False
     tokens: dict[str, Any] = {}  # ints only (Any: Usage also has a str field)
     costs: list[tuple[float, str | None]] = []
+    total: int | None = 0
     for usage in usages:
         if usage is None:
             continue
         seen = True
         for name in _TOKEN_FIELDS:
             value = getattr(usage, name)
-            if isinstance(value, int):
+            if isinstance(value, int) and name != "total_tokens":
                 tokens[name] = tokens.get(name, 0) + value
+        # A total is a total only if every part has one: given, or its input and output added up.
+        own = usage.total_tokens
+        if own is None and usage.input_tokens is not None and usage.output_tokens is not None:
+            own = usage.input_tokens + usage.output_tokens
+        counts_tokens = any(getattr(usage, name) is not None for name in _TOKEN_FIELDS)
+        if own is not None and total is not None:
+            total += own
+        elif counts_tokens:
+            total = None
         if usage.cost is not None:
             costs.append((usage.cost, usage.cost_currency))
     if not seen:
         return None
+    if total is not None and (total or "input_tokens" in tokens or "output_tokens" in tokens):
+        tokens["total_tokens"] = total
     currencies = {currency for _cost, currency in costs}
     if costs and len(currencies) == 1:
         return Usage(**tokens, cost=sum(cost for cost, _currency in costs), cost_currency=currencies.pop())

@@ -225,3 +225,26 @@ def test_a_progress_line_is_indented_by_a_sane_depth_only(depth: Any, indent: in
     update = run_update({"runId": "r1", "depth": depth})
     view.update(update, ToolCallState("run/r1", title="a run", status="completed"))
     assert stream.getvalue() == " " * indent + "run a run: completed\n"
+
+
+@pytest.mark.subprocess
+def test_json_output_gives_the_whole_trees_usage_beside_the_agents_own(tmp_path: Path) -> None:
+    def costing(reply: dict[str, Any], input_tokens: int, output_tokens: int) -> dict[str, Any]:
+        return {**reply, "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens}}
+
+    script = tmp_path / "script.json"
+    leaf, child, done = THREE_LEVELS[2:]
+    script.write_text(
+        json.dumps([*THREE_LEVELS[:2], costing(leaf, 100, 10), costing(child, 20, 2), costing(done, 3, 1)])
+    )
+    served = [sys.executable, "-m", "subagent", "serve", "--script", str(script)]
+    finished = run_cli(tmp_path, "run", "--json", "-p", "go", "--", *served)
+    assert finished.status == 0
+    # The agent's own turn is the last reply (3 + 1); the tree adds the child's and the grandchild's.
+    assert finished.json() == {
+        "output": "Done.",
+        "stopReason": "completed",
+        "error": None,
+        "usage": {"inputTokens": 3, "outputTokens": 1, "totalTokens": 4},
+        "subtreeUsage": {"inputTokens": 123, "outputTokens": 13, "totalTokens": 136},
+    }

@@ -21,8 +21,13 @@ def test_sum_usage_adds_token_counts_and_costs_in_one_currency_and_drops_the_con
         input_tokens=10, output_tokens=2, context_used=900, context_size=1000, cost=0.5, cost_currency="USD"
     )
     b = Usage(input_tokens=5, thought_tokens=7, cost=0.25, cost_currency="USD")
+    # b counts tokens but has no total (nor input and output to make one): the sum has no total either.
     assert sum_usage([a, None, b]) == Usage(
         input_tokens=15, output_tokens=2, thought_tokens=7, cost=0.75, cost_currency="USD"
+    )
+    given = Usage(input_tokens=1, output_tokens=1, total_tokens=5)  # a total may count more than both
+    assert sum_usage([a, given]) == Usage(
+        input_tokens=11, output_tokens=3, total_tokens=17, cost=0.5, cost_currency="USD"
     )
 
 
@@ -63,8 +68,10 @@ async def test_the_end_carries_the_runs_usage_wall_time_and_parent_and_the_subtr
         with anyio.fail_after(WAIT):
             results = [await run.result() for run in (root, child, grandchild, other)]
         # Live runs have reported nothing yet: the subtree counts what ended.
-        assert service.subtree_usage(root.id) == Usage(input_tokens=120, output_tokens=12)
-        assert service.subtree_usage(child.id) == Usage(input_tokens=20, output_tokens=2)
+        # Totals from input and output where none was given; the host's subtree has a run that counted
+        # input only, so its total is unknown rather than wrong.
+        assert service.subtree_usage(root.id) == Usage(input_tokens=120, output_tokens=12, total_tokens=132)
+        assert service.subtree_usage(child.id) == Usage(input_tokens=20, output_tokens=2, total_tokens=22)
         assert service.subtree_usage(grandchild.id) is None
         assert service.subtree_usage("host") == Usage(input_tokens=1120, output_tokens=12)
         assert service.subtree_usage("nobody") is None

@@ -17,7 +17,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import anyio
 
@@ -383,14 +383,16 @@ def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
     """Print the turn's outcome and return the exit status."""
     result = outcome.result
     if spec.json_output:
-        print_json(
-            {
-                "output": result.output,
-                "stopReason": result.stop_reason,
-                "error": result.error,
-                "usage": usage_to_acp(result.usage),
-            }
-        )
+        report: dict[str, Any] = {
+            "output": result.output,
+            "stopReason": result.stop_reason,
+            "error": result.error,
+            "usage": usage_to_acp(result.usage),
+        }
+        if outcome.run_costs:
+            # The agent's subagent tree reported what its runs used: the whole tree's total beside its own.
+            report["subtreeUsage"] = usage_to_acp(outcome.subtree_usage)
+        print_json(report)
     elif result.output and outcome.start_error is None:
         print_stdout(result.output if result.output.endswith("\n") else result.output + "\n")
     if outcome.start_error is not None:
