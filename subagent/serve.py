@@ -137,6 +137,7 @@ from subagent.tool import COMPANION_ACTIONS, DEFAULT_TOOL_NAME, SubagentTool
 from subagent.types import (
     LINEAGE_META_KEY,
     RUN_META_KEY,
+    TURN_META_KEY,
     Disposer,
     SubagentProgressInfo,
     SubagentResult,
@@ -471,7 +472,10 @@ class ServedAgent(AgentHandler):
         together."""
         background = session.subagent_tool.background if session.subagent_tool is not None else None
         usage = _UsageSum()
+        reporter = session.reporter
+        reporter.turn_began(1, woken=False)
         result = await session.agent.run_turn(text)
+        reporter.turn_ended(1, result)
         usage.add(result.usage)
         turns = 1
         while background is not None and result.stop_reason == "completed":
@@ -486,9 +490,11 @@ class ServedAgent(AgentHandler):
                     error=f"the prompt ran {turns} turns, and its background subagents asked for one more",
                 )
                 break
-            result = await session.agent.run_turn(prompt)
-            usage.add(result.usage)
             turns += 1
+            reporter.turn_began(turns, woken=True)
+            result = await session.agent.run_turn(prompt)
+            reporter.turn_ended(turns, result)
+            usage.add(result.usage)
         return dataclasses.replace(result, usage=usage.total())
 
     async def close_session(
@@ -692,6 +698,18 @@ class _Reporter:
         if not self._put(update):
             # Agents act only inside a turn (subagents inside their session's turn): nothing to tell.
             logger.debug("session %s: no turn to report %s in", self.session_id, type(update).__name__)
+
+    def turn_began(self, number: int, *, woken: bool) -> None:
+        """A turn of the session's agent begins (``woken``: its background children called for it)."""
+        marker: dict[str, Any] = {"turn": number, "state": "started"}
+        if woken:
+            marker["woken"] = True
+        self._queue(schema.SessionInfoUpdate(meta={TURN_META_KEY: marker}))
+
+    def turn_ended(self, number: int, result: SubagentResult) -> None:
+        """A turn of the session's agent ended, with how."""
+        marker = {"turn": number, "state": "ended", "stopReason": result.stop_reason}
+        self._queue(schema.SessionInfoUpdate(meta={TURN_META_KEY: marker}))
 
     async def _flush(self) -> None:
         """Return once every update queued so far was sent (or could not be)."""

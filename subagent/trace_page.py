@@ -13,11 +13,13 @@ depth; a subtree folds away), on one time axis. The command line's own run is th
 ``spawn``/``start`` to its ``end``); each run of the agent's subagent tree (a ``run`` event) is a
 bar from its first ``running`` to its end, coloured by how it ended. Marks on a bar: its tool calls
 (a call ``OWNER/ID`` is the run ``OWNER``'s, one with no known owner the root's), permission waits
-(a ``permission_request`` to its ``permission``), streamed answer text, interrupts, errors, and
-warnings logged. Clicking a bar (or its label) shows its details: the prompt, the output, the
-usage, the stop reason, its times and its marks. A child's prompt is the ``prompt`` argument of
-one of its parent's delegating tool calls (the first not matched yet whose start the run's title
-quotes, else the first not matched yet); its output is the excerpt its run's last update carries.
+(a ``permission_request`` to its ``permission``), the agent's turns (``subagent serve`` marks each,
+``TURN_META_KEY``: several per prompt when background children call for more), streamed answer text,
+interrupts, errors, and warnings logged. Clicking a bar (or its label) shows its details: the
+prompt, the output, the usage, the stop reason, its times and its marks. A child's prompt is the
+``prompt`` argument of one of its parent's delegating tool calls (the first not matched yet whose
+start the run's title quotes, else the first not matched yet); its output is the excerpt its run's
+last update carries.
 The root's prompt comes from a ``prompt`` event (``subagent run --trace`` and ``--events-file``
 write one) and its output is its streamed text.
 
@@ -32,7 +34,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from subagent.types import RUN_META_KEY
+from subagent.types import RUN_META_KEY, TURN_META_KEY
 
 __all__ = [
     "MAX_KEPT_CHARS",
@@ -259,6 +261,29 @@ class TraceBuilder:
             version = _text(agent.get("version"))
             root.title = _label(agent["name"] + (f" {version}" if version else ""))
 
+    def _turn(self, update: Mapping[str, Any], when: float) -> None:
+        """A turn of the agent beginning or ending (``subagent serve`` says so: ``TURN_META_KEY``)."""
+        meta = update.get("_meta")
+        turn = meta.get(TURN_META_KEY) if isinstance(meta, Mapping) else None
+        if not isinstance(turn, Mapping):
+            return
+        number = turn.get("turn")
+        label = f"turn {number}" if isinstance(number, int) and not isinstance(number, bool) else "turn"
+        root = self._root
+        root.text_mark = None
+        state = turn.get("state")
+        if state == "started":
+            if turn.get("woken") is True:
+                label += " (its background children's notices)"
+            index = root.mark("turn", when, label, lasts=True)
+            if index is not None:
+                root.open_marks["turn"] = index
+        elif state == "ended":
+            index = root.open_marks.pop("turn", None)
+            if index is not None:
+                root.marks[index][2] = when
+                root.marks[index][4] = _text(turn.get("stopReason"))
+
     def _owner(self, tool_call_id: str) -> _Run:
         """The run a tool call belongs to: ``OWNER/ID`` is the run ``OWNER``'s, anything else the root's."""
         owner, slash, _ = tool_call_id.partition("/")
@@ -276,6 +301,9 @@ class TraceBuilder:
                     root.text_mark = root.mark("text", when, "answer text", lasts=True)
                 if root.text_mark is not None:
                     root.marks[root.text_mark][2] = when
+            return
+        if kind == "session_info_update":
+            self._turn(update, when)
             return
         if kind not in ("tool_call", "tool_call_update"):
             return
@@ -502,6 +530,7 @@ _BODY: Final = """\
     <span class="key state-stopped">stopped</span><span class="key state-cancelled">cancelled</span>
     <span class="key state-running">not ended</span><span class="key mark-tool">tool call</span>
     <span class="key mark-permission">permission wait</span><span class="key mark-text">answer text</span>
+    <span class="key mark-turn">turn</span>
     <span class="key mark-error">error</span>
   </span>
 </header>
@@ -545,11 +574,12 @@ aside{width:380px;flex:none;overflow:auto;border-left:1px solid #d4d8df;backgrou
 .mark{position:absolute;min-width:2px;border-radius:1px;background:var(--c);pointer-events:auto}
 .mark.mark-tool,.mark.mark-text,.mark.mark-permission{top:11px;height:6px;opacity:.9}
 .mark.mark-error,.mark.mark-interrupt,.mark.mark-log{top:2px;height:18px;width:3px;min-width:3px}
+.mark.mark-turn{top:1px;height:3px;opacity:.9;border-left:2px solid #333}
 .state-completed{--c:#3a9a5b}.state-failed{--c:#d0453b}.state-stopped{--c:#e08a1e}
 .state-cancelled{--c:#8a8f98}
 .state-running{--c:#e0b526}
 .bar.state-running{background:repeating-linear-gradient(45deg,#e0b526 0 6px,#f3d97a 6px 12px)}
-.mark-tool{--c:#2f6fd6}.mark-permission{--c:#8c4fd1}.mark-text{--c:#1c8c99}
+.mark-tool{--c:#2f6fd6}.mark-permission{--c:#8c4fd1}.mark-text{--c:#1c8c99}.mark-turn{--c:#333}
 .mark-error{--c:#b3121f}.mark-interrupt{--c:#e0701e}.mark-log{--c:#c99a12}
 aside h2{font-size:14px;margin:4px 0 6px;word-break:break-word}
 aside h3{font-size:12px;margin:12px 0 4px;color:#5b6475;text-transform:uppercase;letter-spacing:.04em}

@@ -35,6 +35,7 @@ __all__ = [
     "LINEAGE_META_KEY",
     "RUN_META_KEY",
     "START_TIME_FEATURES",
+    "TURN_META_KEY",
     "Disposer",
     "ErrorCode",
     "Lineage",
@@ -188,7 +189,14 @@ RUN_META_KEY = "subagent-seam/run"
 subagent tree to the client: ``{"runId", "parentId", "provider", "state", "depth"}`` plus
 ``"stopReason"`` once the run ended with one. ``state`` is ``running``, ``completed``, ``failed``
 or ``cancelled``; ``parentId`` is the session's id for the session's own children, and ``depth``
-counts levels below the session (1 for those children)."""
+counts levels below the session (1 for those children). At a run's end it also carries
+``"elapsedSeconds"`` and, when the run reported any, ``"usage"`` (ACP's camelCase counts)."""
+
+TURN_META_KEY = "subagent-seam/turn"
+"""The ``_meta`` key of the ``session_info_update`` with which ``subagent serve`` tells its client that
+a turn of the session's agent began or ended (a prompt may run several: one per call of its background
+children): ``{"turn": n, "state": "started"}`` (with ``"woken": true`` for a turn its children's
+notices called for), then ``{"turn": n, "state": "ended", "stopReason": ...}``."""
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any] | None:

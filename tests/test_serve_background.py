@@ -22,7 +22,7 @@ from subagent.background import WAKE_PROMPT
 from subagent.runtime import FunctionTool, Reply, ScriptedLlm, call
 from subagent.runtime.messages import CompletionRequest
 from subagent.serve import ServedAgent
-from subagent.types import RUN_META_KEY, SubagentProgressInfo, SubagentRunInfo
+from subagent.types import RUN_META_KEY, TURN_META_KEY, SubagentProgressInfo, SubagentRunInfo
 from tests.test_serve import WAIT, served
 
 pytestmark = pytest.mark.anyio
@@ -143,6 +143,18 @@ async def test_background_children_progress_while_the_parent_goes_on_and_it_answ
         if update["sessionUpdate"] == "tool_call" and RUN_META_KEY in update.get("_meta", {})
     }
     assert sorted(runs.values()) == [f"spawn subagent: {task}" for task in sorted(TASKS)]
+    # Each turn of the session's agent is marked: the prompt's own, then the one C's notice called for.
+    turns = [
+        update["_meta"][TURN_META_KEY]
+        for update in updates
+        if update["sessionUpdate"] == "session_info_update"
+    ]
+    assert turns == [
+        {"turn": 1, "state": "started"},
+        {"turn": 1, "state": "ended", "stopReason": "completed"},
+        {"turn": 2, "state": "started", "woken": True},
+        {"turn": 2, "state": "ended", "stopReason": "completed"},
+    ]
     c_run = next(run for run, title in runs.items() if title.endswith("slow task C"))
 
     def of_c(status: str | None) -> Callable[[dict[str, Any]], bool]:
@@ -158,6 +170,11 @@ async def test_background_children_progress_while_the_parent_goes_on_and_it_answ
         lambda update: update.get("toolCallId") == "call-list" and update.get("status") == "completed",
     )
     assert c_started < list_ended < c_beat < c_ended
+    # The second turn began once C had ended: its notice called for it.
+    second_turn = position(
+        updates, lambda update: update.get("_meta", {}).get(TURN_META_KEY, {}).get("turn") == 2
+    )
+    assert c_ended < second_turn
     assert updates[c_ended]["_meta"][RUN_META_KEY] == {
         "runId": c_run,
         "parentId": session.session_id,

@@ -35,6 +35,7 @@ from subagent.trace_page import (
     TraceBuilder,
     render_trace_page,
 )
+from subagent.types import TURN_META_KEY
 from tests.chromium import open_page
 from tests.leaks import assert_no_leaks
 from tests.test_cli import ASKING_TURN, LiveCli, one_turn, run_cli, scenario
@@ -359,6 +360,32 @@ def test_marks_show_tool_calls_permission_waits_errors_interrupts_and_warnings_o
     assert child["marks"] == [
         ["tool", 4.5, None, "Read b.txt", "in_progress"],
         ["permission", 4.6, 4.6, "permission: Read b.txt", "allow_once (--permission allow)"],
+    ]
+
+
+def turn_marker(when: float, **turn: Any) -> dict[str, Any]:
+    update = {"sessionUpdate": "session_info_update", "_meta": {TURN_META_KEY: turn}}
+    return event("update", when, sessionId="s", update=update)
+
+
+def test_the_agents_turns_are_marks_on_the_root_a_woken_one_says_so() -> None:
+    builder = TraceBuilder()
+    for item in [
+        event("start", 100.0, runId="cli", sessionId="s", agent=None),
+        turn_marker(100.1, turn=1, state="started"),
+        turn_marker(101.0, turn=1, state="ended", stopReason="completed"),
+        turn_marker(102.0, turn=2, state="started", woken=True),
+        turn_marker(103.0, turn=2, state="ended", stopReason="max_tokens"),
+        turn_marker(103.5, turn="x", state="started"),  # a hostile number is not shown
+        event("update", 103.6, sessionId="s", update={"sessionUpdate": "session_info_update", "title": "t"}),
+        event("end", 104.0, stopReason="max_tokens", error=None, usage=None, elapsed=4.0),
+    ]:
+        builder.add(item)
+    (root,) = builder.data()["runs"]
+    assert root["marks"] == [
+        ["turn", 0.1, 1.0, "turn 1", "completed"],
+        ["turn", 2.0, 3.0, "turn 2 (its background children's notices)", "max_tokens"],
+        ["turn", 3.5, 4.0, "turn", None],
     ]
 
 
