@@ -23,6 +23,7 @@ from subagent.runtime.messages import (
     CompletionEvent,
     CompletionRequest,
     Message,
+    Retrying,
     TextDelta,
     ToolCall,
     ToolCallDelta,
@@ -358,7 +359,11 @@ async def test_a_429_is_retried_after_the_retry_after_delay(caplog: pytest.LogCa
         with anyio.fail_after(2):
             events = await complete(adapter)
         elapsed = anyio.current_time() - started
-    assert events[-1] == Completion(Message.assistant("ok"), "stop", None)
+    assert events == [
+        Retrying(attempt=1, attempts=3, delay=0.05, reason="rate_limited, HTTP 429"),
+        TextDelta("ok"),
+        Completion(Message.assistant("ok"), "stop", None),
+    ]
     assert len(server.requests) == 2
     assert 0.045 <= elapsed < 2  # a timer may fire a hair early
     assert [record.getMessage() for record in caplog.records if record.name == "subagent.runtime.openai"] == [
@@ -397,7 +402,14 @@ async def test_repeated_5xx_give_a_server_error_after_max_retries_plus_one_attem
         adapter_for(server, max_retries=3) as adapter,
     ):
         events, error = await fail(adapter)
-    assert events == []
+    # A Retrying before each retry, none after the last attempt; the delays are jittered backoff.
+    retries = [event for event in events if isinstance(event, Retrying)]
+    assert len(events) == len(retries) == 3
+    assert [(retry.attempt, retry.attempts, retry.reason) for retry in retries] == [
+        (1, 4, "server, HTTP 503"),
+        (2, 4, "server, HTTP 503"),
+        (3, 4, "server, HTTP 503"),
+    ]
     assert (error.kind, error.status, error.attempts) == (LlmErrorKind.SERVER, 503, 4)
     assert str(error) == (
         f"{completion_url(server)} answered HTTP 503 Service Unavailable: 'The engine is overloaded' "
@@ -467,7 +479,12 @@ async def test_a_connection_dropped_before_any_byte_of_the_body_is_retried_and_s
         adapter_for(server) as adapter,
     ):
         events = await complete(adapter)
-    assert events == [TextDelta("o"), TextDelta("k"), Completion(Message.assistant("ok"), "stop", None)]
+    retrying, *answer = events
+    # The first backoff of 0.001 s with equal jitter: between half of it and all of it.
+    assert isinstance(retrying, Retrying)
+    assert 0.0005 <= retrying.delay <= 0.001
+    assert (retrying.attempt, retrying.attempts, retrying.reason) == (1, 3, "connection")
+    assert answer == [TextDelta("o"), TextDelta("k"), Completion(Message.assistant("ok"), "stop", None)]
     assert len(server.requests) == 2
 
 
@@ -736,10 +753,15 @@ async def test_the_api_key_appears_in_no_log_record_repr_or_error(caplog: pytest
         ErrorReply(503, body=f"upstream said {KEY}"),
     )
     async with serve(*script) as server, adapter_for(server, max_retries=1) as adapter:
-        await complete(adapter)
+        answered = await complete(adapter)
         _, auth_error = await fail(adapter)
-        _, server_error = await fail(adapter)
+        server_events, server_error = await fail(adapter)
     assert len(server.requests) == 5
+    # The Retrying events name the failure's kind and status only, never its body.
+    assert answered[0] == Retrying(1, 2, 0, "rate_limited, HTTP 429")
+    assert [(event.attempt, event.reason) for event in server_events if isinstance(event, Retrying)] == [
+        (1, "server, HTTP 503")
+    ]
     assert all(received.headers["authorization"] == f"Bearer {KEY}" for received in server.requests)
     # The capture did see the HTTP stack's debug records and our retry record.
     assert {record.name.split(".")[0] for record in caplog.records} >= {"httpx", "httpcore", "subagent"}

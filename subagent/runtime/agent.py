@@ -44,6 +44,7 @@ from subagent.runtime.messages import (
     Completion,
     CompletionRequest,
     Message,
+    Retrying,
     TextDelta,
     ToolCall,
     ToolCallDelta,
@@ -174,9 +175,16 @@ class MessageRefused:
 
 
 AgentEvent = (
-    TextDelta | ToolCallDelta | ToolCallStarted | ToolCallFinished | MessageDelivered | MessageRefused
+    TextDelta
+    | ToolCallDelta
+    | Retrying
+    | ToolCallStarted
+    | ToolCallFinished
+    | MessageDelivered
+    | MessageRefused
 )
-"""What an agent reports to its listeners while it works, in order."""
+"""What an agent reports to its listeners while it works, in order (a :class:`Retrying` when its
+model adapter retries a failed call)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -688,6 +696,10 @@ class Agent:
                     completion = event
                     self._streamed = []  # the answer is in the log now, whole
                     break
+                if isinstance(event, Retrying):
+                    # A sign of life (touched above), not a delta: no update, nothing streamed.
+                    self._listeners.emit(event)
+                    continue
                 self._update_count += 1
                 if isinstance(event, TextDelta):
                     self._streamed.append(event.text)

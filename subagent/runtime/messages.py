@@ -18,6 +18,7 @@ __all__ = [
     "CompletionRequest",
     "FinishReason",
     "Message",
+    "Retrying",
     "Role",
     "TextDelta",
     "ToolCall",
@@ -143,5 +144,25 @@ class Completion:
     usage: Usage | None = None
 
 
-CompletionEvent = TextDelta | ToolCallDelta | Completion
-"""What an adapter's stream yields: deltas, then exactly one :class:`Completion`."""
+@dataclass(frozen=True, slots=True)
+class Retrying:
+    """An attempt at the completion failed and another follows after ``delay`` seconds.
+
+    The chat-completions adapter retries only an attempt that yielded nothing, so the deltas that
+    follow are the whole answer.
+    """
+
+    attempt: int
+    """The attempt that failed, from 1."""
+    attempts: int
+    """The most attempts there will be."""
+    delay: float
+    """Seconds before the next attempt."""
+    reason: str
+    """Short and already redacted: the failure's kind and status (``"rate_limited, HTTP 429"``),
+    never a key or a response body."""
+
+
+CompletionEvent = TextDelta | ToolCallDelta | Retrying | Completion
+"""What an adapter's stream yields: deltas, then exactly one :class:`Completion`. An adapter MAY
+yield a :class:`Retrying` before it retries a failed attempt; everyone else ignores it."""

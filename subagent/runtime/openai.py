@@ -42,6 +42,7 @@ from subagent.runtime.messages import (
     CompletionRequest,
     FinishReason,
     Message,
+    Retrying,
     TextDelta,
     ToolCall,
     ToolCallDelta,
@@ -991,6 +992,10 @@ class OpenAiChatAdapter:
                         delay,
                         redact(failed.message),
                     )
+                    reason = failed.kind.value
+                    if failed.status is not None:
+                        reason += f", HTTP {failed.status}"
+                    yield Retrying(attempt, attempts, delay, reason)
                     await anyio.sleep(delay)
                     continue
                 gave_up = f": another would start past the call's {self.deadline:g} s deadline"
