@@ -130,12 +130,13 @@ from subagent.runtime.agent import (
     _UsageSum,
 )
 from subagent.runtime.llm import LlmAdapter
-from subagent.runtime.messages import TextDelta, ToolSpec
+from subagent.runtime.messages import Retrying, TextDelta, ToolSpec
 from subagent.runtime.tools import Tool, ToolError, ToolInvocation
 from subagent.service import SubagentService
 from subagent.tool import COMPANION_ACTIONS, DEFAULT_TOOL_NAME, SubagentTool
 from subagent.types import (
     LINEAGE_META_KEY,
+    RETRY_META_KEY,
     RUN_META_KEY,
     TURN_META_KEY,
     Disposer,
@@ -720,10 +721,19 @@ class _Reporter:
     # -- what the agents do ------------------------------------------------------------------------------
 
     def on_event(self, event: AgentEvent) -> None:
-        """The session agent's events (its subagents' calls come through :class:`_ReportedTool`)."""
+        """The session agent's events (its subagents' calls come through :class:`_ReportedTool`; their
+        model retries do not reach here)."""
         if isinstance(event, TextDelta):
             if event.text:
                 self._queue(schema.AgentMessageChunk(content=schema.TextContent(text=event.text)))
+        elif isinstance(event, Retrying):
+            retry = {
+                "attempt": event.attempt,
+                "attempts": event.attempts,
+                "delay": event.delay,
+                "reason": event.reason,
+            }
+            self._queue(schema.SessionInfoUpdate(meta={RETRY_META_KEY: retry}))
         elif isinstance(event, ToolCallStarted):
             self.started(event.invocation)
         elif isinstance(event, ToolCallFinished):

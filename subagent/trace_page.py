@@ -14,9 +14,10 @@ depth; a subtree folds away), on one time axis. The command line's own run is th
 bar from its first ``running`` to its end, coloured by how it ended. Marks on a bar: its tool calls
 (a call ``OWNER/ID`` is the run ``OWNER``'s, one with no known owner the root's), permission waits
 (a ``permission_request`` to its ``permission``), the agent's turns (``subagent serve`` marks each,
-``TURN_META_KEY``: several per prompt when background children call for more), streamed answer text,
-interrupts, errors, and warnings logged. Clicking a bar (or its label) shows its details: the
-prompt, the output, the usage, the stop reason, its times and its marks. A child's prompt is the
+``TURN_META_KEY``: several per prompt when background children call for more), its model calls
+retried (``RETRY_META_KEY``), streamed answer text, interrupts, errors, and warnings logged.
+Clicking a bar (or its label) shows its details: the prompt, the output, the usage, the stop reason,
+its times and its marks. A child's prompt is the
 ``prompt`` argument of one of its parent's delegating tool calls (the first not matched yet whose
 start the run's title quotes, else the first not matched yet); its output is the excerpt its run's
 last update carries.
@@ -34,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from subagent.types import RUN_META_KEY, TURN_META_KEY
+from subagent.types import RETRY_META_KEY, RUN_META_KEY, TURN_META_KEY
 
 __all__ = [
     "MAX_KEPT_CHARS",
@@ -142,6 +143,11 @@ def _label(text: str) -> str:
 
 def _text(value: object) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def _count(value: object) -> int | None:
+    """An int that is no bool, else None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _matching_prompt(pending: list[str], title: str | None) -> int:
@@ -267,8 +273,8 @@ class TraceBuilder:
         turn = meta.get(TURN_META_KEY) if isinstance(meta, Mapping) else None
         if not isinstance(turn, Mapping):
             return
-        number = turn.get("turn")
-        label = f"turn {number}" if isinstance(number, int) and not isinstance(number, bool) else "turn"
+        number = _count(turn.get("turn"))
+        label = "turn" if number is None else f"turn {number}"
         root = self._root
         root.text_mark = None
         state = turn.get("state")
@@ -283,6 +289,25 @@ class TraceBuilder:
             if index is not None:
                 root.marks[index][2] = when
                 root.marks[index][4] = _text(turn.get("stopReason"))
+
+    def _retry(self, update: Mapping[str, Any], when: float) -> None:
+        """A model call of the agent failed and is retried (``subagent serve`` says so:
+        ``RETRY_META_KEY``): a point mark, each part of its label shown only when well typed."""
+        meta = update.get("_meta")
+        retry = meta.get(RETRY_META_KEY) if isinstance(meta, Mapping) else None
+        if not isinstance(retry, Mapping):
+            return
+        attempt, attempts = _count(retry.get("attempt")), _count(retry.get("attempts"))
+        details = [] if attempt is None or attempts is None else [f"attempt {attempt} of {attempts}"]
+        reason = _text(retry.get("reason"))
+        if reason:
+            details.append(reason)
+        label = "model call retried" + (f" ({', '.join(details)})" if details else "")
+        delay = retry.get("delay")
+        if isinstance(delay, int | float) and not isinstance(delay, bool):
+            label += f", next in {delay:.2f} s"
+        self._root.text_mark = None  # the retried call's answer text is a mark of its own
+        self._root.mark("retry", when, label, lasts=False)
 
     def _owner(self, tool_call_id: str) -> _Run:
         """The run a tool call belongs to: ``OWNER/ID`` is the run ``OWNER``'s, anything else the root's."""
@@ -304,6 +329,7 @@ class TraceBuilder:
             return
         if kind == "session_info_update":
             self._turn(update, when)
+            self._retry(update, when)
             return
         if kind not in ("tool_call", "tool_call_update"):
             return
@@ -530,7 +556,7 @@ _BODY: Final = """\
     <span class="key state-stopped">stopped</span><span class="key state-cancelled">cancelled</span>
     <span class="key state-running">not ended</span><span class="key mark-tool">tool call</span>
     <span class="key mark-permission">permission wait</span><span class="key mark-text">answer text</span>
-    <span class="key mark-turn">turn</span>
+    <span class="key mark-turn">turn</span><span class="key mark-retry">retry</span>
     <span class="key mark-error">error</span>
   </span>
 </header>
@@ -573,14 +599,15 @@ aside{width:380px;flex:none;overflow:auto;border-left:1px solid #d4d8df;backgrou
 .bar{position:absolute;top:4px;height:14px;min-width:3px;border-radius:3px;background:var(--c);opacity:.85}
 .mark{position:absolute;min-width:2px;border-radius:1px;background:var(--c);pointer-events:auto}
 .mark.mark-tool,.mark.mark-text,.mark.mark-permission{top:11px;height:6px;opacity:.9}
-.mark.mark-error,.mark.mark-interrupt,.mark.mark-log{top:2px;height:18px;width:3px;min-width:3px}
+.mark.mark-error,.mark.mark-interrupt,.mark.mark-log,.mark.mark-retry{top:2px;height:18px;width:3px;
+  min-width:3px}
 .mark.mark-turn{top:1px;height:3px;opacity:.9;border-left:2px solid #333}
 .state-completed{--c:#3a9a5b}.state-failed{--c:#d0453b}.state-stopped{--c:#e08a1e}
 .state-cancelled{--c:#8a8f98}
 .state-running{--c:#e0b526}
 .bar.state-running{background:repeating-linear-gradient(45deg,#e0b526 0 6px,#f3d97a 6px 12px)}
 .mark-tool{--c:#2f6fd6}.mark-permission{--c:#8c4fd1}.mark-text{--c:#1c8c99}.mark-turn{--c:#333}
-.mark-error{--c:#b3121f}.mark-interrupt{--c:#e0701e}.mark-log{--c:#c99a12}
+.mark-error{--c:#b3121f}.mark-interrupt{--c:#e0701e}.mark-log{--c:#c99a12}.mark-retry{--c:#d4478f}
 aside h2{font-size:14px;margin:4px 0 6px;word-break:break-word}
 aside h3{font-size:12px;margin:12px 0 4px;color:#5b6475;text-transform:uppercase;letter-spacing:.04em}
 aside dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 10px;margin:0}

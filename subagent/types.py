@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LINEAGE_META_KEY",
+    "RETRY_META_KEY",
     "RUN_META_KEY",
     "START_TIME_FEATURES",
     "TURN_META_KEY",
@@ -197,6 +198,12 @@ TURN_META_KEY = "subagent-seam/turn"
 a turn of the session's agent began or ended (a prompt may run several: one per call of its background
 children): ``{"turn": n, "state": "started"}`` (with ``"woken": true`` for a turn its children's
 notices called for), then ``{"turn": n, "state": "ended", "stopReason": ...}``."""
+
+RETRY_META_KEY = "subagent-seam/retry"
+"""The ``_meta`` key of the ``session_info_update`` with which ``subagent serve`` tells its client that
+a model call of the session's agent failed and is retried: ``{"attempt": n, "attempts": most,
+"delay": seconds, "reason": "rate_limited, HTTP 429"}`` (the failed attempt from 1; the reason names
+the failure's kind and status only)."""
 
 
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
