@@ -191,6 +191,9 @@ _STOP_REASONS: Final[Mapping[str, schema.StopReason]] = MappingProxyType(
     }
 )
 
+_DEFAULT_BACKGROUND: Final = BackgroundOptions()
+"""Background delegation as served by default: the options' own defaults."""
+
 _TITLE_EXCERPT: Final = 80
 """How much of a subagent's prompt a tool call's title shows."""
 _RUN_TEXT_EXCERPT: Final = 1000
@@ -219,12 +222,18 @@ async def serve(
     max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
     delegate: bool = True,
     depth_limit: int | None = None,
+    background: BackgroundOptions | None = _DEFAULT_BACKGROUND,
 ) -> None:
     """Serve a :class:`ServedAgent` on ``llm`` on this process's stdin/stdout until the client closes
     stdin. ``llm`` is the caller's: left open. The other arguments are :class:`ServedAgent`'s (checked
     before stdin or stdout is touched); ``subagent serve`` builds the adapter from its flags."""
     async with ServedAgent(
-        llm, persona=persona, max_model_calls=max_model_calls, delegate=delegate, depth_limit=depth_limit
+        llm,
+        persona=persona,
+        max_model_calls=max_model_calls,
+        delegate=delegate,
+        depth_limit=depth_limit,
+        background=background,
     ) as handler:
         await serve_stdio(handler, name="subagent-serve", drain_on_eof=EOF_DRAIN_SECONDS)
 
@@ -266,6 +275,9 @@ class ServedAgent(AgentHandler):
             background delegation and its companion tools.
         depth_limit: the largest ``depth_limit`` a subagent gets: how many levels of subagents it
             may start below itself (0: none). None leaves it to the model.
+        background: how background children run and are reported (the running cap per parent,
+            spilling); None offers no background delegation (the ``subagent`` tool alone, each call
+            waiting for its child).
         tools: more tools for every session's agent (subagents inherit them, narrowed by any
             tool filter). A tool that needs approval is asked about through the client.
 
@@ -283,6 +295,7 @@ class ServedAgent(AgentHandler):
         delegate: bool = True,
         depth_limit: int | None = None,
         tools: Sequence[Tool] = (),
+        background: BackgroundOptions | None = _DEFAULT_BACKGROUND,
     ) -> None:
         if max_model_calls < 1:
             raise ValueError(f"max_model_calls must be >= 1, got {max_model_calls}")
@@ -302,6 +315,8 @@ class ServedAgent(AgentHandler):
         self.max_model_calls = max_model_calls
         self.delegate = delegate
         self.depth_limit = depth_limit
+        self.background = background if delegate else None
+        """The background options of every session's ``subagent`` tool; None: no background delegation."""
         self.tools: tuple[Tool, ...] = tuple(tools)
         self.agents = AgentRegistry()
         """Every live agent: the sessions' agents and their subagents."""
@@ -388,7 +403,7 @@ class ServedAgent(AgentHandler):
         if budget is not None and budget > 0:
             cap = budget - 1 if cap is None else min(cap, budget - 1)
         if self.delegate and (budget is None or budget > 0):
-            subagent_tool = SubagentTool(self.service, cwd=params.cwd, background=BackgroundOptions())
+            subagent_tool = SubagentTool(self.service, cwd=params.cwd, background=self.background)
             delegation: Tool
             delegation, *companions = subagent_tool.agent_tools()
             if cap is not None:

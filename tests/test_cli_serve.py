@@ -10,8 +10,10 @@ from typing import Final
 
 import pytest
 
+from subagent.background import DEFAULT_MAX_RUNNING, DEFAULT_SPILL_BYTES, BackgroundOptions
 from subagent.cli import main
-from subagent.cli.serve import ServeConfigError, build_llm
+from subagent.cli.serve import ServeConfigError, _add_serve_arguments, _background_options, build_llm
+from subagent.cli.usage import Parser
 from subagent.runtime import ScriptedLlm
 from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS
 
@@ -30,6 +32,16 @@ FIXTURE: Final = ROOT / "fixtures" / "scripts" / "delegate_to_spawn.json"
         (["--script", "x.json", "--depth-limit", "-1"], "argument --depth-limit: must be >= 0, not -1"),
         (["--script", "x.json", "--max-model-calls", "0"], "argument --max-model-calls: must be >= 1, not 0"),
         (["--base-url", "ftp://host/v1", "--model", "m"], "base_url must be an http(s) URL"),
+        (
+            ["--script", "x.json", "--no-background", "--max-background", "2"],
+            "--max-background tunes background delegation; it has no meaning with --no-background",
+        ),
+        (
+            ["--script", "x.json", "--no-delegate", "--spill-dir", "d"],
+            "--spill-dir tunes background delegation; it has no meaning with --no-delegate",
+        ),
+        (["--script", "x.json", "--max-background", "0"], "argument --max-background: must be >= 1, not 0"),
+        (["--script", "x.json", "--spill-bytes", "-1"], "argument --spill-bytes: must be >= 0, not -1"),
     ],
 )
 def test_serve_refuses_bad_usage_with_exit_status_2(
@@ -70,6 +82,30 @@ def test_serve_with_an_unusable_script_exits_2_with_a_clear_message(
 def test_serve_help_states_the_runtimes_default_model_call_limit(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", "--help"]) == 0
     assert f"(default: {DEFAULT_MAX_MODEL_CALLS})" in " ".join(capsys.readouterr().out.split())
+
+
+def test_serve_help_states_the_background_defaults_of_the_library(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--help"]) == 0
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert f"more are queued (default: {DEFAULT_MAX_RUNNING})" in help_text
+    assert f"(default: {DEFAULT_SPILL_BYTES}; 0: never)" in help_text
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ([], BackgroundOptions()),
+        (["--max-background", "2"], BackgroundOptions(max_running=2)),
+        (["--spill-bytes", "0"], BackgroundOptions(spill_bytes=None)),
+        (["--spill-bytes", "100", "--spill-dir", "out"], BackgroundOptions(spill_bytes=100, run_dir="out")),
+    ],
+)
+def test_the_background_flags_become_the_served_agents_options(
+    flags: list[str], expected: BackgroundOptions
+) -> None:
+    parser = Parser(prog="subagent serve")
+    _add_serve_arguments(parser)
+    assert _background_options(parser.parse_args(["--script", "x.json", *flags])) == expected
 
 
 @pytest.mark.parametrize(

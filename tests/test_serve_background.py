@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from subagent.acp import schema
-from subagent.background import WAKE_PROMPT
+from subagent.background import WAKE_PROMPT, BackgroundOptions
 from subagent.runtime import FunctionTool, Reply, ScriptedLlm, call
 from subagent.runtime.messages import CompletionRequest
 from subagent.serve import ServedAgent
@@ -292,3 +292,43 @@ async def test_a_prompt_whose_every_turn_starts_another_child_ends_at_max_turn_r
     assert turn.stop_reason == "max_turn_requests"
     # The prompt's turn, then one for the first child's notice; the second child's is one too many.
     assert prompts == ["Keep looking.", WAKE_PROMPT]
+
+
+async def test_a_served_agent_without_background_options_offers_the_subagent_tool_alone(
+    tmp_path: Path,
+) -> None:
+    llm = ScriptedLlm(["Alone."])
+    async with served(llm, background=None) as (handler, client):
+        with anyio.fail_after(WAIT):
+            session = await client.new_session(tmp_path)
+            turn = await session.prompt("go")
+        served_session = handler.sessions[session.session_id]
+        assert served_session.subagent_tool is not None
+        assert served_session.subagent_tool.background is None
+    assert turn.output == "Alone."
+    (request,) = llm.requests
+    assert [tool.name for tool in request.tools] == ["subagent"]
+    assert "background" not in request.tools[0].parameters["properties"]
+
+
+async def test_a_served_agent_takes_its_background_options(tmp_path: Path) -> None:
+    options = BackgroundOptions(max_running=1, spill_bytes=None)
+    llm = ScriptedLlm(["Fine."])
+    async with served(llm, background=options) as (handler, client):
+        with anyio.fail_after(WAIT):
+            session = await client.new_session(tmp_path)
+            await session.prompt("go")
+        tool = handler.sessions[session.session_id].subagent_tool
+        assert tool is not None
+        assert tool.background is not None
+        assert tool.background.options is options
+    (request,) = llm.requests
+    assert [tool.name for tool in request.tools] == [
+        "subagent",
+        "subagent_list",
+        "subagent_wait",
+        "subagent_send",
+        "subagent_cancel",
+        "subagent_result",
+    ]
+    assert "At most 1 of yours run at once" in request.tools[0].description

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import os
 import sys
@@ -22,6 +23,7 @@ import anyio
 from subagent.cli.usage import PROG, Command, Parser, UsageError
 
 if TYPE_CHECKING:
+    from subagent.background import BackgroundOptions
     from subagent.runtime.llm import LlmAdapter
 
 __all__ = ["DEFAULT_API_KEY_ENV", "SERVE_COMMAND", "ServeConfigError", "build_llm", "serve_command"]
@@ -110,6 +112,29 @@ def _add_serve_arguments(serve: Parser) -> None:
         help="each subagent may start at most N levels of subagents below itself (0: none); a larger "
         "depth_limit the model asks for is lowered to N (default: the model decides)",
     )
+    serve.add_argument(
+        "--no-background",
+        action="store_true",
+        help="no background delegation: each subagent call waits for its child (no companion tools)",
+    )
+    serve.add_argument(
+        "--max-background",
+        type=_count(1),
+        metavar="N",
+        help="background subagents one agent may have running at once; more are queued (default: 4)",
+    )
+    serve.add_argument(
+        "--spill-bytes",
+        type=_count(0),
+        metavar="N",
+        help="a subagent's answer longer than N bytes is saved to a file and shown by its start and end "
+        "(default: 32768; 0: never)",
+    )
+    serve.add_argument(
+        "--spill-dir",
+        metavar="DIR",
+        help="where long answers are saved, and kept (default: a private directory removed at exit)",
+    )
 
 
 def serve_command(args: argparse.Namespace, command: list[str] | None) -> int:
@@ -124,6 +149,18 @@ def serve_command(args: argparse.Namespace, command: list[str] | None) -> int:
         raise UsageError("--model and --api-key-env go with --base-url (a script needs neither)")
     if args.no_delegate and args.depth_limit is not None:
         raise UsageError("--depth-limit limits delegation; it has no meaning with --no-delegate")
+    tuning = [
+        flag
+        for flag, value in (
+            ("--max-background", args.max_background),
+            ("--spill-bytes", args.spill_bytes),
+            ("--spill-dir", args.spill_dir),
+        )
+        if value is not None
+    ]
+    if tuning and (args.no_delegate or args.no_background):
+        off = "--no-delegate" if args.no_delegate else "--no-background"
+        raise UsageError(f"{tuning[0]} tunes background delegation; it has no meaning with {off}")
     api_key_env = args.api_key_env or DEFAULT_API_KEY_ENV
     if args.base_url is not None and api_key_env not in os.environ:
         logger.info("%s is not set: requests go without an API key", api_key_env)
@@ -157,7 +194,22 @@ async def _build_and_serve(args: argparse.Namespace, api_key_env: str) -> None:
             max_model_calls=args.max_model_calls or DEFAULT_MAX_MODEL_CALLS,
             delegate=not args.no_delegate,
             depth_limit=args.depth_limit,
+            background=None if args.no_background or args.no_delegate else _background_options(args),
         )
+
+
+def _background_options(args: argparse.Namespace) -> BackgroundOptions:
+    """The background options the flags ask for, the library's defaults for the rest."""
+    from subagent.background import BackgroundOptions
+
+    options = BackgroundOptions()
+    if args.max_background is not None:
+        options = dataclasses.replace(options, max_running=args.max_background)
+    if args.spill_bytes is not None:
+        options = dataclasses.replace(options, spill_bytes=args.spill_bytes or None)  # 0: never
+    if args.spill_dir is not None:
+        options = dataclasses.replace(options, run_dir=args.spill_dir)
+    return options
 
 
 SERVE_COMMAND: Final = Command(
