@@ -548,9 +548,7 @@ class BackgroundChildren:
                 stop_reason="cancelled",
                 error=f"it did not stop within {CANCEL_GRACE:g} s of being cancelled and was disposed",
             )
-        spill = None
-        if child.request.output_schema is None or result.structured is None:
-            spill = await self.spill(result.output, label=f"{handle}-{run.id}")
+        spill = await self.spill_result(result, child.request, label=f"{handle}-{run.id}")
         return map_result(result, child.request, provider=provider, run_id=run.id, handle=handle, spill=spill)
 
     def _end(self, child: _Child, result: SubagentToolResult, *, notify: bool) -> None:
@@ -629,16 +627,13 @@ class BackgroundChildren:
         if isinstance(event, ModelCallStarted):
             # The messages delivered before this call are in what the model reads now: those children's
             # results count as received (a wait without handles does not hand them out again).
-            kept = []
-            for notice, pending in parent.unseen:
-                if pending is None or pending.status == "queued":
-                    kept.append((notice, pending))
-                else:
-                    child = parent.children.get(notice.child.handle)
-                    if child is not None:
-                        child.collected = True
-            parent.unseen = kept
-            self._forget_collected(parent)
+            read = [
+                notice
+                for notice, pending in parent.unseen
+                if pending is not None and pending.status != "queued"
+            ]
+            parent.unseen = [(n, p) for n, p in parent.unseen if p is None or p.status == "queued"]
+            self._received(parent, read)
         elif isinstance(event, TurnEnded):
             agent = parent.agent
             if self.options.wake and agent is not None and parent.unseen and not parent.waking:
@@ -681,11 +676,8 @@ class BackgroundChildren:
         if not parent.unseen:
             return None
         unseen, parent.unseen = parent.unseen, []
-        for notice, _pending in unseen:
-            # Handed to the parent as its prompt (or read in its log by the turn it is for): received.
-            child = parent.children.get(notice.child.handle)
-            if child is not None:
-                child.collected = True
+        # Handed to the parent as its prompt (or read in its log by the turn it is for): received.
+        self._received(parent, [notice for notice, _pending in unseen])
         texts = [notice.text for notice, pending in unseen if pending is None]
         if len(texts) < len(unseen):  # some are in its log already
             texts.insert(0, WAKE_PROMPT)
@@ -947,6 +939,15 @@ class BackgroundChildren:
             if handle not in parent.children:
                 return handle
 
+    async def spill_result(
+        self, result: SubagentResult, request: SubagentRequest, *, label: str
+    ) -> Spill | None:
+        """:meth:`spill` for a run's result: its output, unless the result is the structured value the
+        request asked for (validated, and useless cut: never spilled)."""
+        if request.output_schema is not None and result.structured is not None:
+            return None
+        return await self.spill(result.output, label=label)
+
     async def spill(self, output: str, *, label: str) -> Spill | None:
         """Write ``output`` to a new file in the spill directory when it is longer than ``spill_bytes``
         and return how to show it; None when it is short enough (or cannot be written: logged).
@@ -981,6 +982,14 @@ class BackgroundChildren:
         head = output[: self.options.head_chars]
         tail = output[len(output) - self.options.tail_chars :] if self.options.tail_chars else ""
         return Spill(path=path, size=len(data), head=head, tail=tail)
+
+    def _received(self, parent: _Parent, notices: Iterable[Notice]) -> None:
+        """The parent has read these notices' results: their children count as collected."""
+        for notice in notices:
+            child = parent.children.get(notice.child.handle)
+            if child is not None:
+                child.collected = True
+        self._forget_collected(parent)
 
     @staticmethod
     def _forget_collected(parent: _Parent) -> None:

@@ -625,8 +625,8 @@ class SubagentTool:
             except SubagentError as exc:
                 return seam_failure(exc, lead="the subagent run failed", provider=provider, run_id=run.id)
         spill = None
-        if self._background is not None and (request.output_schema is None or result.structured is None):
-            spill = await self._background.spill(result.output, label=run.id)
+        if self._background is not None:
+            spill = await self._background.spill_result(result, request, label=run.id)
         return map_result(result, request, provider=provider, run_id=run.id, spill=spill)
 
     async def _start_background(
