@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Mapping
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, runtime_checkable
 
@@ -274,14 +274,7 @@ class Usage:
     cost_currency: str | None = None
 
 
-_TOKEN_FIELDS = (
-    "input_tokens",
-    "output_tokens",
-    "total_tokens",
-    "thought_tokens",
-    "cached_read_tokens",
-    "cached_write_tokens",
-)
+_TOKEN_FIELDS = tuple(f.name for f in fields(Usage) if f.name.endswith("_tokens"))
 """The fields of :class:`Usage` that count tokens (and so add up across turns and runs)."""
 
 

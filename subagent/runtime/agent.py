@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import contextvars
-import dataclasses
 import json
 import logging
 import sys
@@ -51,7 +50,7 @@ from subagent.runtime.messages import (
     ToolSpec,
 )
 from subagent.runtime.tools import Approver, Tool, ToolContext, ToolError, ToolInvocation
-from subagent.types import Disposer, StopReason, SubagentResult, Usage, freeze_json, thaw_json
+from subagent.types import _TOKEN_FIELDS, Disposer, StopReason, SubagentResult, Usage, freeze_json, thaw_json
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -971,7 +970,6 @@ def _chat_span(llm: LlmAdapter) -> Span | None:
     return telemetry.start_span("chat" if model is None else f"chat {model}", "client", attributes)
 
 
-_TOKEN_FIELDS = tuple(f.name for f in dataclasses.fields(Usage) if f.name.endswith("_tokens"))
 """The usage counts that add up over model calls; the context window and cost are snapshots, never summed."""
 
 
