@@ -23,7 +23,7 @@ from subagent.runtime import FunctionTool, Reply, ScriptedLlm, call
 from subagent.runtime.messages import CompletionRequest
 from subagent.serve import ServedAgent
 from subagent.types import RUN_META_KEY, TURN_META_KEY, SubagentProgressInfo, SubagentRunInfo
-from tests.test_serve import WAIT, served
+from tests.test_serve import DELEGATION_TOOLS, WAIT, served
 
 pytestmark = pytest.mark.anyio
 
@@ -323,12 +323,5 @@ async def test_a_served_agent_takes_its_background_options(tmp_path: Path) -> No
         assert tool.background is not None
         assert tool.background.options is options
     (request,) = llm.requests
-    assert [tool.name for tool in request.tools] == [
-        "subagent",
-        "subagent_list",
-        "subagent_wait",
-        "subagent_send",
-        "subagent_cancel",
-        "subagent_result",
-    ]
+    assert [tool.name for tool in request.tools] == DELEGATION_TOOLS
     assert "At most 1 of yours run at once" in request.tools[0].description
