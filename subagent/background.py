@@ -50,6 +50,7 @@ from typing import Literal
 
 import anyio
 
+from subagent._text import one_line
 from subagent._tool_result import Spill, SubagentToolResult, map_result, seam_failure
 from subagent.events import Listeners
 from subagent.runtime.agent import (
@@ -1055,5 +1056,4 @@ def _ago(seconds: float) -> str:
 
 
 def _excerpt(text: str, limit: int = 100) -> str:
-    line = " ".join(text.split())
-    return line if len(line) <= limit else line[: limit - 1] + "…"
+    return one_line(text, limit)

@@ -105,6 +105,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 
 from subagent import telemetry
 from subagent._acp_usage import prompt_response_usage, usage_to_acp
+from subagent._text import cut, one_line
 from subagent._version import __version__
 from subagent.acp import schema
 from subagent.acp.agent import (
@@ -898,7 +899,7 @@ class _Reporter:
             meta["usage"] = usage
         if info.elapsed_seconds is not None:
             meta["elapsedSeconds"] = round(info.elapsed_seconds, 3)
-        self._finish_run(run, _truncated(text, _RUN_TEXT_EXCERPT), state, stop_reason, meta=meta)
+        self._finish_run(run, cut(text, _RUN_TEXT_EXCERPT), state, stop_reason, meta=meta)
 
     def _finish_run(
         self,
@@ -1007,11 +1008,7 @@ def _text_content(text: str) -> list[schema.ToolCallContent]:
 
 
 def _excerpt(text: str) -> str:
-    return _truncated(" ".join(text.split()), _TITLE_EXCERPT)
-
-
-def _truncated(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    return one_line(text, _TITLE_EXCERPT)
 
 
 def _decoded_arguments(text: str) -> Any:

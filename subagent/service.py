@@ -523,7 +523,8 @@ class ServiceRun(DisposeOnExit):
                 await self._wait_observer_quiescent()
                 self._service._forget(self)
                 # Ended with the result as a rule; an observer that never ran leaves it to us.
-                self._end_span(self._disposed_error("before its result settled"))
+                if self._span is not None:
+                    self._end_span(self._disposed_error("before its result settled"))
                 self._disposed.set()
 
     async def _wait_observer_quiescent(self) -> None:

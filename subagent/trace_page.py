@@ -35,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from subagent._text import one_line
 from subagent.types import RETRY_META_KEY, RUN_META_KEY, TURN_META_KEY
 
 __all__ = [
@@ -137,8 +138,7 @@ class _Run:
 
 
 def _label(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _MAX_LABEL_CHARS else text[: _MAX_LABEL_CHARS - 1] + "\u2026"
+    return one_line(text, _MAX_LABEL_CHARS)
 
 
 def _text(value: object) -> str | None:

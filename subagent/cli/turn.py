@@ -17,6 +17,7 @@ from typing import Final, Literal
 import anyio
 
 from subagent._acp_usage import usage_from_acp
+from subagent._text import one_line
 from subagent.acp import schema
 from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.acp.transport import Transport
@@ -238,9 +239,7 @@ _MAX_TITLE_CHARS: Final = 200
 
 
 def _denial_explanation(denial: _Denial, permission: str) -> str:
-    title = " ".join(sanitize(denial.call.title or denial.call.tool_call_id).split())
-    if len(title) > _MAX_TITLE_CHARS:
-        title = title[: _MAX_TITLE_CHARS - 1] + "\u2026"
+    title = one_line(sanitize(denial.call.title or denial.call.tool_call_id), _MAX_TITLE_CHARS)
     how = (
         "answer yes when asked, or use --permission allow to allow every request"
         if permission == "ask"
