@@ -26,10 +26,10 @@ from subagent.cli.interrupts import Interrupts
 from subagent.cli.permission import AnswerSource, PermissionMode, permission_policy
 from subagent.cli.tool_calls import ToolCalls, ToolCallState
 from subagent.cli.usage import UsageError
-from subagent.cli.views import RunView, StartInfo
+from subagent.cli.views import RunView, StartInfo, run_meta
 from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
 from subagent.service import ServiceRun, SubagentService
-from subagent.types import RUN_META_KEY, SubagentError, SubagentRequest, SubagentResult, Usage, sum_usage
+from subagent.types import SubagentError, SubagentRequest, SubagentResult, Usage, sum_usage
 
 __all__ = ["TurnOutcome", "TurnSpec", "drive"]
 
@@ -82,14 +82,12 @@ MAX_COSTED_RUNS: Final = 100_000
 
 def _note_run_cost(costs: dict[str, Usage], update: schema.SessionUpdate) -> None:
     """Remember the usage a run's end update carries (``subagent serve``'s tree of runs)."""
-    if not isinstance(update, schema.ToolCallProgress) or update.meta is None:
+    run = run_meta(update) if isinstance(update, schema.ToolCallProgress) else None
+    if run is None:
         return
-    run = update.meta.get(RUN_META_KEY)
-    if not isinstance(run, Mapping):
-        return
-    run_id, raw = run.get("runId"), run.get("usage")
+    run_id, raw = run["runId"], run.get("usage")
     usage = usage_from_acp(raw) if isinstance(raw, Mapping) else None
-    if isinstance(run_id, str) and usage is not None and (run_id in costs or len(costs) < MAX_COSTED_RUNS):
+    if usage is not None and (run_id in costs or len(costs) < MAX_COSTED_RUNS):
         costs[run_id] = usage  # an agent that reports a run twice is counted once
 
 

@@ -51,7 +51,7 @@ from subagent.cli.run_tree import RunTree
 from subagent.cli.tool_calls import ToolCallState
 from subagent.types import RUN_META_KEY, SubagentResult
 
-__all__ = ["EventView", "HumanView", "RunView", "StartInfo"]
+__all__ = ["EventView", "HumanView", "RunView", "StartInfo", "run_meta"]
 
 _RAW_INPUT_CHARS: Final = 400
 """How much of a tool call's input a permission question shows (as JSON)."""
@@ -185,7 +185,7 @@ class HumanView(RunView):
             return
         console = self.console
         if self.live and isinstance(update, _TOOL_CALL_UPDATES):
-            run = _run_meta(update)
+            run = run_meta(update)
             if run is not None:
                 self._observe_run(run, update, changed_call)
                 return
@@ -203,7 +203,7 @@ class HumanView(RunView):
             console.write(console.paint(text, "2", "3"))
         elif changed_call is not None:
             self._block()
-            run = _run_meta(update) if isinstance(update, _TOOL_CALL_UPDATES) else None
+            run = run_meta(update) if isinstance(update, _TOOL_CALL_UPDATES) else None
             if run is not None:
                 self._run_line(run, changed_call)
                 return
@@ -395,7 +395,7 @@ class EventView(RunView):
         self.emit("update", sessionId=self._session_id, update=schema.to_builtins(update))
         if not isinstance(update, _TOOL_CALL_UPDATES):
             return
-        run = _run_meta(update)
+        run = run_meta(update)
         if run is not None:
             parent_id = _text_or_none(run.get("parentId"))
             if parent_id is not None and parent_id == self._session_id:
@@ -462,7 +462,7 @@ def _can_draw(console: Console) -> bool:
     return console.color and unicode and is_terminal(console.stream)
 
 
-def _run_meta(update: schema.ToolCall | schema.ToolCallProgress) -> Mapping[str, Any] | None:
+def run_meta(update: schema.ToolCall | schema.ToolCallProgress) -> Mapping[str, Any] | None:
     """The run a tool call update shows (its ``RUN_META_KEY`` entry, with a string ``runId``), else None."""
     if update.meta is None:
         return None
