@@ -28,18 +28,19 @@ $(INTEROP_AGENT):
 	else echo "npm not found: the interop tests will be skipped"; fi
 
 # Real agents, pinned, each in its own npm prefix (their dependencies pin other SDK versions), driven by
-# tests/test_real_agents.py against a fake model server on loopback: no network, no keys.
+# tests/test_real_agents.py against a fake model server on loopback: no network, no keys. Every native
+# binary they run comes from npm as a platform package (optionalDependencies), from no other host.
 CLAUDE_ACP := .interop/claude-agent-acp/node_modules/@agentclientprotocol/claude-agent-acp/dist/index.js
 $(CLAUDE_ACP):
 	@if command -v npm >/dev/null 2>&1; then \
 		npm install --silent --no-audit --no-fund --prefix .interop/claude-agent-acp \
-			@agentclientprotocol/claude-agent-acp@0.49.0; \
+			@agentclientprotocol/claude-agent-acp@0.101.0; \
 	else echo "npm not found: the real-agent tests will be skipped"; fi
 
 QWEN_CODE := .interop/qwen-code/node_modules/@qwen-code/qwen-code/cli.js
 $(QWEN_CODE):
 	@if command -v npm >/dev/null 2>&1; then \
-		npm install --silent --no-audit --no-fund --prefix .interop/qwen-code @qwen-code/qwen-code@0.15.10; \
+		npm install --silent --no-audit --no-fund --prefix .interop/qwen-code @qwen-code/qwen-code@0.24.4; \
 	else echo "npm not found: the real-agent tests will be skipped"; fi
 
 CODEX_ACP := .interop/codex-acp/node_modules/@zed-industries/codex-acp/bin/codex-acp.js
@@ -48,7 +49,27 @@ $(CODEX_ACP):
 		npm install --silent --no-audit --no-fund --prefix .interop/codex-acp @zed-industries/codex-acp@0.16.0; \
 	else echo "npm not found: the real-agent tests will be skipped"; fi
 
-interop: $(INTEROP_AGENT) $(CLAUDE_ACP) $(QWEN_CODE) $(CODEX_ACP) ## install the third-party ACP agents the interop and real-agent tests drive
+# The ACP project's own Codex adapter; it runs `codex app-server` from @openai/codex, pinned here too (the
+# adapter asks for ^0.166.0).
+CODEX_ACP_2 := .interop/codex-acp-2/node_modules/@agentclientprotocol/codex-acp/dist/index.js
+$(CODEX_ACP_2):
+	@if command -v npm >/dev/null 2>&1; then \
+		npm install --silent --no-audit --no-fund --prefix .interop/codex-acp-2 \
+			@agentclientprotocol/codex-acp@2.6.0 @openai/codex@0.166.0; \
+	else echo "npm not found: the real-agent tests will be skipped"; fi
+
+# GitHub Copilot CLI (`copilot --acp`). Its native binary unpacks about 235 MB of its own files on first
+# run, into $$COPILOT_PKG_CACHE_HOME/pkg: done once here, into the prefix, which the tests point it at
+# (else each test's private HOME would get a copy).
+COPILOT := .interop/copilot/node_modules/@github/copilot/npm-loader.js
+$(COPILOT):
+	@if command -v npm >/dev/null 2>&1; then \
+		npm install --silent --no-audit --no-fund --prefix .interop/copilot @github/copilot@1.0.102 && \
+		COPILOT_PKG_CACHE_HOME=.interop/copilot/cache COPILOT_OFFLINE=1 COPILOT_AUTO_UPDATE=false \
+			COPILOT_DISABLE_TELEMETRY=1 node $@ --version >/dev/null; \
+	else echo "npm not found: the real-agent tests will be skipped"; fi
+
+interop: $(INTEROP_AGENT) $(CLAUDE_ACP) $(QWEN_CODE) $(CODEX_ACP) $(CODEX_ACP_2) $(COPILOT) ## install the third-party ACP agents the interop and real-agent tests drive
 
 test: $(STAMP) interop ## run the test suite on asyncio and trio
 	$(BIN)/python -m pytest
