@@ -959,6 +959,38 @@ def test_sigterm_tears_the_agent_down_and_exits_1(tmp_path: Path, live: list[Liv
     assert process_is_gone(agent_pid)
 
 
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_or_sighup_kills_an_agent_that_ignores_eof_and_sigterm_and_its_grandchild_at_once(
+    tmp_path: Path, live: list[LiveCli], signum: signal.Signals
+) -> None:
+    pid_file = tmp_path / "grandchild.pid"
+    argv = ["run", "--json", "--events", "-p", "work", "--", *stubborn_agent(tmp_path, pid_file)]
+    cli = LiveCli(tmp_path, *argv)
+    live.append(cli)
+    cli.wait_for_event("update")
+    pids = [agent_of(cli.process.pid), int(pid_file.read_text())]
+    cli.process.send_signal(signum)
+    done = cli.finish()
+
+    assert done.status == 1
+    assert done.json() == {
+        "output": "working...",
+        "stopReason": "cancelled",
+        "error": f"the agent was torn down at once on {signum.name}",
+        "usage": None,
+    }
+    events = done.events()
+    assert {"event": "interrupt", "signal": signum.name, "count": 1, "action": "stop"} in events
+    assert events[-1]["event"] == "end"
+    # Everything of the agent was gone when the CLI exited: the agent, its grandchild, their group.
+    assert [pid for pid in pids if not process_is_gone(pid)] == []
+    assert [pid for pid in pids if live_group_members(pid)] == []
+    # No grace was waited out: a graceful teardown of this agent would log that it had to send SIGKILL.
+    graces = [e["message"] for e in events if e["event"] == "log" and "sending SIG" in e["message"]]
+    assert graces == []
+    assert "Traceback" not in done.stderr
+
+
 def test_sigint_before_the_agent_is_ready_abandons_the_start_and_exits_1(
     tmp_path: Path, live: list[LiveCli]
 ) -> None:

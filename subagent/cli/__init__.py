@@ -14,7 +14,7 @@ the summary:
 * the first Ctrl-C cancels the turn (``session/cancel``, then the provider's grace and teardown),
   a second one SIGKILLs the agent's whole process tree at once, even mid-teardown (on another host:
   SIGTERM, then SIGKILL a second later, from its supervisor there); SIGTERM and
-  SIGHUP tear it down at once too (a graceful, bounded teardown).
+  SIGHUP do the same as a second Ctrl-C (no grace is waited out).
 
 The package, one job per module::
 

@@ -20,11 +20,11 @@ logger = logging.getLogger(__name__)
 
 
 class Interrupts:
-    """Turns signals into actions on the run: the first SIGINT cancels the turn; SIGTERM/SIGHUP
-    tear the agent down (dispose: a bounded, graceful teardown); a second SIGINT, or any signal
-    once a teardown is under way, also kills the agent's whole process tree at once (SIGKILL; on
-    another host, SIGTERM then SIGKILL a second later, from its supervisor there), so a
-    teardown waiting out a grace period ends now. Signals before the run exists are kept for it."""
+    """Turns signals into actions on the run: the first SIGINT cancels the turn; a second SIGINT,
+    SIGTERM or SIGHUP (or any signal once a teardown is under way) kills the agent's whole process
+    tree at once (SIGKILL through its supervisor; on another host, SIGTERM then SIGKILL a second
+    later, from its supervisor there) and then disposes of the run, so no grace period is waited
+    out, not even one a teardown under way is in. Signals before the run exists are kept for it."""
 
     SIGNALS: Final = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -63,8 +63,11 @@ class Interrupts:
             self._cancelling = True
         else:
             self.stopped_by = f"a second {signum.name}" if signum == signal.SIGINT else signum.name
-            # The user pressed Ctrl-C twice: whatever grace the first one started, it is over.
-            self._kill = signum == signal.SIGINT
+            # A second Ctrl-C, SIGTERM or SIGHUP all mean "stop now": whatever grace a first Ctrl-C
+            # started is over, and no grace is waited out (a graceful teardown of an agent that
+            # ignores its stdin's end and SIGTERM would take seconds: a service manager's SIGTERM
+            # or a closed terminal's SIGHUP would then wait on it).
+            self._kill = True
         logger.debug("%s received (%d so far): %s", signum.name, self.count, action)
         self.view.interrupted(signum.name, self.count, action)
         if self._run is None:

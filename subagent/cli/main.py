@@ -79,7 +79,8 @@ interrupts:
   a grace of a few seconds) and exits 1 with stop reason "cancelled". Ctrl-C again kills
   the agent and every process it started at once (SIGKILL, no grace; exit 1), even while
   a teardown is waiting for it; an agent --on another host gets SIGTERM, then SIGKILL
-  a second later, from its supervisor there. SIGTERM and SIGHUP tear it down at once too.
+  a second later, from its supervisor there. SIGTERM and SIGHUP do the same as a second
+  Ctrl-C (SIGKILL, no grace; exit 1 with stop reason "cancelled", the error naming the signal).
 
 examples:
   {PROG} run -p "Summarise README.md" -- npx @agentclientprotocol/claude-agent-acp
