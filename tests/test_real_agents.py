@@ -4,13 +4,26 @@
   scripted Anthropic Messages server (`subagent.testing.anthropic_server`);
 * Qwen Code (npm ``@qwen-code/qwen-code``, ``qwen --acp --auth-type openai``), against the scripted
   chat-completions server (`subagent.testing.chat_server`);
-* Codex, through ``codex-acp`` (npm ``@zed-industries/codex-acp``), against the scripted Responses API
-  server (`subagent.testing.responses_server`), with a ``[model_providers.stub]`` in its ``CODEX_HOME``.
+* Codex through two adapters, ``codex-acp`` of npm ``@zed-industries/codex-acp`` and of npm
+  ``@agentclientprotocol/codex-acp`` (which runs ``codex app-server`` of npm ``@openai/codex``), against the
+  scripted Responses API server (`subagent.testing.responses_server`), with a ``[model_providers.stub]`` in
+  its ``CODEX_HOME``;
+* GitHub Copilot CLI (npm ``@github/copilot``, ``copilot --acp``), against the chat-completions server (its
+  ``COPILOT_PROVIDER_*`` settings; its wire API defaults to chat completions).
 
 `make interop` installs them, pinned, under ``.interop/``; without them (or without node) these tests are
 skipped, or fail when ``SUBAGENT_REQUIRE_INTEROP`` is set (CI sets it). Each test runs the real CLI as a
-subprocess, ``subagent run --json --events``, and asserts its exact outcome: the answer, a permission
-question allowed and denied, and a turn cancelled by SIGINT while the model's answer is mid-stream.
+subprocess, ``subagent run --json --events``, and asserts its exact outcome: the answer, a file write
+allowed (at the agent's own start mode) and a permission question allowed and denied (at its asking mode),
+and a turn cancelled by SIGINT, or torn down by SIGTERM, while the model's answer is mid-stream.
+
+Each agent starts in its own mode: Claude Code (``auto``), Qwen Code (``auto``) and the ACP project's
+Codex adapter (``agent``) write without asking; Copilot (``...#agent``) asks; the Zed Codex adapter has no
+modes and asks here because its config says ``approval_policy = "untrusted"``. A test that needs the
+question puts the agent in its asking mode through the agent's own settings (``Turn.asking``): Claude's
+``permissions.defaultMode``, Qwen's ``--approval-mode default``, the ACP Codex adapter's
+``INITIAL_AGENT_MODE=read-only`` (where the fake model asks for an unsandboxed command, as a model whose
+write the sandbox refused does).
 
 Offline by construction: every model base URL points at the fake server, each run has its own empty HOME,
 telemetry, update checks and side traffic are switched off, and ``HTTPS_PROXY`` / ``HTTP_PROXY`` point
@@ -21,6 +34,10 @@ The model's side of a turn is decided from each request, not from its position (
 their own): a request offering no tools is a side call (a title, a summary) and gets a short text; a
 request whose last message carries a tool result gets the closing text, which depends on whether the
 file was really written; any other request starts the turn.
+
+Each SIGTERM test appends how long ``subagent run`` took from SIGTERM to its exit to
+``real-agent-timings.jsonl`` in pytest's base temporary directory (and prints it, shown with ``-s``): a
+record for people, never asserted (the machine may be loaded).
 """
 
 from __future__ import annotations
@@ -34,6 +51,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -71,8 +89,11 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 INTEROP: Final = ROOT / ".interop"
 CLAUDE_ACP: Final = INTEROP / "claude-agent-acp/node_modules" / "@agentclientprotocol" / "claude-agent-acp"
 CLAUDE_ACP_SCRIPT: Final = CLAUDE_ACP / "dist" / "index.js"
-CODEX_ACP: Final = INTEROP / "codex-acp/node_modules/@zed-industries/codex-acp/bin/codex-acp.js"
+CODEX_ZED: Final = INTEROP / "codex-acp/node_modules/@zed-industries/codex-acp/bin/codex-acp.js"
+CODEX_ACP: Final = INTEROP / "codex-acp-2/node_modules/@agentclientprotocol/codex-acp/dist/index.js"
 QWEN_CODE: Final = INTEROP / "qwen-code" / "node_modules" / "@qwen-code" / "qwen-code" / "cli.js"
+COPILOT: Final = INTEROP / "copilot/node_modules/@github/copilot/npm-loader.js"
+COPILOT_CACHE: Final = INTEROP / "copilot" / "cache"  # unpacked by `make interop` (see the Makefile)
 NODE: Final = shutil.which("node")
 RUN_BOUND: Final = 90.0  # seconds for one CLI run, start to exit: a hang guard on a loaded machine
 MAX_STDERR_LINE: Final = 16 * 1024 * 1024
@@ -96,10 +117,12 @@ def anyio_backend() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """What the fake model does when a turn starts: answer, ask to write a file, or stall mid-answer."""
+    """What the fake model does when a turn starts: answer, ask to write a file, or stall mid-answer;
+    ``asking``: the agent is set up to start in its asking mode (see the module's docstring)."""
 
     write: Path | None = None
     stall: bool = False
+    asking: bool = False
 
 
 class Served(Protocol):
@@ -118,11 +141,15 @@ Serve = Callable[["Turn", Path], AbstractAsyncContextManager[tuple[Served, dict[
 
 @dataclass
 class Agent:
-    """A real agent: how to start it, and how to serve its model and set its environment for one turn."""
+    """A real agent: how to start it, and how to serve its model and set its environment for one turn.
+    ``asks``: whether it asks before a write at the mode it starts in; ``asking_args``: the arguments that
+    start it in its asking mode, for the agents set up that way."""
 
     name: str
     command: list[str]
     serve: Serve
+    asks: bool
+    asking_args: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -191,6 +218,15 @@ async def serve_claude(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, di
 
     async with serve_anthropic_messages(respond) as server:
         env = base_env(home, server.base_url)
+        # At its start mode, "auto", with a base URL of its own, Claude Code tells the user (in an
+        # agent_message_chunk of its own, once a day until acknowledged) that its classifier billing
+        # changes: acknowledged now, so that the turn's messages are the model's.
+        acknowledged = {"autoModeClassifierBillingNoticeAcknowledgedAt": int(time.time() * 1000)}
+        (home / ".claude.json").write_text(json.dumps(acknowledged))
+        if turn.asking:
+            (home / ".claude").mkdir(parents=True)
+            settings = {"permissions": {"defaultMode": "default"}}  # its mode "Manual": always ask
+            (home / ".claude" / "settings.json").write_text(json.dumps(settings))
         env |= {
             "ANTHROPIC_BASE_URL": server.base_url,
             "ANTHROPIC_API_KEY": "sk-ant-stub-not-a-key",
@@ -232,11 +268,15 @@ async def serve_qwen(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict
         return StreamedReply(text=ANSWER)
 
     async with serve_chat_completions(responder=respond) as server:
-        # Qwen Code's usage statistics go to a host of their own unless switched off in its settings.
+        # Qwen Code's usage statistics go to a host of their own unless switched off in its settings. Its
+        # memory extraction and follow-up suggestions are model calls of its own, with tools, after the
+        # turn: off, so that every request with tools is the turn's.
         settings = {
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False},
             "general": {"enableAutoUpdate": False},
+            "memory": {"enableManagedAutoMemory": False},
+            "ui": {"enableFollowupSuggestions": False},
         }
         (home / ".qwen").mkdir(parents=True)
         (home / ".qwen" / "settings.json").write_text(json.dumps(settings))
@@ -253,52 +293,130 @@ async def serve_qwen(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict
 # -- Codex -----------------------------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def serve_codex(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict[str, str], ModelLog]]:
-    log = ModelLog()
+def codex_config(adapter: str, base_url: str) -> str:
+    """The adapter's ``config.toml``: the stub provider, and no analytics or update check.
 
-    def respond(request: ResponsesRequest) -> ResponsesReply:
-        if not request.tool_names:
-            return ResponsesReply(text=SIDE_CALL)
-        if outputs := request.function_call_outputs:
-            log.tool_results += [_text_of(output.get("output")) for output in outputs]
-            return ResponsesReply(text=WRITTEN if turn.write and turn.write.exists() else NOT_WRITTEN)
-        log.started += 1
-        if turn.stall:
-            log.stalled.append(request.disconnected)
-            # response.created, the message item, its first text delta: then nothing more.
-            return ResponsesReply(text=(STALLED, " some more"), stall_after=3)
-        if turn.write is not None:
-            command = f"printf {shlex.quote(CONTENT)} > {shlex.quote(str(turn.write))}"
-            call = FunctionCall("call_stub_1", "exec_command", json.dumps({"cmd": command}))
-            return ResponsesReply(text=PREAMBLE, function_calls=[call])
-        return ResponsesReply(text=ANSWER)
-
-    async with serve_responses(respond) as server:
-        codex_home = home / ".codex"
-        codex_home.mkdir(parents=True)
-        # A model Codex knows (else its first message warns about missing metadata); every command is asked
-        # about ("untrusted"); no sandbox, which a container may not support; no analytics, no update check.
-        (codex_home / "config.toml").write_text(
-            f"""
+    The Zed adapter (0.16.0) has no modes: every command is asked about ("untrusted"), with no sandbox,
+    which a container may not support. The ACP project's adapter (2.6.0) takes its approval policy and
+    sandbox from its mode (``approval_policy = "untrusted"`` is now an error); its model is one whose
+    metadata it knows (else its first message warns about it), and the features that fetch plugins,
+    apps and model lists from other hosts are off.
+    """
+    if adapter == "codex-zed":
+        settings = """
 model = "gpt-5.4-mini"
-model_provider = "stub"
 approval_policy = "untrusted"
 sandbox_mode = "danger-full-access"
+"""
+        features = ""
+    else:
+        settings = """
+model = "gpt-5.5"
+"""
+        features = """
+[features]
+plugins = false
+remote_plugin = false
+plugin_discovery_prefetch = false
+apps = false
+in_app_updates = false
+api_key_model_discovery = false
+"""
+    return f"""{settings}
+model_provider = "stub"
 check_for_update_on_startup = false
 
 [model_providers.stub]
 name = "Stub"
-base_url = "{server.base_url}"
+base_url = "{base_url}"
 env_key = "STUB_API_KEY"
 wire_api = "responses"
 
 [analytics]
 enabled = false
-"""
-        )
+{features}"""
+
+
+def serve_codex(adapter: str) -> Serve:
+    """Serves the Responses API for one of the two Codex adapters (``codex-zed``, ``codex-acp``)."""
+
+    @asynccontextmanager
+    async def serve(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict[str, str], ModelLog]]:
+        log = ModelLog()
+
+        def respond(request: ResponsesRequest) -> ResponsesReply:
+            if not request.tool_names:
+                return ResponsesReply(text=SIDE_CALL)
+            if outputs := request.function_call_outputs:
+                log.tool_results += [_text_of(output.get("output")) for output in outputs]
+                return ResponsesReply(text=WRITTEN if turn.write and turn.write.exists() else NOT_WRITTEN)
+            log.started += 1
+            if turn.stall:
+                log.stalled.append(request.disconnected)
+                # response.created, the message item, its first text delta: then nothing more.
+                return ResponsesReply(text=(STALLED, " some more"), stall_after=3)
+            if turn.write is not None:
+                command = f"printf {shlex.quote(CONTENT)} > {shlex.quote(str(turn.write))}"
+                arguments: dict[str, str] = {"cmd": command}
+                if turn.asking and adapter == "codex-acp":
+                    # Read-only mode runs commands in a read-only sandbox and asks only to leave it.
+                    arguments |= {"sandbox_permissions": "require_escalated", "justification": PREAMBLE}
+                call = FunctionCall("call_stub_1", "exec_command", json.dumps(arguments))
+                return ResponsesReply(text=PREAMBLE, function_calls=[call])
+            return ResponsesReply(text=ANSWER)
+
+        async with serve_responses(respond) as server:
+            codex_home = home / ".codex"
+            codex_home.mkdir(parents=True)
+            (codex_home / "config.toml").write_text(codex_config(adapter, server.base_url))
+            env = base_env(home, server.base_url.removesuffix("/v1"))
+            env |= {"CODEX_HOME": str(codex_home), "STUB_API_KEY": "sk-stub-not-a-key"}
+            if turn.asking and adapter == "codex-acp":
+                env["INITIAL_AGENT_MODE"] = "read-only"  # its mode that asks before leaving the sandbox
+            yield server, env, log
+
+    return serve
+
+
+# -- GitHub Copilot CLI ----------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def serve_copilot(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict[str, str], ModelLog]]:
+    log = ModelLog()
+
+    def respond(request: ReceivedRequest) -> StreamedReply:
+        body = request.json
+        messages = body.get("messages") or [{}]
+        if not body.get("tools"):
+            return StreamedReply(text=SIDE_CALL)
+        if messages[-1].get("role") == "tool":
+            log.tool_results.append(_text_of(messages[-1].get("content")))
+            return StreamedReply(text=WRITTEN if turn.write and turn.write.exists() else NOT_WRITTEN)
+        log.started += 1
+        if turn.stall:
+            log.stalled.append(request.disconnected)
+            return StreamedReply(text=(STALLED, " some more"), stall_after=2)  # the role chunk, one text
+        if turn.write is not None:
+            arguments = json.dumps({"path": str(turn.write), "file_text": CONTENT})
+            return StreamedReply(
+                text=PREAMBLE, tool_calls=[ToolCallReply("call_stub_1", "create", arguments)]
+            )
+        return StreamedReply(text=ANSWER)
+
+    async with serve_chat_completions(responder=respond) as server:
         env = base_env(home, server.base_url.removesuffix("/v1"))
-        env |= {"CODEX_HOME": str(codex_home), "STUB_API_KEY": "sk-stub-not-a-key"}
+        env |= {
+            "COPILOT_PROVIDER_BASE_URL": server.base_url,
+            "COPILOT_PROVIDER_API_KEY": "sk-stub-not-a-key",
+            "COPILOT_PROVIDER_MODEL_ID": "stub-model",
+            "COPILOT_PROVIDER_WIRE_MODEL": "stub-model",
+            "COPILOT_OFFLINE": "1",
+            "COPILOT_DISABLE_TELEMETRY": "1",
+            "COPILOT_AUTO_UPDATE": "false",
+            # Its files, unpacked once by `make interop`: not again into every test's HOME.
+            "COPILOT_PKG_CACHE_HOME": str(COPILOT_CACHE),
+        }
         yield server, env, log
 
 
@@ -311,13 +429,26 @@ def _text_of(content: Any) -> str:
     return repr(content)
 
 
-@pytest.fixture(params=["claude", "qwen", "codex"])
+AGENTS: Final = ("claude", "qwen", "codex-zed", "codex-acp", "copilot")
+
+
+def make_agent(name: str) -> Agent:
+    """The agent called ``name``, or skip (fail under SUBAGENT_REQUIRE_INTEROP) when it is not installed."""
+    if name == "claude":
+        return Agent(name, require(CLAUDE_ACP_SCRIPT), serve_claude, asks=False)
+    if name == "qwen":
+        command = [*require(QWEN_CODE), "--acp", "--auth-type", "openai"]
+        return Agent(name, command, serve_qwen, asks=False, asking_args=["--approval-mode", "default"])
+    if name == "codex-zed":
+        return Agent(name, require(CODEX_ZED), serve_codex(name), asks=True)
+    if name == "codex-acp":
+        return Agent(name, require(CODEX_ACP), serve_codex(name), asks=False)
+    return Agent(name, [*require(COPILOT), "--acp"], serve_copilot, asks=True)
+
+
+@pytest.fixture(params=AGENTS)
 def agent(request: pytest.FixtureRequest) -> Agent:
-    if request.param == "claude":
-        return Agent("claude", require(CLAUDE_ACP_SCRIPT), serve_claude)
-    if request.param == "codex":
-        return Agent("codex", require(CODEX_ACP), serve_codex)
-    return Agent("qwen", [*require(QWEN_CODE), "--acp", "--auth-type", "openai"], serve_qwen)
+    return make_agent(request.param)
 
 
 # -- running the CLI -------------------------------------------------------------------------------------
@@ -325,14 +456,25 @@ def agent(request: pytest.FixtureRequest) -> Agent:
 
 @dataclass
 class Finished:
-    """A finished `subagent run --json --events`."""
+    """A finished `subagent run --json --events`; ``signal_to_exit``: seconds from the signal the test
+    sent to the CLI's exit, when it sent one."""
 
     status: int
     result: dict[str, Any]
     events: list[dict[str, Any]]
+    signal_to_exit: float | None = None
 
     def of(self, kind: str) -> list[dict[str, Any]]:
         return [event for event in self.events if event["event"] == kind]
+
+
+@dataclass
+class Interrupt:
+    """A signal the test sends the CLI once, at the first event ``when`` accepts."""
+
+    when: Callable[[dict[str, Any]], bool]
+    signum: signal.Signals = signal.SIGINT
+    sent_at: float | None = None
 
 
 async def run_cli(
@@ -341,21 +483,24 @@ async def run_cli(
     tmp_path: Path,
     *,
     permission: str,
-    interrupt_when: Callable[[dict[str, Any]], bool] | None = None,
+    interrupt: Interrupt | None = None,
+    options: tuple[str, ...] = (),
 ) -> tuple[Finished, Served, ModelLog]:
     """Serve the model, run one turn of ``agent`` through the CLI, and check nothing outlived it."""
     home = tmp_path / "home"
     workdir = tmp_path / "work"
     workdir.mkdir(exist_ok=True)
+    command = [*agent.command, *(agent.asking_args if turn.asking else ())]
     async with assert_no_leaks() as tag, agent.serve(turn, home) as (server, env, log):
         argv = [sys.executable, "-m", "subagent", "run", "--json", "--events", "--permission", permission]
         argv += [
+            *options,
             "--cwd",
             str(workdir),
             "-p",
             "Write hello.txt, then tell me the answer.",
             "--",
-            *agent.command,
+            *command,
         ]
         events: list[dict[str, Any]] = []
         stdout = bytearray()
@@ -371,8 +516,9 @@ async def run_cli(
                 with anyio.fail_after(RUN_BOUND):
                     async with anyio.create_task_group() as tg:
                         tg.start_soon(_read_all, process, stdout)
-                        await _read_events(process, events, interrupt_when)
+                        await _read_events(process, events, interrupt)
                     status = await process.wait()
+                    exited_at = time.monotonic()
                     # Every agent process is gone by now, so a model call left hanging has been hung up on.
                     for hung_up in log.stalled:
                         await hung_up.wait()
@@ -380,7 +526,9 @@ async def run_cli(
                 await _kill_leftovers(process, tag)
                 raise
     assert not [event for event in events if event["event"] == "not-json"], events
-    finished = Finished(status, json.loads(stdout), events)
+    sent_at = None if interrupt is None else interrupt.sent_at
+    signal_to_exit = None if sent_at is None else exited_at - sent_at
+    finished = Finished(status, json.loads(stdout), events, signal_to_exit)
     # The agent went nowhere but to the fake model (at most a tunnel to it, for an agent that proxies it).
     assert set(server.tunnels) <= {f"127.0.0.1:{server.port}"}, server.tunnels
     return finished, server, log
@@ -393,13 +541,10 @@ async def _read_all(process: anyio.abc.Process, into: bytearray) -> None:
 
 
 async def _read_events(
-    process: anyio.abc.Process,
-    events: list[dict[str, Any]],
-    interrupt_when: Callable[[dict[str, Any]], bool] | None,
+    process: anyio.abc.Process, events: list[dict[str, Any]], interrupt: Interrupt | None
 ) -> None:
     assert process.stderr is not None
     lines = BufferedByteReceiveStream(process.stderr)
-    interrupted = False
     while True:
         try:
             line = await lines.receive_until(b"\n", MAX_STDERR_LINE)
@@ -413,9 +558,9 @@ async def _read_events(
             # When it was written: checked to be there and taken out, so the tests compare the rest exactly.
             assert isinstance(event.pop("time"), float | int), event
         events.append(event)
-        if interrupt_when is not None and not interrupted and interrupt_when(event):
-            process.send_signal(signal.SIGINT)
-            interrupted = True
+        if interrupt is not None and interrupt.sent_at is None and interrupt.when(event):
+            interrupt.sent_at = time.monotonic()
+            process.send_signal(interrupt.signum)
 
 
 async def _kill_leftovers(process: anyio.abc.Process, tag: str) -> None:
@@ -446,9 +591,21 @@ def permission_choices(finished: Finished) -> list[tuple[str, str]]:
     return [(event["option"]["kind"], event["reason"]) for event in finished.of("permission")]
 
 
+def first_text(event: dict[str, Any]) -> bool:
+    """Whether ``event`` is the turn's first agent_message_chunk with text: the model is mid-answer."""
+    update = event.get("update", {})
+    return bool(update.get("sessionUpdate") == "agent_message_chunk" and update["content"].get("text"))
+
+
 @pytest.fixture
 def target(tmp_path: Path) -> Path:
     return tmp_path / "work" / "hello.txt"
+
+
+@pytest.fixture
+def timings(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the SIGTERM tests record their timings (see the module's docstring)."""
+    return tmp_path_factory.getbasetemp() / "real-agent-timings.jsonl"
 
 
 # -- the tests -------------------------------------------------------------------------------------------
@@ -475,6 +632,8 @@ def tool_result_written(agent: str, path: Path) -> str:
         )
     if agent == "qwen":
         return re.escape(f"Successfully created and wrote to new file: {path}.")
+    if agent == "copilot":
+        return re.escape(f"Created file {path} with {len(CONTENT)} characters")
     # Codex reports the command's run: an id and a wall time that change every run, then its exit status.
     return (
         r"Chunk ID: \w+\nWall time: [\d.]+ seconds\nProcess exited with code 0\n"
@@ -482,35 +641,60 @@ def tool_result_written(agent: str, path: Path) -> str:
     )
 
 
-async def test_a_real_agent_writes_the_file_when_its_permission_question_is_allowed(
-    agent: Agent, tmp_path: Path, target: Path
-) -> None:
-    finished, _, log = await run_cli(agent, Turn(write=target), tmp_path, permission="allow")
+def assert_written(agent: Agent, finished: Finished, log: ModelLog, target: Path) -> None:
     assert finished.status == 0
     assert (finished.result["stopReason"], finished.result["error"]) == ("completed", None)
     assert finished.result["output"] == WRITTEN  # the text after the tool call: the final answer
-    assert await anyio.Path(target).read_text() == CONTENT
-    assert permission_choices(finished) == [("allow_once", "--permission allow")]
+    assert target.read_text() == CONTENT
     (told_model,) = log.tool_results
     assert re.fullmatch(tool_result_written(agent.name, target), told_model), told_model
 
 
-# What each agent tells the model when the write is refused, and how the turn ends: (what the model is
-# told, exit status, output, stop reason).
+async def test_a_real_agent_at_its_start_mode_writes_the_file_under_permission_allow(
+    agent: Agent, tmp_path: Path, target: Path
+) -> None:
+    finished, _, log = await run_cli(agent, Turn(write=target), tmp_path, permission="allow")
+    assert_written(agent, finished, log, target)
+    # Asked only by the agents whose start mode asks: the others write without a question.
+    assert permission_choices(finished) == ([("allow_once", "--permission allow")] if agent.asks else [])
+
+
+@pytest.fixture(params=[name for name in AGENTS if name not in ("codex-zed", "copilot")])
+def unasking_agent(request: pytest.FixtureRequest) -> Agent:
+    """An agent whose start mode writes without asking (the others ask at their start mode already)."""
+    return make_agent(request.param)
+
+
+async def test_a_real_agent_at_its_asking_mode_writes_the_file_when_its_question_is_allowed(
+    unasking_agent: Agent, tmp_path: Path, target: Path
+) -> None:
+    agent = unasking_agent
+    finished, _, log = await run_cli(agent, Turn(write=target, asking=True), tmp_path, permission="allow")
+    assert_written(agent, finished, log, target)
+    assert permission_choices(finished) == [("allow_once", "--permission allow")]
+
+
+# What each agent at its asking mode tells the model when the write is refused, and how the turn ends:
+# (what the model is told, exit status, output, stop reason).
 DENIED: Final = {
     # Claude Code reports the tool call failed; the answer is the text after it.
     "claude": (["User refused permission to run tool"], 0, NOT_WRITTEN, "completed"),
-    # Qwen Code sends no tool-call update for a refused call, so the answer runs on from the preamble.
-    "qwen": (['Tool "write_file" was canceled by the user.'], 0, PREAMBLE + NOT_WRITTEN, "completed"),
-    # Codex ends its turn as cancelled at once (its refusal option is "abort"), the model told nothing.
-    "codex": ([], 1, PREAMBLE, "cancelled"),
+    # Qwen Code ends the turn at once, the model told nothing: no text came after the tool call.
+    "qwen": ([], 0, "", "completed"),
+    # Both Codex adapters end their turn as cancelled at once (the refusal aborts it), the model told
+    # nothing: the Zed one sends no tool_call update before its question (the answer runs on from the
+    # preamble), the ACP one does (no text came after it).
+    "codex-zed": ([], 1, PREAMBLE, "cancelled"),
+    "codex-acp": ([], 1, "", "cancelled"),
+    # Copilot ends the turn at once, the model told nothing; it tells the user in a message of its own.
+    "copilot": ([], 0, "Info: Operation cancelled by user", "completed"),
 }
 
 
-async def test_a_real_agent_leaves_the_file_unwritten_when_its_permission_question_is_denied(
+async def test_a_real_agent_at_its_asking_mode_leaves_the_file_unwritten_when_its_question_is_denied(
     agent: Agent, tmp_path: Path, target: Path
 ) -> None:
-    finished, _, log = await run_cli(agent, Turn(write=target), tmp_path, permission="deny")
+    finished, _, log = await run_cli(agent, Turn(write=target, asking=True), tmp_path, permission="deny")
     told_model, status, output, stop_reason = DENIED[agent.name]
     assert not await anyio.Path(target).exists()
     assert permission_choices(finished) == [("reject_once", "--permission deny")]
@@ -526,12 +710,8 @@ async def test_a_real_agent_leaves_the_file_unwritten_when_its_permission_questi
 async def test_sigint_cancels_a_real_agents_turn_while_the_model_stalls_mid_answer(
     agent: Agent, tmp_path: Path
 ) -> None:
-    def first_text(event: dict[str, Any]) -> bool:
-        update = event.get("update", {})
-        return bool(update.get("sessionUpdate") == "agent_message_chunk" and update["content"].get("text"))
-
     finished, _, log = await run_cli(
-        agent, Turn(stall=True), tmp_path, permission="deny", interrupt_when=first_text
+        agent, Turn(stall=True), tmp_path, permission="deny", interrupt=Interrupt(first_text)
     )
     assert finished.status == 1
     assert (finished.result["output"], finished.result["stopReason"]) == (STALLED, "cancelled")
@@ -540,3 +720,33 @@ async def test_sigint_cancels_a_real_agents_turn_while_the_model_stalls_mid_answ
     assert finished.events[-1]["event"] == "end"
     assert finished.events[-1]["stopReason"] == "cancelled"
     assert log.started == 1  # one model call, the stalled one, which the agent then hung up on
+
+
+async def test_sigterm_tears_a_real_agent_down_at_once_while_the_model_stalls_mid_answer(
+    agent: Agent, tmp_path: Path, timings: Path
+) -> None:
+    interrupt = Interrupt(first_text, signal.SIGTERM)
+    # -v: the teardown's info logs too, where a graceful teardown says which signal it had to send.
+    finished, _, log = await run_cli(
+        agent, Turn(stall=True), tmp_path, permission="deny", interrupt=interrupt, options=("-v",)
+    )
+    record_timing(timings, agent.name, "sigterm_to_exit_s", finished.signal_to_exit)
+    # run_cli checked that no process of the agent's outlived the CLI.
+    assert finished.status == 1
+    assert finished.result["output"] == STALLED
+    assert finished.result["stopReason"] == "cancelled"
+    assert finished.result["error"] == "the agent was torn down at once on SIGTERM"
+    assert {"event": "interrupt", "signal": "SIGTERM", "count": 1, "action": "stop"} in finished.events
+    assert finished.events[-1]["event"] == "end"
+    # No grace was waited out: a graceful teardown would log the signal it had to send.
+    graces = [e["message"] for e in finished.of("log") if "sending SIG" in e["message"]]
+    assert graces == []
+    assert log.started == 1
+
+
+def record_timing(timings: Path, agent: str, what: str, seconds: float | None) -> None:
+    """Append one timing to the results file, and show it (with ``pytest -s``): never asserted."""
+    record = {"agent": agent, what: None if seconds is None else round(seconds, 3)}
+    with timings.open("a") as file:
+        file.write(json.dumps(record) + "\n")
+    sys.stdout.write(f"\n{json.dumps(record)}\n")
