@@ -461,7 +461,8 @@ async def test_file_requests_are_served_inside_the_sandbox_and_refused_outside(t
             replies["unknown session"] = exc.to_wire()
         return {"stopReason": "end_turn"}
 
-    async with connected(FakeAgent(handlers={"session/prompt": prompt}), fs=FsSandbox([tmp_path])) as client:
+    agent = FakeAgent(handlers={"session/prompt": prompt})
+    async with connected(agent, fs=FsSandbox([tmp_path]), permission="allow") as client:
         with anyio.fail_after(5):
             await (await ready_session(client)).prompt("go")
     assert replies["read"] == {"content": "two\n"}

@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 import time
@@ -60,6 +61,7 @@ from subagent.acp.errors import (
     ProtocolError,
     ProtocolVersionError,
     RequestError,
+    SessionSettingError,
 )
 from subagent.acp.handlers import (
     FsSandbox,
@@ -69,7 +71,9 @@ from subagent.acp.handlers import (
     PermissionPolicy,
     PermissionQuestion,
     permission_policy,
+    policy_name,
 )
+from subagent.acp.modes import ModeChoice, current_mode, offered_modes, select_values
 from subagent.acp.transport import Channel, LocalTransport, Transport, check_command
 
 if TYPE_CHECKING:
@@ -188,6 +192,8 @@ _TOOL_CALL: Final = schema.ToolCall
 _TOOL_CALL_UPDATE: Final = schema.ToolCallProgress
 _USAGE_UPDATE: Final = schema.UsageUpdate
 _UNKNOWN_UPDATE: Final = schema.UnknownSessionUpdate
+_MODE_UPDATE: Final = schema.CurrentModeUpdate
+_CONFIG_UPDATE: Final = schema.ConfigOptionUpdate
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +402,26 @@ class _Turn:
     cancel_requested: bool = False
     permissions_denied: int = 0
     last_denied: str | None = None
+    allowed_paths: set[str] = field(default_factory=set)
+    """Paths that a permission allowed in this turn names (bounded by ``MAX_ALLOWED_PATHS``): the
+    agent's ``fs/write_text_file`` to one of them is covered by that answer."""
+
+
+MAX_ALLOWED_PATHS: Final = 1024
+"""The most paths one turn's allowed permissions may cover; past it a write is asked about again."""
+
+_MAX_PATH_SCAN: Final = 256
+"""How many values of a permission question's raw input are looked at for the paths it names."""
+
+_PATH_KEYS: Final = re.compile(r"path|file", re.IGNORECASE)
+"""Keys of a tool call's raw input whose relative string values are paths (``file_path``, ``path``)."""
+
+WRITE_QUESTION_OPTIONS: Final = (
+    PermissionOption("allow_once", "Allow this write", "allow_once"),
+    PermissionOption("allow_always", "Allow every write in this session", "allow_always"),
+    PermissionOption("reject_once", "Refuse this write", "reject_once"),
+)
+"""The options of the question the client asks itself about a write no permission covered."""
 
 
 # -- sessions -------------------------------------------------------------------------------------------
@@ -409,11 +435,17 @@ class AcpSession:
     an inactivity timeout that does not count time spent waiting on a permission answer.
     """
 
-    def __init__(self, client: AcpClient, session_id: str) -> None:
+    def __init__(self, client: AcpClient, session_id: str, cwd: str | None = None) -> None:
         self._client = client
         self.session_id = session_id
+        self.cwd = cwd
+        """The session's working directory, as sent (absolute)."""
         self.modes: schema.SessionModeState | None = None
+        """The agent's modes and the current one, kept current from ``current_mode_update``."""
         self.config_options: list[schema.SessionConfigOption] | None = None
+        """The agent's config options with their values, kept current from ``config_option_update``
+        and from the answers to ``session/set_config_option``."""
+        self._writes_allowed = False  # an allow_always answer covers every write of the session
         self.last_activity = time.monotonic()
         self.pending_permissions = 0
         self.replayed: deque[schema.SessionUpdate] = deque(maxlen=client.max_kept_updates)
@@ -548,17 +580,129 @@ class AcpSession:
             self.modes = response.modes
             self.config_options = response.config_options
 
+    @property
+    def current_mode_id(self) -> str | None:
+        """The session's current mode (its ``modes``, else a config option of category ``mode``)."""
+        return current_mode(self.modes, self.config_options)
+
+    @property
+    def offered_modes(self) -> list[ModeChoice]:
+        """Every mode the agent offers for this session (see :func:`~subagent.acp.modes.offered_modes`)."""
+        return offered_modes(self.modes, self.config_options)
+
     async def set_mode(self, mode_id: str) -> None:
-        """Switch the session to another of the agent's modes."""
+        """Switch the session to another of the agent's modes (``session/set_mode``)."""
         await self._client._call(
             schema.SESSION_SET_MODE, schema.SetSessionModeRequest(session_id=self.session_id, mode_id=mode_id)
         )
+        if self.modes is not None:
+            self.modes = msgspec.structs.replace(self.modes, current_mode_id=mode_id)
+
+    async def set_config_option(self, config_id: str, value: str | bool) -> list[schema.SessionConfigOption]:
+        """Set one of the agent's config options (``session/set_config_option``): a select option's value
+        id, or a boolean option's value. Returns the agent's full list of options and values, which
+        :attr:`config_options` then holds."""
+        request: schema.SetSessionConfigOptionRequest = (
+            schema.SetSessionConfigOptionRequestBoolean(
+                session_id=self.session_id, config_id=config_id, value=value
+            )
+            if isinstance(value, bool)
+            else schema.SetSessionConfigOptionRequestValueId(
+                session_id=self.session_id, config_id=config_id, value=value
+            )
+        )
+        raw = await self._client._call(schema.SESSION_SET_CONFIG_OPTION, request)
+        response = schema.decode(raw, type=schema.SetSessionConfigOptionResponse | None)
+        if response is not None:
+            self.config_options = list(response.config_options)
+        return list(self.config_options or ())
+
+    async def select_mode(self, mode_id: str) -> None:
+        """Switch to ``mode_id`` whichever way the agent offers it: ``session/set_mode`` for one of its
+        ``modes``, else ``session/set_config_option`` on its ``mode`` config option.
+
+        Raises:
+            SessionSettingError: the agent offers no such mode (``offered`` lists the ids it does).
+        """
+        offered = self.offered_modes
+        choice = next((mode for mode in offered if mode.id == mode_id), None)
+        if choice is None:
+            ids = [mode.id for mode in offered]
+            listed = ", ".join(repr(mode) for mode in ids) if ids else "none"
+            raise SessionSettingError(
+                f"the agent offers no mode {mode_id!r} (its modes: {listed})", setting="mode", offered=ids
+            )
+        if choice.config_id is None:
+            await self.set_mode(mode_id)
+        else:
+            await self.set_config_option(choice.config_id, mode_id)
+
+    async def configure(self, options: Mapping[str, str | bool]) -> None:
+        """Set config options by id, in order: a select option takes one of its value ids, a boolean
+        option ``True``/``False`` (or the strings ``true``/``false``, ``on``/``off``, ``yes``/``no``,
+        ``1``/``0``, as a command line gives them).
+
+        Raises:
+            SessionSettingError: an id the agent does not offer, or a value its option does not take
+                (``offered`` lists what it does take).
+        """
+        for config_id, wanted in options.items():
+            option = next(
+                (item for item in self.config_options or () if getattr(item, "id", None) == config_id), None
+            )
+            if isinstance(option, schema.SessionConfigSelect):
+                values = [value.value for value in select_values(option)]
+                if not isinstance(wanted, str) or wanted not in values:
+                    listed = ", ".join(repr(value) for value in values) or "none"
+                    raise SessionSettingError(
+                        f"the agent's config option {config_id!r} takes no value {wanted!r} (its values: "
+                        f"{listed})",
+                        setting=config_id,
+                        offered=values,
+                    )
+                await self.set_config_option(config_id, wanted)
+            elif isinstance(option, schema.SessionConfigBoolean):
+                flag = _boolean(wanted)
+                if flag is None:
+                    raise SessionSettingError(
+                        f"the agent's config option {config_id!r} is true or false, not {wanted!r}",
+                        setting=config_id,
+                        offered=["true", "false"],
+                    )
+                await self.set_config_option(config_id, flag)
+            else:
+                ids = [str(getattr(item, "id", "?")) for item in self.config_options or ()]
+                listed = ", ".join(repr(item) for item in ids) or "none"
+                raise SessionSettingError(
+                    f"the agent offers no config option {config_id!r} (its options: {listed})",
+                    setting=config_id,
+                    offered=ids,
+                )
+
+    def _apply_state(self, update: schema.SessionUpdate) -> None:
+        """Keep :attr:`modes` and :attr:`config_options` current from the agent's own updates."""
+        if isinstance(update, schema.CurrentModeUpdate):
+            if self.modes is not None:
+                self.modes = msgspec.structs.replace(self.modes, current_mode_id=update.current_mode_id)
+            else:
+                # A mode pushed before any was announced: known by its id alone.
+                self.modes = schema.SessionModeState(
+                    current_mode_id=update.current_mode_id,
+                    available_modes=[
+                        schema.SessionMode(id=update.current_mode_id, name=update.current_mode_id)
+                    ],
+                )
+        elif isinstance(update, schema.ConfigOptionUpdate):
+            self.config_options = list(update.config_options)
 
     # -- from the agent ------------------------------------------------------------------------------
 
     def _deliver(self, update: schema.SessionUpdate) -> Awaitable[None] | None:
         """Record ``update`` and call the listeners; an awaitable comes back only if one of them is async."""
         self.last_activity = time.monotonic()
+        kind = type(update)
+        if kind is _MODE_UPDATE or kind is _CONFIG_UPDATE:
+            self._apply_state(update)
         turn = self._turn
         if self._loading:
             self.replayed.append(update)
@@ -566,7 +710,6 @@ class AcpSession:
             turn.updates.append(update)  # a bounded deque: the oldest falls out
             turn.count += 1
             # TurnOutput.add, inlined: this runs for every update of every turn.
-            kind = type(update)
             if kind is _MESSAGE_CHUNK:
                 output = turn.output
                 message_id = update.message_id  # type: ignore[union-attr]
@@ -664,6 +807,58 @@ class AcpSession:
             turn.permissions_denied += 1
             turn.last_denied = question.title or question.tool_call_id
         return chosen
+
+    def _cover(
+        self, question: PermissionQuestion, chosen: PermissionOption | None, paths: Iterable[str]
+    ) -> None:
+        """Remember what an allowing answer covers: the paths its tool call names, for the rest of the
+        turn; with ``allow_always`` on a tool call that edits, every write of the session."""
+        if chosen is None or not chosen.kind.startswith("allow"):
+            return
+        if chosen.kind == "allow_always" and question.kind in ("edit", "delete", "move"):
+            self._writes_allowed = True
+        turn = self._turn
+        if turn is None:
+            return
+        for path in paths:
+            if len(turn.allowed_paths) >= MAX_ALLOWED_PATHS:
+                break
+            turn.allowed_paths.add(path)
+
+    async def _authorize_write(self, path: str, size: int, policy: PermissionPolicy) -> None:
+        """Let the agent's ``fs/write_text_file`` through only when the permission policy allows it:
+        covered by a permission allowed in this turn, or asked of the policy as a question of its own
+        (``allow`` allows it, ``deny`` refuses it, a callback decides).
+
+        Raises:
+            RequestError: -32003, the policy refused the write (the message names the policy).
+        """
+        turn = self._turn
+        if self._writes_allowed or (turn is not None and _path_key(path, self.cwd) in turn.allowed_paths):
+            return
+        question = PermissionQuestion(
+            session_id=self.session_id,
+            tool_call_id=f"fs/write_text_file {path}",
+            title=f"Write {path}",
+            kind="edit",
+            raw_input=freeze_json({"path": path, "bytes": size}),
+            options=WRITE_QUESTION_OPTIONS,
+        )
+        chosen = await self._ask(question, policy)
+        if chosen is None or not chosen.kind.startswith("allow"):
+            name = policy_name(policy)
+            logger.warning(
+                "refused the agent's write to %s: no permission in this turn covered it, and the "
+                "permission policy (%s) did not allow it",
+                _clip(path),
+                name,
+            )
+            raise RequestError.permission_denied(
+                f"Permission denied: the client's permission policy ({name}) refused this write",
+                {"path": _clip(path), "policy": name},
+            )
+        if chosen.kind == "allow_always":
+            self._writes_allowed = True
 
 
 # -- the client -----------------------------------------------------------------------------------------
@@ -808,7 +1003,9 @@ class AcpClient:
         )
         raw = await self._call_authenticated(schema.SESSION_NEW, request)
         response = schema.decode(raw, type=schema.NewSessionResponse)
-        session = self._sessions.setdefault(response.session_id, AcpSession(self, response.session_id))
+        session = self._sessions.setdefault(
+            response.session_id, AcpSession(self, response.session_id, request.cwd)
+        )
         session._adopt(response)
         return session
 
@@ -860,7 +1057,7 @@ class AcpClient:
         """
         wire_types = schema.AGENT_METHODS[method]
         request = wire_types.params(session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers))
-        session = self._sessions.setdefault(session_id, AcpSession(self, session_id))
+        session = self._sessions.setdefault(session_id, AcpSession(self, session_id, request.cwd))
         session._loading = method == schema.SESSION_LOAD
         try:
             raw = await self._call_authenticated(method, request)
@@ -927,6 +1124,16 @@ class AcpClient:
         if method == schema.SESSION_REQUEST_PERMISSION:
             data = params if params is not None else b"null"
             return await self._on_permission(schema.decode(data, type=schema.RequestPermissionRequest))
+        if method == schema.FS_WRITE_TEXT_FILE and self.fs is not None:
+            # The policy holds for writes too, whether the agent asked first or not: an agent in a mode
+            # that approves by itself writes without ever asking.
+            write = schema.decode(params if params is not None else b"null", type=schema.WriteTextFileRequest)
+            session = self._session_for(write.session_id)
+            # A path the sandbox refuses anyway is refused as such, never put to the policy first.
+            await anyio.to_thread.run_sync(self.fs.resolve, write.path)
+            await session._authorize_write(
+                write.path, len(write.content), self.permission
+            )
         return await serve_file_request(
             method, params, fs=self.fs, terminals=self.terminals, on_session=self._touch
         )
@@ -949,6 +1156,7 @@ class AcpClient:
             options=tuple(PermissionOption(o.option_id, o.name, o.kind) for o in request.options),
         )
         chosen = await session._ask(question, self.permission)
+        session._cover(question, chosen, _named_paths(tool_call, session.cwd))
         outcome: schema.RequestPermissionOutcome = (
             schema.CancelledPermissionOutcome()
             if chosen is None
@@ -977,6 +1185,53 @@ class AcpClient:
             logger.warning("ignoring an update for unknown session %r", notification.session_id)
             return None
         return session._deliver(notification.update)
+
+
+def _path_key(path: str, cwd: str | None) -> str:
+    """A path as coverage compares it: absolute (against the session's cwd) and normalised."""
+    if not os.path.isabs(path) and cwd is not None:
+        path = os.path.join(cwd, path)
+    return os.path.normpath(path)
+
+
+def _named_paths(tool_call: schema.ToolCallUpdate, cwd: str | None) -> list[str]:
+    """The paths a permission question's tool call names: its ``locations``, the absolute paths among
+    its raw input's values and keys, and the relative ones under keys that say path or file (a
+    bounded look: at most ``_MAX_PATH_SCAN`` values)."""
+    found = [_path_key(location.path, cwd) for location in tool_call.locations or ()]
+    pending: list[tuple[str | None, Any]] = [(None, tool_call.raw_input)]
+    scanned = 0
+    while pending and scanned < _MAX_PATH_SCAN:
+        key, value = pending.pop()
+        scanned += 1
+        if isinstance(value, str):
+            named = os.path.isabs(value) or (key is not None and _PATH_KEYS.search(key) is not None)
+            if named and 0 < len(value) <= 4096 and "\0" not in value:
+                found.append(_path_key(value, cwd))
+        elif isinstance(value, Mapping):
+            for name, item in value.items():
+                if isinstance(name, str) and os.path.isabs(name) and len(name) <= 4096:
+                    found.append(_path_key(name, cwd))
+                pending.append((str(name), item))
+        elif isinstance(value, list | tuple):
+            pending.extend((key, item) for item in value)
+    return found
+
+
+def _boolean(value: str | bool) -> bool | None:
+    """A boolean option's value as a caller may give it; None for anything else."""
+    if isinstance(value, bool):
+        return value
+    folded = value.strip().casefold()
+    if folded in ("true", "on", "yes", "1"):
+        return True
+    if folded in ("false", "off", "no", "0"):
+        return False
+    return None
+
+
+def _clip(text: str, limit: int = 256) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _check_bound(label: str, value: object) -> None:

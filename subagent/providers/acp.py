@@ -92,6 +92,7 @@ from subagent.acp.errors import (
     MessageTooLargeError,
     ProtocolError,
     RequestError,
+    SessionSettingError,
 )
 from subagent.acp.handlers import (
     FsSandbox,
@@ -100,8 +101,11 @@ from subagent.acp.handlers import (
     PermissionOutcome,
     PermissionPolicy,
     PermissionQuestion,
+    allows_everything,
     permission_policy,
+    policy_name,
 )
+from subagent.acp.modes import ModeChoice, mode_advice
 from subagent.acp.process import ExitInfo
 from subagent.acp.transport import LocalTransport, Transport, transport_from_url
 from subagent.types import (
@@ -242,6 +246,15 @@ class AcpProvider:
             most recent (None: all); older ones are dropped and counted in ``run.updates_dropped``.
         max_output_chars: the longest final message a turn may have (None: no limit); past it
             the turn is cancelled and its result is ``error`` (see the module docstring).
+        mode: the session mode to switch to once the session exists, before the first prompt
+            (``session/set_mode``, or the agent's ``mode`` config option). A mode the agent does not
+            offer fails the start (``START_FAILED``, listing the modes it does offer). None (default):
+            the agent's own, except that a session that starts in a mode which approves tool calls by
+            itself, under any policy but ``allow``, is moved to the agent's asking mode where
+            :data:`~subagent.acp.modes.KNOWN_AGENT_MODES` knows it, and warned about otherwise.
+        config_options: config options to set, by id, after the mode and before the first prompt
+            (``session/set_config_option``): a select option's value id, or a boolean. An id or a
+            value the agent does not offer fails the start, listing what it offers.
 
     Raises:
         ValueError: ``command`` is empty or a string, or an argument, the cwd or an environment
@@ -279,6 +292,8 @@ class AcpProvider:
         max_kept_updates: int | None = DEFAULT_MAX_KEPT_UPDATES,
         max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
         transport: Transport | str | None = None,
+        mode: str | None = None,
+        config_options: Mapping[str, str | bool] | None = None,
     ) -> None:
         if isinstance(command, str) or not command:
             raise ValueError("command must be a non-empty argv list, e.g. ['npx', 'some-acp-agent']")
@@ -316,6 +331,11 @@ class AcpProvider:
         self.transport = _resolve_transport(transport, self.process_options)
         """Where each child runs (see :mod:`subagent.acp.transport`)."""
         self.idle_close_grace = idle_close_grace
+        self.mode = mode
+        self.config_options: dict[str, str | bool] = dict(config_options or {})
+        for value in self.config_options.values():
+            if not isinstance(value, str | bool):
+                raise TypeError(f"config_options maps option ids to str or bool values, not {value!r}")
         self.capabilities = SubagentCapabilities(output_schema=structured_output)
         self._max_concurrent = max_concurrent
         self._running = 0  # runs holding a slot: their child is being spawned, or alive
@@ -509,6 +529,22 @@ class AcpRun(DisposeOnExit):
     def updates_dropped(self) -> int:
         """How many of the oldest updates are no longer in :attr:`updates` (past ``max_kept_updates``)."""
         return self._update_count - len(self.updates)
+
+    @property
+    def modes(self) -> list[ModeChoice]:
+        """The modes the agent offers for the session (empty before it is ready, or when it offers none)."""
+        return self._session.offered_modes if self._session is not None else []
+
+    @property
+    def current_mode(self) -> str | None:
+        """The session's current mode, kept current from the agent's ``current_mode_update``."""
+        return self._session.current_mode_id if self._session is not None else None
+
+    @property
+    def config_options(self) -> list[schema.SessionConfigOption]:
+        """The agent's config options and their current values, kept current from its
+        ``config_option_update`` (empty before the session is ready, or when it offers none)."""
+        return list(self._session.config_options or ()) if self._session is not None else []
 
     @property
     def output(self) -> str:
@@ -781,6 +817,8 @@ class AcpRun(DisposeOnExit):
                     step = schema.SESSION_NEW
                     session = await client.new_session(cwd, meta=self._session_meta())
                     del exc
+                step = "the session's settings"
+                await self._configure(session)
         except TimeoutError:
             self._fail_start(
                 f"agent `{self.command_line}` was not ready within {provider.ready_timeout:g} s"
@@ -799,6 +837,9 @@ class AcpRun(DisposeOnExit):
         except AgentExitedError as exc:
             self._fail_start(str(exc))
             return None
+        except SessionSettingError as exc:
+            self._fail_start(f"agent `{self.command_line}`: {exc}")
+            return None
         except RequestError as exc:
             self._fail_start(
                 f"agent `{self.command_line}` failed its handshake: it answered {step} with "
@@ -812,6 +853,56 @@ class AcpRun(DisposeOnExit):
             return None
         self.session_id = session.session_id
         return session
+
+    async def _configure(self, session: AcpSession) -> None:
+        """Apply the provider's mode and config options; then, when the policy is not ``allow`` and
+        nobody chose a mode, keep the agent from approving its own tool calls (see ``mode``).
+
+        Raises:
+            SessionSettingError: a mode, option or value the agent does not offer.
+            RequestError: the agent refused a setting it offers.
+        """
+        provider = self.provider
+        if provider.mode is not None:
+            await session.select_mode(provider.mode)
+        if provider.config_options:
+            await session.configure(provider.config_options)
+        if provider.mode is not None or allows_everything(provider.permission):
+            return
+        mode_options = {choice.config_id for choice in session.offered_modes if choice.config_id is not None}
+        if mode_options & provider.config_options.keys():
+            return  # the mode was chosen as a config option: that choice wins too
+        agent_info = self.agent.agent_info if self.agent is not None else None
+        advice = mode_advice(
+            agent_info.name if agent_info is not None else None,
+            session.offered_modes,
+            session.current_mode_id,
+        )
+        if advice is None:
+            return
+        policy = policy_name(permission_policy(provider.permission))
+        current = advice.current.id
+        if advice.switch_to is not None:
+            await session.select_mode(advice.switch_to.id)
+            logger.warning(
+                "agent `%s` started its session in mode %r, which approves tool calls by itself; switched "
+                "it to %r, which asks, so that the permission policy (%s) decides (choose a mode with "
+                "--mode ID, or AcpProvider(mode=...))",
+                self.command_line,
+                current,
+                advice.switch_to.id,
+                policy,
+            )
+            return
+        logger.warning(
+            "agent `%s` runs its session in mode %r, which may approve tool calls by itself without "
+            "asking: the permission policy (%s) cannot hold for what it does unasked (its writes through "
+            "the client are still refused); choose a mode that asks with --mode ID (modes: %s)",
+            self.command_line,
+            current,
+            policy,
+            ", ".join(choice.id for choice in session.offered_modes),
+        )
 
     def _quote(self, error: RequestError) -> str:
         """The agent's error for one of our messages: bounded, and with the child's environment values
@@ -985,7 +1076,8 @@ class _TracedPolicy:
     question to the answer, below the run's span (questions arrive on the connection's task)."""
 
     def __init__(self, inner: PermissionPolicy, parent: telemetry.Parent) -> None:
-        self._inner = inner
+        self.inner = inner
+        self.name = policy_name(inner)
         self._parent = parent
 
     async def decide(self, question: PermissionQuestion) -> PermissionDecision:
@@ -1000,7 +1092,7 @@ class _TracedPolicy:
         )
         outcome, failure = "cancelled", None
         try:
-            decision = await self._inner.decide(question)
+            decision = await self.inner.decide(question)
             if decision is not PermissionOutcome.CANCELLED:
                 outcome = "denied" if decision.kind.startswith("reject") else "allowed"
             return decision
