@@ -1131,9 +1131,7 @@ class AcpClient:
             session = self._session_for(write.session_id)
             # A path the sandbox refuses anyway is refused as such, never put to the policy first.
             await anyio.to_thread.run_sync(self.fs.resolve, write.path)
-            await session._authorize_write(
-                write.path, len(write.content), self.permission
-            )
+            await session._authorize_write(write.path, len(write.content), self.permission)
         return await serve_file_request(
             method, params, fs=self.fs, terminals=self.terminals, on_session=self._touch
         )

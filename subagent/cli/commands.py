@@ -125,6 +125,8 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
     spec = TurnSpec(
         command=command,
         prompt=prompt,
+        mode=args.mode or (agent.mode if agent else None),
+        config_options={**(agent.config_options if agent else {}), **_settings(args.config_options)},
         # A directory elsewhere is taken as written: its symlinks are there, not here.
         cwd=cwd if cwd and not transport.local_files else os.path.abspath(cwd or os.getcwd()),
         env=dict(agent.env) if agent and agent.env else None,
@@ -141,6 +143,17 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         progress=_progress_wanted(args, default=is_terminal(sys.stderr)),
     )
     return _execute(spec, _Recording.from_args(args))
+
+
+def _settings(given: list[str] | None) -> dict[str, str]:
+    """``--set ID=VALUE`` options as a table; a later one for the same id wins."""
+    settings: dict[str, str] = {}
+    for item in given or ():
+        config_id, equals, value = item.partition("=")
+        if not equals or not config_id.strip() or not value:
+            raise UsageError(f"--set: expected ID=VALUE, e.g. model=fast, not {item!r}")
+        settings[config_id.strip()] = value
+    return settings
 
 
 def _transport(on: str | None, agent: AgentConfig | None) -> Transport:

@@ -20,6 +20,8 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     ready_timeout = 120                           # spawn to a ready session, in seconds
     auth_method = "claude-login"                  # used when the agent demands authentication
     fs = false                                    # offer no fs/* to the agent (default: true)
+    mode = "default"                              # the session mode to switch to (session/set_mode)
+    config_options = { model = "fast", thinking = true }  # session config options to set
     transport = "ssh://build-1"                   # where it runs (default: "local"); see below
     ssh_config = "ssh/build.conf"                 # over ssh://: ssh's config file (ssh -F)
     ssh_options = ["ConnectTimeout=20"]           # over ssh://: more ssh -o options
@@ -121,6 +123,8 @@ class AgentTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     ready_timeout: Seconds | None = None
     auth_method: NonBlank | None = None
     fs: bool = True
+    mode: NonBlank | None = None
+    config_options: dict[NonBlank, str | bool] = msgspec.field(default_factory=dict)
     transport: NonBlank | None = None
     ssh_config: Program | None = None
     ssh_options: list[SshOption] = msgspec.field(default_factory=list)
@@ -154,6 +158,9 @@ _EXPECTED: Final[Mapping[str, str]] = {
     "agents.*.ready_timeout": "a positive number of seconds",
     "agents.*.auth_method": "a string",
     "agents.*.fs": "true or false",
+    "agents.*.mode": "a mode id (a string)",
+    "agents.*.config_options": 'a table of option ids to values, e.g. { model = "fast", thinking = true }',
+    "agents.*.config_options.*": "a value id (a string) or true or false",
     "agents.*.transport": 'a transport URL, e.g. "ssh://host"',
     "agents.*.ssh_config": "a string",
     "agents.*.ssh_options": 'an array of ssh options, e.g. ["ConnectTimeout=20"]',
@@ -162,13 +169,18 @@ _EXPECTED: Final[Mapping[str, str]] = {
 """What each key must be, by its place in the schema (``*`` any table key, ``[]`` any array item):
 the words of an error message, where msgspec's own would name Python types."""
 
-_NAMED_TABLES: Final[Mapping[str, Any]] = {"agents": Agents, "agents.*.env": Environment}
+_NAMED_TABLES: Final[Mapping[str, Any]] = {
+    "agents": Agents,
+    "agents.*.env": Environment,
+    "agents.*.config_options": dict[NonBlank, str | bool],
+}
 """The tables keyed by names, by their place in the schema: an error inside one names no key, so the
 entry it is about is found by checking each entry alone against the table's type."""
 
 _BAD_NAME: Final[Mapping[str, str]] = {
     "agents.*": "an agent name uses letters, digits, '_', '-' and '.', and starts with a letter or digit",
     "agents.*.env.*": "an environment name must be non-empty, with no '=' and no NUL character",
+    "agents.*.config_options.*": "a config option id must not be blank",
 }
 """What is wrong with a table key its pattern refused, by the key's place in the schema."""
 
@@ -203,6 +215,10 @@ class AgentConfig:
     fs: bool = True
     """Whether the client offers the agent its file system (``fs/read_text_file`` and
     ``fs/write_text_file``); ``fs = false`` is a workaround for an agent whose use of it is broken."""
+    mode: str | None = None
+    """The session mode to switch to before the first prompt (None: the agent's own)."""
+    config_options: Mapping[str, str | bool] = field(default_factory=dict)
+    """Session config options to set before the first prompt, by id."""
     transport: str | None = None
     """Where the agent runs, as a transport URL (checked); None: locally."""
     ssh_config: str | None = None
@@ -317,7 +333,12 @@ def _agent_config(name: str, table: AgentTable, source: Path, cwd: str | None) -
     ssh_config = table.ssh_config and os.path.normpath(
         source.resolve().parent / os.path.expanduser(table.ssh_config)
     )
-    written |= {"cwd": cwd, "ssh_config": ssh_config, "ssh_options": tuple(table.ssh_options)}
+    written |= {
+        "cwd": cwd,
+        "ssh_config": ssh_config,
+        "ssh_options": tuple(table.ssh_options),
+        "config_options": dict(table.config_options),
+    }
     return AgentConfig(name=name, command=command, source=source, **written)
 
 
@@ -458,7 +479,7 @@ def _schema_place(keys: list[str | int]) -> str:
     for depth, key in enumerate(keys):
         if isinstance(key, int):
             place += "[]"
-        elif depth == 1 or (depth == 3 and keys[2] == "env"):
+        elif depth == 1 or (depth == 3 and keys[2] in ("env", "config_options")):
             place += ".*"  # an agent's name, an environment name
         else:
             place += ("." if place else "") + key

@@ -51,6 +51,10 @@ class TurnSpec:
     ready_timeout: float | None = None
     auth_method: str | None = None
     fs: bool = True
+    mode: str | None = None
+    """The session mode to switch to before the prompt (None: the agent's own)."""
+    config_options: Mapping[str, str | bool] = dataclasses.field(default_factory=dict)
+    """Session config options to set before the prompt."""
     transport: Transport | None = None
     """Where the agent runs (None: a local child process)."""
     json_output: bool = False
@@ -175,6 +179,8 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
             auth_method=spec.auth_method,
             fs=spec.fs,
             transport=spec.transport,
+            mode=spec.mode,
+            config_options=spec.config_options,
             ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
         )
     except (ValueError, TypeError) as exc:

@@ -34,7 +34,10 @@ Top level (all optional)
     ``newSession``: ``{"steps", "sessionId", "modes", "configOptions"}``. The first session is
     ``sessionId`` (default ``"session-1"``), later ones get ``-2``, ``-3``... ``modes`` (a
     ``SessionModeState``) and ``configOptions`` are sent verbatim; with ``modes``, ``session/set_mode``
-    accepts the listed mode ids (others: -32602). Without, ``session/set_mode`` is -32601.
+    accepts the listed mode ids (others: -32602) and announces the change with a ``current_mode_update``.
+    Without, ``session/set_mode`` is -32601. ``session/set_config_option`` sets an option of
+    ``configOptions`` to one of its values (a ``mode`` option's value is the session's mode too) and answers
+    every option; an unknown id or value is -32602.
     ``loadSession``: ``{"steps", "replay"}``: ``session/load`` sends each ``replay`` item (a raw
     ``SessionUpdate`` object) as a ``session/update`` for the loaded session, then answers. Absent: -32601.
     ``resumeSession``: ``{"steps"}``: ``session/resume`` answers without replay. Absent: -32601.
@@ -64,7 +67,9 @@ Steps (``{"step": <kind>, ...}``)
     ``session/request_permission`` (``toolCall`` defaults to ``{"toolCallId": <the session's last tool
     call id>}``, ``options`` to ``allow`` (allow_once) and ``reject`` (reject_once)); the steps of the branch
     named by the outcome (the selected option id, or ``"cancelled"``) run next, then the steps after it
-    (an error from the client answers the prompt with that same error).
+    (an error from the client answers the prompt with that same error). With ``skipInModes`` [mode ids],
+    a session in one of those modes is not asked: the branch of the first ``allow_once`` option runs, as
+    an agent whose mode approves by itself would.
     ``read_file`` {path, line?, limit?}, ``write_file`` {path, content}, ``call`` {method, params?} and
     ``notify`` {method, params?} send ``fs/read_text_file``, ``fs/write_text_file``, any request, any
     notification. Requests report their outcome (``report=true`` by default) as one message chunk whose
@@ -303,6 +308,7 @@ class PermissionStep(_Step, tag="permission"):
     options: list[dict[str, Any]] = msgspec.field(default_factory=lambda: [dict(o) for o in _DEFAULT_OPTIONS])
     branches: dict[str, list[Step]] = msgspec.field(default_factory=dict)
     report: bool = False
+    skip_in_modes: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         ids = [option.get("optionId") for option in self.options]
