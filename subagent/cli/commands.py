@@ -42,7 +42,14 @@ from subagent.cli.usage import (
 from subagent.cli.views import EventView, HumanView, RunView
 from subagent.providers.acp import prompt_size_error
 
-__all__ = ["DEMO_PROMPT", "MAX_PROMPT_MIB", "agents_command", "demo_command", "run_command"]
+__all__ = [
+    "DEMO_PROMPT",
+    "MAX_PROMPT_MIB",
+    "agents_command",
+    "configured_agent",
+    "demo_command",
+    "run_command",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +98,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
             "@agentclientprotocol/claude-agent-acp`) or name a configured one with --agent NAME"
         )
     if args.agent is not None:
-        agent = _configured_agent(args.agent, args.config)
+        agent = configured_agent(args.agent, args.config)
         command = list(agent.command)
     assert command
     transport = _with_ssh_options(_transport(args.on, agent), args, agent)
@@ -263,7 +270,8 @@ def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
     return EXIT_COMPLETED
 
 
-def _configured_agent(name: str, explicit_config: str | None) -> AgentConfig:
+def configured_agent(name: str, explicit_config: str | None) -> AgentConfig:
+    """The agent ``name`` of the config (``--config``, else the first found); a usage error if none."""
     path = find_config(explicit_config)
     if path is None:
         looked = ", ".join(str(candidate) for candidate in config_search_path())

@@ -15,6 +15,7 @@ from subagent._version import __version__
 from subagent.acp.handlers import DEFAULT_PERMISSION_CALLBACK_TIMEOUT
 from subagent.cli.commands import MAX_PROMPT_MIB, agents_command, demo_command, run_command
 from subagent.cli.config import ConfigError
+from subagent.cli.describe import DESCRIBE_COMMAND
 from subagent.cli.logs import configure_logging
 from subagent.cli.serve import SERVE_COMMAND
 from subagent.cli.tracing import TRACE_COMMAND
@@ -290,6 +291,7 @@ _COMMANDS: Final[dict[str, Command]] = {
         add_arguments=_add_agents_arguments,
         run=agents_command,
     ),
+    "describe": DESCRIBE_COMMAND,
     "serve": SERVE_COMMAND,
     "trace": TRACE_COMMAND,
 }
