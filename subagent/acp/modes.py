@@ -4,9 +4,9 @@ An agent offers modes in two ways, and some agents in both: the ``modes`` of its
 answer (switched with ``session/set_mode``), and a config option of category ``mode`` (switched
 with ``session/set_config_option``). :func:`offered_modes` reads both as one list.
 
-Many agents start a session in a mode that approves its own tool calls (Qwen Code's ``auto``,
-mistral-vibe's ``accept-edits``, Codex's ``agent``, which lets its own reviewer decide): in such a mode
-the agent edits files and runs commands without asking ``session/request_permission``, so a client's
+Many agents start a session in a mode that approves its own tool calls (Claude's and Qwen Code's
+``auto``, mistral-vibe's ``accept-edits``, Codex's ``agent``, which lets its own reviewer decide): in such
+a mode the agent edits files and runs commands without asking ``session/request_permission``, so a client's
 ``deny`` or ``ask`` policy never hears of it. :func:`mode_advice` tells a client when that is the case
 and, for the agents in :data:`KNOWN_AGENT_MODES`, which mode of the agent asks first, so it can move
 the session there. For other agents a mode whose id or name reads like approval (``yolo``,
@@ -64,28 +64,33 @@ class KnownAgentModes:
 
 KNOWN_AGENT_MODES: Final[tuple[KnownAgentModes, ...]] = (
     KnownAgentModes(
+        agent="@agentclientprotocol/claude-agent-acp",
+        versions="claude-agent-acp 0.101.0",
+        # Starts in `auto` (its classifier decides) and writes files itself, never through the client.
+        asking="default",
+        approving=frozenset({"auto", "acceptEdits", "bypassPermissions"}),
+    ),
+    KnownAgentModes(
         agent="qwen-code",
         versions="Qwen Code 0.24.4",
+        # Starts in `auto` and writes through fs/write_text_file without asking.
         asking="default",
         approving=frozenset({"auto", "auto-edit", "yolo"}),
     ),
     KnownAgentModes(
-        agent="mistral-vibe",
-        versions="mistral-vibe 3.0.2 (vibe-acp)",
-        asking="default",
-        approving=frozenset({"accept-edits", "auto-approve"}),
-    ),
-    KnownAgentModes(
-        agent="codex-acp",
-        versions="@agentclientprotocol/codex-acp 2.6.0, @zed-industries/codex-acp 0.16.0",
+        agent="@agentclientprotocol/codex-acp",
+        versions="@agentclientprotocol/codex-acp 2.6.0",
+        # Starts in `agent` (its own reviewer decides); `read-only` asks for every escalation, and a
+        # plain write there fails in its sandbox.
         asking="read-only",
-        approving=frozenset({"agent", "agent-full-access", "auto", "full-access"}),
+        approving=frozenset({"agent", "agent-full-access", "workspace-write"}),
     ),
     KnownAgentModes(
-        agent="claude-agent-acp",
-        versions="claude-agent-acp 0.101.0",
-        asking="default",
-        approving=frozenset({"acceptEdits", "bypassPermissions"}),
+        agent="Copilot",
+        versions="GitHub Copilot CLI 1.0.102",
+        # Starts in its asking mode; autopilot allows everything.
+        asking="https://agentclientprotocol.com/protocol/session-modes#agent",
+        approving=frozenset({"https://agentclientprotocol.com/protocol/session-modes#autopilot"}),
     ),
 )
 """The agents whose asking mode is known. A client holding a ``deny`` or ``ask`` policy moves a session
