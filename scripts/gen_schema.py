@@ -882,7 +882,8 @@ Use `decode(data, type=T)` and `encode(value)` rather than bare msgspec calls:
 * Decoding is one typed msgspec decode. Only when that fails does `decode` parse the JSON again
   and repair it the way the schema allows: an unknown union tag (a new `sessionUpdate` kind, a new
   content `type`) becomes that union's `Unknown*` member with the object kept in `raw`; fields
-  marked default-on-error fall back to their default; invalid items of lenient lists are dropped.
+  marked default-on-error fall back to their default; invalid items of lenient lists are dropped;
+  a null where the schema says default-on-null reads as the default (an empty list).
   Unknown fields are ignored everywhere.
 * Some variants have no tag on the wire (stdio MCP servers, `agent` auth methods, embedded text
   or blob resources) and the fallbacks must write back exactly what was read. They carry internal
