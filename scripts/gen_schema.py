@@ -706,10 +706,13 @@ class Generator:
                 raise SystemExit(f"{name}: x-side {side!r} is not one of {list(METHOD_SIDES)}")
             if sides.setdefault(method, side) != side:
                 raise SystemExit(f"{method}: params and result disagree on x-side")
+        for method, types in found.items():
+            if "params" not in types:
+                raise SystemExit(f"{method}: a {types['result']} but no params type")
         order = list(self.defs)
         tables: dict[str, list[tuple[str, str, str, str | None]]] = {side: [] for side in METHOD_SIDES}
         constants: dict[str, str] = {}
-        for method, types in sorted(found.items(), key=lambda item: order.index(item[1].get("params", ""))):
+        for method, types in sorted(found.items(), key=lambda item: order.index(item[1]["params"])):
             const = re.sub(r"\W+", "_", method.removeprefix("$/")).strip("_").upper()
             if constants.setdefault(const, method) != method:
                 raise SystemExit(f"{method} and {constants[const]} both make the constant {const}")
