@@ -206,6 +206,12 @@ class TurnMessage:
     truncated: bool = False
 
 
+_SESSION_CAPABILITIES: Final = schema.ClientSessionCapabilities(
+    notices=schema.NoticeCapabilities(), compaction=schema.CompactionCapabilities()
+)
+"""The session capabilities `initialize` advertises: notices and compaction updates are understood
+(an agent without them would otherwise send a compaction summary as an agent message)."""
+
 _RUN_META_KEY: Final = "subagent-seam/run"
 """``subagent.types.RUN_META_KEY`` (spelled here: ``subagent.acp`` imports nothing of the seam): the
 ``_meta`` key of a tool call that reports a run below the agent rather than a call of its own."""
@@ -962,6 +968,10 @@ class AcpClient:
     async def initialize(self) -> schema.InitializeResponse:
         """Negotiate protocol version 1 and exchange capabilities.
 
+        Besides fs and terminal (as configured), the client always advertises session notices and
+        context compaction: it decodes both kinds of update and delivers them as they come, and a
+        compaction's summary never becomes part of the turn's output.
+
         Raises:
             ProtocolVersionError: the agent answered another version (the caller should close).
         """
@@ -971,6 +981,7 @@ class AcpClient:
             client_capabilities=schema.ClientCapabilities(
                 fs=schema.FileSystemCapabilities(read_text_file=fs_access, write_text_file=fs_access),
                 terminal=self.terminals is not None,
+                session=_SESSION_CAPABILITIES,
             ),
             client_info=self.client_info,
         )
