@@ -891,15 +891,31 @@ class AcpClient:
         *,
         mcp_servers: Sequence[schema.McpServer] = (),
         meta: Mapping[str, Any] | None = None,
+        additional_directories: Sequence[str | os.PathLike[str]] = (),
     ) -> AcpSession:
         """Open a new session rooted at ``cwd`` (made absolute). ``meta`` goes out as the request's
         ``_meta`` (ACP's extension point: agents ignore keys they do not know).
+        ``additional_directories`` (made absolute) are more workspace roots for the session.
 
         Raises:
             AuthenticationRequiredError: the agent wants ``authenticate`` first.
+            AgentCapabilityError: ``additional_directories`` were given and the agent does not advertise
+                ``sessionCapabilities.additionalDirectories`` (nothing is sent: it would ignore them).
         """
+        extra: list[str] | None = None
+        if additional_directories:
+            agent = self._require_initialized()
+            if agent.agent_capabilities.session_capabilities.additional_directories is None:
+                raise AgentCapabilityError(
+                    "the agent does not support additional directories "
+                    "(it does not advertise sessionCapabilities.additionalDirectories)"
+                )
+            extra = [_absolute(directory) for directory in additional_directories]
         request = schema.NewSessionRequest(
-            cwd=_absolute(cwd), mcp_servers=list(mcp_servers), meta=None if meta is None else dict(meta)
+            cwd=_absolute(cwd),
+            additional_directories=extra,
+            mcp_servers=list(mcp_servers),
+            meta=None if meta is None else dict(meta),
         )
         self._opening += 1
         try:

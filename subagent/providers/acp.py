@@ -323,7 +323,7 @@ class AcpProvider:
         self.transport = _resolve_transport(transport, self.process_options)
         """Where each child runs (see :mod:`subagent.acp.transport`)."""
         self.idle_close_grace = idle_close_grace
-        self.capabilities = SubagentCapabilities(output_schema=structured_output)
+        self.capabilities = SubagentCapabilities(output_schema=structured_output, additional_directories=True)
         self._max_concurrent = max_concurrent
         self._running = 0  # runs holding a slot: their child is being spawned, or alive
         self._queue: deque[AcpRun] = deque()  # runs waiting for a slot, in arrival order
@@ -435,6 +435,7 @@ class AcpRun(DisposeOnExit):
         self._child_lost: str | None = None  # why the child can take no more turns, once it cannot
         self._child_lost_event = anyio.Event()
         self._child_exited = anyio.Event()
+        self._additional_directories: list[str] = []  # the request's, made absolute against the cwd
         self._listeners: list[Callable[[schema.SessionUpdate], object]] = []
         # Slot bookkeeping, driven by the provider (see AcpProvider._admit / _leave).
         self._queued = False
@@ -685,8 +686,21 @@ class AcpRun(DisposeOnExit):
                 f"agent `{self.command_line}` was not started: its cwd {cwd!r} has a NUL character"
             )
             return
+        extra, missing = _additional_directories(
+            cwd, self.request.additional_directories, check=provider.transport.local_files
+        )
+        if missing is not None:
+            # The sandbox could not have it as a root, and the agent would be told of a place that is not.
+            self._fail_start(
+                f"agent `{self.command_line}` was not started: additional directory {missing!r} "
+                "is not an existing directory"
+            )
+            return
+        self._additional_directories = extra
         # A child that does not see this host's files is served neither files nor terminals here.
-        sandbox = FsSandbox(provider.fs_roots or [cwd]) if provider.transport.local_files else None
+        sandbox = (
+            FsSandbox([*(provider.fs_roots or [cwd]), *extra]) if provider.transport.local_files else None
+        )
         terminals: TerminalHost | None = None
         if provider.terminal and sandbox is not None:
             from subagent.acp.terminals import TerminalHost
@@ -831,7 +845,9 @@ class AcpRun(DisposeOnExit):
                 self.agent = await client.initialize()
                 step = schema.SESSION_NEW
                 try:
-                    session = await client.new_session(cwd, meta=self._session_meta())
+                    session = await client.new_session(
+                        cwd, meta=self._session_meta(), additional_directories=self._additional_directories
+                    )
                 except AuthenticationRequiredError as exc:
                     if provider.auth_method is None:
                         raise
@@ -843,7 +859,9 @@ class AcpRun(DisposeOnExit):
                     step = schema.AUTHENTICATE
                     await client.authenticate(provider.auth_method)
                     step = schema.SESSION_NEW
-                    session = await client.new_session(cwd, meta=self._session_meta())
+                    session = await client.new_session(
+                        cwd, meta=self._session_meta(), additional_directories=self._additional_directories
+                    )
                     del exc
         except TimeoutError:
             self._fail_start(
@@ -1088,6 +1106,18 @@ async def _watch_idle(session: AcpSession, timeout: float, on_timeout: Any) -> N
             await on_timeout()
             return
         await anyio.sleep(remaining)
+
+
+def _additional_directories(cwd: str, paths: Sequence[str], *, check: bool) -> tuple[list[str], str | None]:
+    """A request's additional directories made absolute against the session's ``cwd``, and the first of
+    them that is not an existing directory here (checked only when ``check``: a remote child's paths are
+    on its own host)."""
+    extra = [os.path.abspath(os.path.join(cwd, path)) for path in paths]
+    if check:
+        for path in extra:
+            if not os.path.isdir(path):
+                return extra, path
+    return extra, None
 
 
 def _resolve_transport(transport: Transport | str | None, process_options: Mapping[str, Any]) -> Transport:
