@@ -84,6 +84,8 @@ __all__ = [
     "DEFAULT_IDLE_CLOSE_GRACE",
     "DEFAULT_MAX_KEPT_UPDATES",
     "DEFAULT_MAX_OUTPUT_CHARS",
+    "MAX_EARLY_UPDATES",
+    "MAX_EARLY_UPDATE_BYTES",
     "MAX_ERROR_QUOTE_CHARS",
     "AcpClient",
     "AcpSession",
@@ -135,6 +137,17 @@ before it is sent SIGTERM (still a graceful signal). Real agents that exit on EO
 of milliseconds; both Codex adapters ignore EOF, and would otherwise cost every run the full
 ``stdin_close_timeout``. With this, a run against one is gone within about 0.35 s of its turn's end
 (see bench/teardown.py)."""
+
+MAX_EARLY_UPDATES: int = 256
+"""How many session updates for a session not known yet are kept while a ``session/new`` (or load,
+or resume) of ours is in flight. Agents announce a new session's commands, mode or usage before
+answering ``session/new`` (GitHub Copilot CLI, mistral-vibe): a handful of updates, not hundreds."""
+
+MAX_EARLY_UPDATE_BYTES: int = 4 * 1024 * 1024
+"""How many bytes (as JSON) those early updates may take together: a long ``available_commands_update``
+is tens of KiB, and an agent must not make us hold megabytes for a session that may never exist.
+Past either bound the oldest are dropped, with one warning, and counted in
+:attr:`AcpClient.early_updates_dropped`."""
 
 UpdateCallback = Callable[[schema.SessionUpdate], object]
 """Receives each session update in order; may be sync or async (an awaitable result is awaited)."""
@@ -457,10 +470,16 @@ class AcpSession:
         self.replayed: deque[schema.SessionUpdate] = deque(maxlen=client.max_kept_updates)
         """Updates the agent sent while loading this session (its replayed history): the most
         recent ``max_kept_updates`` of them."""
+        self.early_updates: list[schema.SessionUpdate] = []
+        """Updates the agent sent for this session before answering the request that opened it
+        (``session/new``: Copilot and vibe announce commands, mode and usage that way), in order, as
+        many as :data:`MAX_EARLY_UPDATES` kept. They are also delivered to the session like later
+        ones, right after the answer is adopted, before :meth:`AcpClient.new_session` returns."""
         self._turn: _Turn | None = None
         self._permission_scopes: set[anyio.CancelScope] = set()
         self._listeners: list[UpdateCallback] = []
         self._loading = False
+        self._closed = False
 
     def __repr__(self) -> str:
         state = "in a turn" if self._turn is not None else "idle"
@@ -595,6 +614,53 @@ class AcpSession:
     def offered_modes(self) -> list[ModeChoice]:
         """Every mode the agent offers for this session (see :func:`~subagent.acp.modes.offered_modes`)."""
         return offered_modes(self.modes, self.config_options)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: the client no longer knows this session."""
+        return self._closed
+
+    async def close(self) -> None:
+        """Close the session: ask the agent to free it (``session/close``) when it advertises
+        ``sessionCapabilities.close`` (an agent that does not is sent nothing: it would answer -32601),
+        and forget it here, whatever the answer. A turn still running is cancelled by the close (the
+        agent answers it ``cancelled``); its pending permission questions are answered ``cancelled``.
+
+        Idempotent: only the first call sends anything. Bound it with a timeout of your own: the
+        agent's answer is awaited.
+
+        Raises:
+            RequestError: the agent answered with an error (the session is forgotten all the same).
+            AgentExitedError: the agent died first.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        client = self._client
+        turn = self._turn
+        if turn is not None:
+            turn.cancel_requested = True
+            for scope in tuple(self._permission_scopes):
+                scope.cancel()
+        try:
+            if client.supports_close:
+                await client._call(
+                    schema.SESSION_CLOSE, schema.CloseSessionRequest(session_id=self.session_id)
+                )
+        finally:
+            # Forgotten after the answer: the updates of a turn the close ends still reach it.
+            if client._sessions.get(self.session_id) is self:
+                del client._sessions[self.session_id]
+
+    async def _receive_early(self, updates: list[schema.SessionUpdate]) -> None:
+        """Take the updates the agent sent before answering the request that opened this session: kept
+        in :attr:`early_updates`, applied to the session's state (mode, config options) after the answer
+        was adopted (they are delivered as if they came right after it), and delivered to the listeners."""
+        for update in updates:
+            self.early_updates.append(update)
+            pending = self._deliver(update)
+            if pending is not None:
+                await pending
 
     async def set_mode(self, mode_id: str) -> None:
         """Switch the session to another of the agent's modes (``session/set_mode``)."""
@@ -944,6 +1010,15 @@ class AcpClient:
         )
         self._exit_diagnosis = exit_diagnosis
         self._sessions: dict[str, AcpSession] = {}
+        # Updates for sessions not known yet, kept while a request that opens one is in flight.
+        self._opening = 0
+        self._early: deque[tuple[str, schema.SessionUpdate, int]] = deque()
+        self._early_bytes = 0
+        self._early_warned = False
+        self.early_updates_dropped = 0
+        """Updates for a session not known yet that were let go: past :data:`MAX_EARLY_UPDATES` or
+        :data:`MAX_EARLY_UPDATE_BYTES` (the oldest first), or for a session id that no request of ours
+        opened."""
         self._requests_in_flight = 0
         self._abandoned_requests = False
         self.process: Channel | None = None
@@ -962,6 +1037,12 @@ class AcpClient:
     def session(self, session_id: str) -> AcpSession | None:
         """A session this client created or loaded, by id."""
         return self._sessions.get(session_id)
+
+    @property
+    def supports_close(self) -> bool:
+        """Whether the agent advertised ``sessionCapabilities.close`` (False before :meth:`initialize`)."""
+        agent = self.agent
+        return agent is not None and agent.agent_capabilities.session_capabilities.close is not None
 
     # -- client -> agent ---------------------------------------------------------------------------
 
@@ -1002,22 +1083,45 @@ class AcpClient:
         *,
         mcp_servers: Sequence[schema.McpServer] = (),
         meta: Mapping[str, Any] | None = None,
+        additional_directories: Sequence[str | os.PathLike[str]] = (),
     ) -> AcpSession:
         """Open a new session rooted at ``cwd`` (made absolute). ``meta`` goes out as the request's
         ``_meta`` (ACP's extension point: agents ignore keys they do not know).
+        ``additional_directories`` (made absolute) are more workspace roots for the session.
 
         Raises:
             AuthenticationRequiredError: the agent wants ``authenticate`` first.
+            AgentCapabilityError: ``additional_directories`` were given and the agent does not advertise
+                ``sessionCapabilities.additionalDirectories`` (nothing is sent: it would ignore them).
         """
+        extra: list[str] | None = None
+        if additional_directories:
+            agent = self._require_initialized()
+            if agent.agent_capabilities.session_capabilities.additional_directories is None:
+                raise AgentCapabilityError(
+                    "the agent does not support additional directories "
+                    "(it does not advertise sessionCapabilities.additionalDirectories)"
+                )
+            extra = [_absolute(directory) for directory in additional_directories]
         request = schema.NewSessionRequest(
-            cwd=_absolute(cwd), mcp_servers=list(mcp_servers), meta=None if meta is None else dict(meta)
+            cwd=_absolute(cwd),
+            additional_directories=extra,
+            mcp_servers=list(mcp_servers),
+            meta=None if meta is None else dict(meta),
         )
-        raw = await self._call_authenticated(schema.SESSION_NEW, request)
-        response = schema.decode(raw, type=schema.NewSessionResponse)
-        session = self._sessions.setdefault(
-            response.session_id, AcpSession(self, response.session_id, request.cwd)
-        )
-        session._adopt(response)
+        self._opening += 1
+        try:
+            raw = await self._call_authenticated(schema.SESSION_NEW, request)
+            response = schema.decode(raw, type=schema.NewSessionResponse)
+            session = self._sessions.setdefault(
+                response.session_id, AcpSession(self, response.session_id, request.cwd)
+            )
+            session._adopt(response)
+            early = self._take_early(response.session_id)
+        finally:
+            self._opened()
+        if early:
+            await session._receive_early(early)
         return session
 
     async def load_session(
@@ -1070,6 +1174,7 @@ class AcpClient:
         request = wire_types.params(session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers))
         session = self._sessions.setdefault(session_id, AcpSession(self, session_id, request.cwd))
         session._loading = method == schema.SESSION_LOAD
+        self._opening += 1  # the session is known already; an agent may still announce others meanwhile
         try:
             raw = await self._call_authenticated(method, request)
         except BaseException:
@@ -1077,8 +1182,62 @@ class AcpClient:
             raise
         finally:
             session._loading = False
+            self._opened()
         session._adopt(schema.decode(raw, type=wire_types.result | None))
         return session
+
+    # -- updates that arrive before the session they are for ------------------------------------------
+
+    def _keep_early(self, session_id: str, update: schema.SessionUpdate) -> None:
+        """Keep an update for a session not known yet, while a request that may open it is in flight."""
+        size = len(schema.encode(update))  # only updates that come early pay for this
+        early = self._early
+        early.append((session_id, update, size))
+        self._early_bytes += size
+        dropped = 0
+        while early and (len(early) > MAX_EARLY_UPDATES or self._early_bytes > MAX_EARLY_UPDATE_BYTES):
+            self._early_bytes -= early.popleft()[2]
+            dropped += 1
+        if dropped:
+            self.early_updates_dropped += dropped
+            if not self._early_warned:
+                self._early_warned = True
+                logger.warning(
+                    "the agent sent more updates for sessions not opened yet than are kept (%d, %d bytes): "
+                    "dropping the oldest",
+                    MAX_EARLY_UPDATES,
+                    MAX_EARLY_UPDATE_BYTES,
+                )
+
+    def _take_early(self, session_id: str) -> list[schema.SessionUpdate]:
+        """The updates kept for ``session_id``, in order; they are no longer kept."""
+        if not self._early:
+            return []
+        taken: list[schema.SessionUpdate] = []
+        rest: deque[tuple[str, schema.SessionUpdate, int]] = deque()
+        for entry in self._early:
+            if entry[0] == session_id:
+                taken.append(entry[1])
+                self._early_bytes -= entry[2]
+            else:
+                rest.append(entry)
+        self._early = rest
+        return taken
+
+    def _opened(self) -> None:
+        """A request that opens a session is over: with none left in flight, updates kept for a session
+        that none of them opened are let go."""
+        self._opening -= 1
+        if self._opening == 0 and self._early:
+            ids = sorted({entry[0] for entry in self._early})
+            logger.warning(
+                "dropping %d update(s) the agent sent for session(s) it did not open: %s",
+                len(self._early),
+                ", ".join(repr(_clip_id(session_id)) for session_id in ids[:5]),
+            )
+            self.early_updates_dropped += len(self._early)
+            self._early.clear()
+            self._early_bytes = 0
 
     def _require_initialized(self) -> schema.InitializeResponse:
         if self.agent is None:
@@ -1191,6 +1350,10 @@ class AcpClient:
                 return None
         session = self._sessions.get(notification.session_id)
         if session is None:
+            if self._opening:
+                # The agent may be announcing the session it is about to answer with (Copilot, vibe).
+                self._keep_early(notification.session_id, notification.update)
+                return None
             logger.warning("ignoring an update for unknown session %r", notification.session_id)
             return None
         return session._deliver(notification.update)
@@ -1247,6 +1410,11 @@ def _check_bound(label: str, value: object) -> None:
     """A size limit is a whole number >= 0, or None (checked as the caller may pass it, typed or not)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{label} must be an int >= 0 or None, not {value!r}")
+
+
+def _clip_id(value: str, limit: int = 64) -> str:
+    """A session id as a log line repeats it: an agent must not make us log megabytes."""
+    return value if len(value) <= limit else f"{value[:limit]}…"
 
 
 def _absolute(path: str | os.PathLike[str]) -> str:

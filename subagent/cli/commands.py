@@ -113,6 +113,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
             raise UsageError(f"{where}: {cwd!r} is not a directory")
     if args.fs and not transport.local_files:
         raise UsageError(f"--fs: an agent on {transport.name} cannot be offered this host's files")
+    additional_directories = _additional_directories(args, agent, transport)
     prompt = args.prompt if args.prompt is not None else _read_prompt_from_stdin()
     if not prompt.strip():
         raise UsageError("the prompt is empty: pass -p TEXT or pipe the prompt on stdin")
@@ -136,6 +137,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         config_options={**(agent.config_options if agent else {}), **_settings(args.config_options)},
         # A directory elsewhere is taken as written: its symlinks are there, not here.
         cwd=cwd if cwd and not transport.local_files else os.path.abspath(cwd or os.getcwd()),
+        additional_directories=additional_directories,
         env=dict(agent.env) if agent and agent.env else None,
         permission=permission,
         permission_timeout=args.permission_timeout,
@@ -161,6 +163,30 @@ def _settings(given: list[str] | None) -> dict[str, str]:
             raise UsageError(f"--set: expected ID=VALUE, e.g. model=fast, not {item!r}")
         settings[config_id.strip()] = value
     return settings
+
+
+def _additional_directories(
+    args: argparse.Namespace, agent: AgentConfig | None, transport: Transport
+) -> tuple[str, ...]:
+    """The agent's configured ``additional_directories`` then ``--add-dir``'s, each an existing directory
+    made absolute (relative ones from the current directory); on another host, absolute and as written."""
+    configured: list[tuple[str, str]] = []
+    if agent is not None:
+        where = f"additional_directories of agent {agent.name!r} in {agent.source}"
+        configured = [(path, where) for path in agent.additional_directories]
+    given = [(path, "--add-dir") for path in args.add_dir or ()]
+    directories: list[str] = []
+    for path, where in [*configured, *given]:
+        if not transport.local_files:
+            # A directory on the agent's host: it cannot be checked, nor resolved, from here.
+            if not os.path.isabs(path):
+                raise UsageError(f"{where}: {path!r} must be an absolute path on {transport.name}")
+            directories.append(path)
+        elif not os.path.isdir(path):
+            raise UsageError(f"{where}: {path!r} is not a directory")
+        else:
+            directories.append(os.path.abspath(path))
+    return tuple(directories)
 
 
 def _transport(on: str | None, agent: AgentConfig | None) -> Transport:

@@ -15,6 +15,7 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     args = ["-y", "@agentclientprotocol/claude-agent-acp"]
     env = { ANTHROPIC_LOG = "error" }             # merged over the caller's environment
     cwd = "~/src/project"                         # relative paths: from the file's directory
+    additional_directories = ["../shared"]        # more roots (ACP additionalDirectories), like cwd
     permission = "ask"                            # "allow", "deny" or "ask"
     timeout = 600                                 # inactivity timeout of a turn, in seconds
     ready_timeout = 120                           # spawn to a ready session, in seconds
@@ -118,6 +119,7 @@ class AgentTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     args: list[Argument] = msgspec.field(default_factory=list)
     env: Environment = msgspec.field(default_factory=dict)
     cwd: Program | None = None
+    additional_directories: list[Program] = msgspec.field(default_factory=list)
     permission: PermissionMode | None = None
     timeout: Seconds | None = None
     ready_timeout: Seconds | None = None
@@ -153,6 +155,8 @@ _EXPECTED: Final[Mapping[str, str]] = {
     "agents.*.env": 'a table of strings, e.g. env = { KEY = "value" }',
     "agents.*.env.*": "a string",
     "agents.*.cwd": "a string",
+    "agents.*.additional_directories": 'an array of directories, e.g. ["../shared"]',
+    "agents.*.additional_directories[]": "a string",
     "agents.*.permission": "one of 'allow', 'deny', 'ask'",
     "agents.*.timeout": "a positive number of seconds",
     "agents.*.ready_timeout": "a positive number of seconds",
@@ -208,6 +212,8 @@ class AgentConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     """Absolute (resolved against the file's directory, ``~`` expanded), or None."""
+    additional_directories: tuple[str, ...] = ()
+    """More directories the agent may work in (ACP ``additionalDirectories``), resolved like ``cwd``."""
     permission: PermissionMode | None = None
     timeout: float | None = None
     ready_timeout: float | None = None
@@ -319,22 +325,33 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
     remote = {name for name, table in tables.items() if _is_remote(location, name, table)}
     directory = location.resolve().parent
     agents = {
-        name: _agent_config(name, table, location, _agent_cwd(table.cwd, directory, remote=name in remote))
+        name: _agent_config(
+            name,
+            table,
+            location,
+            _agent_cwd(table.cwd, directory, remote=name in remote),
+            remote=name in remote,
+        )
         for name, table in tables.items()
     }
     return Config(path=location, agents=agents)
 
 
-def _agent_config(name: str, table: AgentTable, source: Path, cwd: str | None) -> AgentConfig:
+def _agent_config(
+    name: str, table: AgentTable, source: Path, cwd: str | None, *, remote: bool
+) -> AgentConfig:
     """The agent ``name`` of ``source``: its table as written, but for ``command`` with ``args`` as one
-    argv and ``cwd`` resolved."""
+    argv, and ``cwd`` and ``additional_directories`` resolved (a remote agent's taken as written)."""
     written = msgspec.structs.asdict(table)
     command = (written.pop("command"), *written.pop("args"))
     ssh_config = table.ssh_config and os.path.normpath(
         source.resolve().parent / os.path.expanduser(table.ssh_config)
     )
+    directory = source.resolve().parent
+    extra = tuple(_agent_cwd(path, directory, remote=remote) or path for path in table.additional_directories)
     written |= {
         "cwd": cwd,
+        "additional_directories": extra,
         "ssh_config": ssh_config,
         "ssh_options": tuple(table.ssh_options),
         "config_options": dict(table.config_options),
@@ -363,6 +380,13 @@ def _is_remote(location: Path, agent: str, table: AgentTable) -> bool:
             "must be an absolute path on the agent's host (its transport runs it elsewhere)",
             key=_key_text(["agents", agent, "cwd"]),
         )
+    for index, path in enumerate(table.additional_directories if remote else ()):
+        if not os.path.isabs(path):
+            raise ConfigError(
+                location,
+                "must be an absolute path on the agent's host (its transport runs it elsewhere)",
+                key=_key_text(["agents", agent, "additional_directories", index]),
+            )
     return remote
 
 

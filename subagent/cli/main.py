@@ -105,8 +105,9 @@ $XDG_CONFIG_HOME/subagent/config.toml (~/.config/subagent/config.toml). Example:
   cwd = "~/src/project"       # relative to the config file's directory
 
 Other keys: description, ready_timeout, auth_method, fs (false: --no-fs),
-mode (as --mode), config_options (a table, as --set), transport (where it runs, as --on
-takes it: "ssh://HOST").
+mode (as --mode), config_options (a table, as --set), additional_directories (an array,
+as --add-dir takes them; relative to the file's directory), transport (where it runs, as
+--on takes it: "ssh://HOST").
 Run `{PROG} COMMAND --help` for more.
 """
 
@@ -186,6 +187,16 @@ def _add_run_arguments(run: Parser) -> None:
         metavar="DIR",
         help="the session's working directory, the only place the agent may read and write through us "
         "(default: the agent's configured cwd, else the current directory)",
+    )
+    run.add_argument(
+        "--add-dir",
+        action="append",
+        metavar="DIR",
+        dest="add_dir",
+        help="one more directory the agent may work in besides the cwd, sent as ACP "
+        "additionalDirectories and added to where it may read and write through us (repeatable; after "
+        "the agent's `additional_directories` in the config). An agent that does not support them fails "
+        "to start (exit 2) rather than run without them",
     )
     run.add_argument(
         "--timeout",

@@ -44,6 +44,8 @@ class TurnSpec:
     prompt: str
     cwd: str
     permission_timeout: float
+    additional_directories: tuple[str, ...] = ()
+    """More directories the agent may work in (``--add-dir``), absolute."""
     env: Mapping[str, str] | None = None
     permission: PermissionMode | Literal["demo"] = "deny"
     answers: AnswerSource | None = None
@@ -186,7 +188,12 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
     except (ValueError, TypeError) as exc:
         # A command or environment no process could receive (a NUL in an argument, say).
         raise UsageError(str(exc)) from None
-    request = SubagentRequest(prompt=spec.prompt, cwd=spec.cwd, timeout=spec.timeout)
+    request = SubagentRequest(
+        prompt=spec.prompt,
+        cwd=spec.cwd,
+        timeout=spec.timeout,
+        additional_directories=spec.additional_directories,
+    )
     began = time.monotonic()
     run_costs: dict[str, Usage] = {}
     async with anyio.create_task_group() as outer:

@@ -54,13 +54,14 @@ the transport's channel. A transport whose children do not see this host's files
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import shlex
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -127,6 +128,7 @@ __all__ = [
     "DEFAULT_MAX_KEPT_UPDATES",
     "DEFAULT_MAX_OUTPUT_CHARS",
     "DEFAULT_READY_TIMEOUT",
+    "SESSION_CLOSE_TIMEOUT",
     "AcpProvider",
     "AcpRun",
     "prompt_size_error",
@@ -144,6 +146,11 @@ DEFAULT_MAX_CONCURRENT: int = 8
 """Children alive at once per provider. Each is a whole agent process (often node plus a model
 client, hundreds of MB) with its own rate-limited API traffic: 8 keeps a laptop or a 2-4 core CI
 runner responsive, and a fan-out of 100 queues instead of thrashing or failing."""
+
+SESSION_CLOSE_TIMEOUT: float = 2.0
+"""How long disposing a run waits for the agent's answer to ``session/close`` before closing its stdin
+anyway. An agent frees a session in milliseconds; one that does not answer (busy, or stuck) must not
+hold the teardown up longer than the grace its stdin close gets anyway."""
 
 _IDLE_POLL_WHILE_ASKING: float = 0.5
 """While a permission question waits, how often the inactivity watchdog looks again (the clock is
@@ -336,7 +343,7 @@ class AcpProvider:
         for value in self.config_options.values():
             if not isinstance(value, str | bool):
                 raise TypeError(f"config_options maps option ids to str or bool values, not {value!r}")
-        self.capabilities = SubagentCapabilities(output_schema=structured_output)
+        self.capabilities = SubagentCapabilities(output_schema=structured_output, additional_directories=True)
         self._max_concurrent = max_concurrent
         self._running = 0  # runs holding a slot: their child is being spawned, or alive
         self._queue: deque[AcpRun] = deque()  # runs waiting for a slot, in arrival order
@@ -448,6 +455,7 @@ class AcpRun(DisposeOnExit):
         self._child_lost: str | None = None  # why the child can take no more turns, once it cannot
         self._child_lost_event = anyio.Event()
         self._child_exited = anyio.Event()
+        self._additional_directories: list[str] = []  # the request's, made absolute against the cwd
         self._listeners: list[Callable[[schema.SessionUpdate], object]] = []
         # Slot bookkeeping, driven by the provider (see AcpProvider._admit / _leave).
         self._queued = False
@@ -714,8 +722,21 @@ class AcpRun(DisposeOnExit):
                 f"agent `{self.command_line}` was not started: its cwd {cwd!r} has a NUL character"
             )
             return
+        extra, missing = _additional_directories(
+            cwd, self.request.additional_directories, check=provider.transport.local_files
+        )
+        if missing is not None:
+            # The sandbox could not have it as a root, and the agent would be told of a place that is not.
+            self._fail_start(
+                f"agent `{self.command_line}` was not started: additional directory {missing!r} "
+                "is not an existing directory"
+            )
+            return
+        self._additional_directories = extra
         # A child that does not see this host's files is served neither files nor terminals here.
-        sandbox = FsSandbox(provider.fs_roots or [cwd]) if provider.transport.local_files else None
+        sandbox = (
+            FsSandbox([*(provider.fs_roots or [cwd]), *extra]) if provider.transport.local_files else None
+        )
         terminals: TerminalHost | None = None
         if provider.terminal and sandbox is not None:
             from subagent.acp.terminals import TerminalHost
@@ -723,25 +744,29 @@ class AcpRun(DisposeOnExit):
             terminals = TerminalHost(sandbox=sandbox, cwd=cwd)
             await terminals.__aenter__()
         try:
-            async with spawn_agent(
-                provider.command,
-                env=provider.env,
-                cwd=cwd,
-                permission=_traced(provider.permission),
-                fs=sandbox if provider.fs else None,
-                terminals=terminals,
-                max_line_bytes=provider.max_line_bytes,
-                max_kept_updates=provider.max_kept_updates,
-                max_output_chars=provider.max_output_chars,
-                on_stderr_line=provider.on_stderr_line,
-                transport=provider.transport,
-                idle_close_grace=provider.idle_close_grace,
-            ) as client:
+            async with (
+                spawn_agent(
+                    provider.command,
+                    env=provider.env,
+                    cwd=cwd,
+                    permission=_traced(provider.permission),
+                    fs=sandbox if provider.fs else None,
+                    terminals=terminals,
+                    max_line_bytes=provider.max_line_bytes,
+                    max_kept_updates=provider.max_kept_updates,
+                    max_output_chars=provider.max_output_chars,
+                    on_stderr_line=provider.on_stderr_line,
+                    transport=provider.transport,
+                    idle_close_grace=provider.idle_close_grace,
+                ) as client,
+                self._session_closed_on_exit(client),
+            ):
                 self._client = client
                 session = await self._handshake(client, cwd)
                 if session is None:
                     return
                 self._session = session
+                self._take_early_updates(session)
                 self._ready.settle(None)
                 first = await self._run_turn(session, self.request.prompt, structured=True)
                 # The turn is over: an idle child works no more, so its slot goes to the next run.
@@ -757,6 +782,59 @@ class AcpRun(DisposeOnExit):
             if terminals is not None:
                 # Not handed our exception: its task group would wrap it in an exception group.
                 await terminals.__aexit__(None, None, None)
+
+    @contextlib.asynccontextmanager
+    async def _session_closed_on_exit(self, client: AcpClient) -> AsyncIterator[None]:
+        """On the way out, before the agent's stdin closes: ``session/close`` the run's session."""
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):  # bounded: see SESSION_CLOSE_TIMEOUT
+                await self._close_session(client)
+
+    async def _close_session(self, client: AcpClient) -> None:
+        """Tell an agent that advertises ``session/close`` that the session is over, so that one that keeps
+        sessions in memory (a long-lived agent, or a remote one) frees it now rather than when its process
+        dies. Sent once, only while the agent lives, bounded by :data:`SESSION_CLOSE_TIMEOUT`; an error
+        answer or silence is logged and ignored: the teardown goes on either way."""
+        session = self._session
+        process = client.process
+        if (
+            session is None
+            or session.closed
+            or not client.supports_close
+            or self._child_lost is not None
+            or client.connection.closed_error is not None
+            or (process is not None and process.exit_info() is not None)
+        ):
+            return
+        with anyio.move_on_after(SESSION_CLOSE_TIMEOUT) as scope:
+            try:
+                if session.in_turn:
+                    await session.cancel()  # a turn still running is cancelled first, as without close
+                await session.close()
+            except RequestError as exc:
+                logger.info("agent `%s` answered session/close with %s", self.command_line, self._quote(exc))
+            except AcpError as exc:
+                logger.info("session/close to agent `%s` failed: %s", self.command_line, exc)
+        if scope.cancelled_caught:
+            logger.info(
+                "agent `%s` did not answer session/close within %.1f s; closing its stdin",
+                self.command_line,
+                SESSION_CLOSE_TIMEOUT,
+            )
+
+    def _take_early_updates(self, session: AcpSession) -> None:
+        """The updates the agent sent before answering ``session/new`` (its commands, mode, usage) are the
+        run's first updates: kept in :attr:`updates` and given to the listeners, like a turn's."""
+        for update in session.early_updates:
+            self.updates.append(update)
+            self._update_count += 1
+            for listener in tuple(self._listeners):
+                try:
+                    listener(update)
+                except Exception:
+                    logger.exception("update listener of run %r raised; ignored", self.id)
 
     async def _keep_for_resume(self, client: AcpClient) -> None:
         """Keep the child for ``resume()`` until the run is disposed or the child is lost: it
@@ -803,7 +881,9 @@ class AcpRun(DisposeOnExit):
                 self.agent = await client.initialize()
                 step = schema.SESSION_NEW
                 try:
-                    session = await client.new_session(cwd, meta=self._session_meta())
+                    session = await client.new_session(
+                        cwd, meta=self._session_meta(), additional_directories=self._additional_directories
+                    )
                 except AuthenticationRequiredError as exc:
                     if provider.auth_method is None:
                         raise
@@ -815,7 +895,9 @@ class AcpRun(DisposeOnExit):
                     step = schema.AUTHENTICATE
                     await client.authenticate(provider.auth_method)
                     step = schema.SESSION_NEW
-                    session = await client.new_session(cwd, meta=self._session_meta())
+                    session = await client.new_session(
+                        cwd, meta=self._session_meta(), additional_directories=self._additional_directories
+                    )
                     del exc
                 step = "the session's settings"
                 await self._configure(session)
@@ -1116,6 +1198,18 @@ async def _watch_idle(session: AcpSession, timeout: float, on_timeout: Any) -> N
             await on_timeout()
             return
         await anyio.sleep(remaining)
+
+
+def _additional_directories(cwd: str, paths: Sequence[str], *, check: bool) -> tuple[list[str], str | None]:
+    """A request's additional directories made absolute against the session's ``cwd``, and the first of
+    them that is not an existing directory here (checked only when ``check``: a remote child's paths are
+    on its own host)."""
+    extra = [os.path.abspath(os.path.join(cwd, path)) for path in paths]
+    if check:
+        for path in extra:
+            if not os.path.isdir(path):
+                return extra, path
+    return extra, None
 
 
 def _resolve_transport(transport: Transport | str | None, process_options: Mapping[str, Any]) -> Transport:

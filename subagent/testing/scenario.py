@@ -41,6 +41,10 @@ Top level (all optional)
     ``loadSession``: ``{"steps", "replay"}``: ``session/load`` sends each ``replay`` item (a raw
     ``SessionUpdate`` object) as a ``session/update`` for the loaded session, then answers. Absent: -32601.
     ``resumeSession``: ``{"steps"}``: ``session/resume`` answers without replay. Absent: -32601.
+    ``closeSession``: ``{"steps"}``: advertise ``sessionCapabilities.close`` (added when the capabilities do
+    not mention it) and answer ``session/close`` after the steps, reporting each close on stderr as
+    ``stub agent: session/close <sessionId>`` and, later, the end of stdin as ``stub agent: stdin closed``
+    (so a test can tell that the close came once, and before the EOF). Absent: -32601.
     ``turns``: a list of turns; each turn is the list of steps run for one ``session/prompt`` (counted per
     session). ``afterLastTurn``: what a prompt beyond the last turn does: ``"repeat"`` (default) runs the
     last turn again, ``"error"`` answers -32603. With no turns at all, every prompt answers ``end_turn``.
@@ -113,6 +117,7 @@ __all__ = [
     "STEP_KINDS",
     "AuthenticateConfig",
     "CallStep",
+    "CloseSessionConfig",
     "CloseStdoutStep",
     "EchoStep",
     "ErrorStep",
@@ -576,6 +581,12 @@ class ResumeSessionConfig(_Object, omit_defaults=True):
     steps: list[Step] = msgspec.field(default_factory=list)
 
 
+class CloseSessionConfig(_Object, omit_defaults=True):
+    """How ``session/close`` is answered (its presence advertises ``sessionCapabilities.close``)."""
+
+    steps: list[Step] = msgspec.field(default_factory=list)
+
+
 class Scenario(_Object, omit_defaults=True):
     """A whole stub-agent scenario (see the module docstring for the format)."""
 
@@ -585,6 +596,7 @@ class Scenario(_Object, omit_defaults=True):
     new_session: NewSessionConfig = msgspec.field(default_factory=NewSessionConfig)
     load_session: LoadSessionConfig | None = None
     resume_session: ResumeSessionConfig | None = None
+    close_session: CloseSessionConfig | None = None
     turns: list[list[Step]] = msgspec.field(default_factory=list)
     after_last_turn: Literal["repeat", "error"] = "repeat"
     on_stdin_eof: Literal["exit", "ignore"] = "exit"
@@ -612,6 +624,8 @@ class Scenario(_Object, omit_defaults=True):
             yield from _walk("$.loadSession.steps", self.load_session.steps, _SESSION)
         if self.resume_session is not None:
             yield from _walk("$.resumeSession.steps", self.resume_session.steps, _SESSION)
+        if self.close_session is not None:
+            yield from _walk("$.closeSession.steps", self.close_session.steps, _SESSION)
         for index, turn in enumerate(self.turns):
             yield from _walk(f"$.turns[{index}]", turn, _TURN)
 

@@ -192,10 +192,14 @@ class ScenarioAgent(AgentHandler):
         capabilities = dict(config.agent_capabilities)
         if self._scenario.load_session is not None:
             capabilities.setdefault("loadSession", True)
-        if self._scenario.resume_session is not None:
-            session_capabilities = dict(capabilities.get("sessionCapabilities") or {})
-            session_capabilities.setdefault("resume", {})
-            capabilities["sessionCapabilities"] = session_capabilities
+        for configured, name in (
+            (self._scenario.resume_session, "resume"),
+            (self._scenario.close_session, "close"),
+        ):
+            if configured is not None:
+                session_capabilities = dict(capabilities.get("sessionCapabilities") or {})
+                session_capabilities.setdefault(name, {})
+                capabilities["sessionCapabilities"] = session_capabilities
         auth_methods = config.auth_methods
         if not auth_methods and self._scenario.require_auth is not None:
             auth_methods = [{"id": self._scenario.require_auth, "name": self._scenario.require_auth}]
@@ -271,6 +275,17 @@ class ScenarioAgent(AgentHandler):
         state = self._sessions.setdefault(session_id, _Session())
         await self._run(config.steps, _Context(client, session_id, state=state))
         return config
+
+    async def close_session(self, params: schema.CloseSessionRequest, client: ClientPeer) -> msgspec.Raw:
+        """Run the close steps, report the close on stderr, forget the session, and answer."""
+        config = self._scenario.close_session
+        if config is None:
+            raise RequestError.method_not_found(schema.SESSION_CLOSE)
+        state = self._sessions.get(params.session_id, _Session())
+        await self._run(config.steps, _Context(client, params.session_id, state=state))
+        _write_stderr(f"stub agent: session/close {params.session_id}\n".encode())
+        self._sessions.pop(params.session_id, None)
+        return _raw({})
 
     async def set_session_mode(self, params: schema.SetSessionModeRequest, client: ClientPeer) -> msgspec.Raw:
         """Accept a mode the scenario offers."""
@@ -674,6 +689,8 @@ async def serve_scenario(scenario: Scenario) -> None:
         await agent.run()
         # The connection also stops when stdout is closed under it; the process lives on until stdin closes.
         await _drain_until_eof(stdin)
+        if scenario.close_session is not None:
+            _write_stderr(b"stub agent: stdin closed\n")
         if scenario.on_stdin_eof == "ignore":
             await anyio.sleep_forever()
 
