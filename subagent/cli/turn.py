@@ -311,6 +311,8 @@ def _start_info(acp_run: AcpRun, spec: TurnSpec) -> StartInfo:
         agent_name=(info.title or info.name) if info is not None else None,
         agent_version=info.version if info is not None else None,
         protocol_version=agent.protocol_version if agent is not None else None,
+        mode=acp_run.current_mode,
+        config_options=[schema.to_builtins(option) for option in acp_run.config_options],
     )
 
 

@@ -96,6 +96,10 @@ class StartInfo:
     agent_name: str | None
     agent_version: str | None
     protocol_version: int | None
+    mode: str | None = None
+    """The session's mode once the caller's settings were applied (None: the agent offers none)."""
+    config_options: Sequence[Any] = ()
+    """The session's config options and their values, as on the wire (camelCase)."""
 
 
 class RunView:
@@ -190,7 +194,8 @@ class HumanView(RunView):
         agent = info.agent_name or "the agent"
         if info.agent_version:
             agent += f" {info.agent_version}"
-        self._note(f"{agent} is ready (session {info.session_id})")
+        mode = f", mode {one_line(sanitize(info.mode), 80)}" if info.mode else ""
+        self._note(f"{agent} is ready (session {info.session_id}{mode})")
 
     def update(self, update: schema.SessionUpdate, changed_call: ToolCallState | None) -> None:
         if not self.progress:
@@ -425,6 +430,8 @@ class EventView(RunView):
             cwd=info.cwd,
             agent=agent,
             protocolVersion=info.protocol_version,
+            mode=info.mode,
+            configOptions=list(info.config_options),
         )
 
     def update(self, update: schema.SessionUpdate, changed_call: ToolCallState | None) -> None:
