@@ -128,7 +128,7 @@ async def test_the_agent_may_write_in_an_additional_directory_it_was_given(
         {"step": "write_file", "path": str(elsewhere / "out.txt"), "content": "refused"},
     ]
     command = stub_agent_command({**ADVERTISED, "turns": [turn]})
-    provider = AcpProvider(command, cwd=work, process_options=FAST)
+    provider = AcpProvider(command, cwd=work, permission="allow", process_options=FAST)
     request = SubagentRequest(prompt="go", additional_directories=["../extra"])
     async with assert_no_leaks(), SubagentService() as service:
         service.register_provider(provider)
