@@ -114,6 +114,8 @@ def _snapshot(provider: SubagentProvider) -> ProviderSnapshot:
         output_schema=bool(declared.output_schema),
         depth_limit=bool(declared.depth_limit),
         tool_filter=bool(declared.tool_filter),
+        # Read with a default: a provider's own capabilities record may predate this feature.
+        additional_directories=bool(getattr(declared, "additional_directories", False)),
     )
     return ProviderSnapshot(
         name=name,

@@ -20,7 +20,8 @@ concurrency slot.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields
 from types import TracebackType
@@ -66,10 +67,13 @@ __all__ = [
 StopReason = Literal["completed", "cancelled", "error", "timeout", "max_tokens", "max_turns", "refusal"]
 """Why a child's turn ended. Only ``completed`` is success; ``error`` carries a diagnosis."""
 
-StartTimeFeature = Literal["output_schema", "depth_limit", "tool_filter", "persona"]
+StartTimeFeature = Literal["output_schema", "depth_limit", "tool_filter", "persona", "additional_directories"]
 """A request field that needs the provider's support; checked in this order before any child exists."""
 
 START_TIME_FEATURES: tuple[StartTimeFeature, ...] = ("output_schema", "depth_limit", "tool_filter", "persona")
+"""The start-time features a model may ask for through the model-facing tool, in check order.
+``additional_directories`` (the caller's, never the model's choice: it widens what the child may touch)
+is checked after them."""
 
 Disposer = Callable[[], None]
 """Undoes one registration (a provider, an event listener). Idempotent."""
@@ -211,6 +215,19 @@ def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any] | None
     return frozen
 
 
+def _directories(value: Sequence[str]) -> tuple[str, ...]:
+    """``additional_directories`` as a tuple of non-empty paths that a process can be given."""
+    if isinstance(value, str):
+        raise TypeError("additional_directories must be a sequence of paths, not one string")
+    directories = tuple(os.fspath(path) for path in value)
+    for path in directories:
+        if not isinstance(path, str):
+            raise TypeError(f"additional_directories holds a {type(path).__name__}, not a path: {path!r}")
+        if not path or "\0" in path:
+            raise ValueError(f"additional_directories holds an empty path or one with a NUL: {path!r}")
+    return directories
+
+
 @dataclass(frozen=True, slots=True)
 class SubagentRequest:
     """What to ask a child to do, and under which constraints.
@@ -233,10 +250,15 @@ class SubagentRequest:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     lineage: Lineage | None = field(default=None, compare=False)
     """Filled in by the service before the provider sees the request; a caller's value is replaced."""
+    additional_directories: Sequence[str] = ()
+    """More directories the child may work in besides ``cwd`` (ACP's ``additionalDirectories``): each
+    becomes a root of its file-system sandbox too. A relative path is resolved against the session's cwd
+    when the child starts. A start-time feature: a provider that cannot honour it refuses the request."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_schema", _frozen_mapping(self.output_schema))
         object.__setattr__(self, "metadata", _frozen_mapping(self.metadata))
+        object.__setattr__(self, "additional_directories", _directories(self.additional_directories))
         if self.depth_limit is not None and self.depth_limit < 0:
             raise ValueError(f"depth_limit must be >= 0, got {self.depth_limit}")
         if self.timeout is not None and self.timeout <= 0:
@@ -250,7 +272,8 @@ class SubagentRequest:
             "tool_filter": self.tool_filter is not None,
             "persona": self.persona is not None,
         }
-        return tuple(feature for feature in START_TIME_FEATURES if asked[feature])
+        features = tuple(feature for feature in START_TIME_FEATURES if asked[feature])
+        return (*features, "additional_directories") if self.additional_directories else features
 
 
 @dataclass(slots=True)
@@ -310,6 +333,9 @@ class SubagentCapabilities:
     output_schema: bool = False
     depth_limit: bool = False
     tool_filter: bool = False
+    additional_directories: bool = False
+    """Whether the provider can give a child more directories than its cwd (only ``acp`` can: an
+    in-process child has no file-system sandbox to widen)."""
 
     def supports(self, feature: StartTimeFeature) -> bool:
         """Whether a request asking for ``feature`` can be honoured."""

@@ -499,7 +499,7 @@ async def test_the_child_reads_and_writes_inside_its_cwd_and_is_refused_outside(
             ]
         }
     )
-    provider = AcpProvider(command, cwd=work, process_options=FAST)
+    provider = AcpProvider(command, cwd=work, permission="allow", process_options=FAST)
     result, run = await run_once(provider)
     reports = [
         json.loads(update.content.text)

@@ -500,6 +500,44 @@ def test_events_are_json_lines_in_order_and_stdout_keeps_only_the_json_result(tm
     assert events[-1]["stopReason"] == "completed"
 
 
+NOTICE_AND_COMPACTION_TURN: Final = one_turn(
+    {"step": "message", "text": "Half "},
+    {"step": "update", "update": {"sessionUpdate": "notice", "severity": "warning", "title": "Rate limited",
+                                  "description": "Retrying\nin \u001b[1m30 s."}},
+    {"step": "update", "update": {"sessionUpdate": "compaction_update", "compactionId": "k1",
+                                  "status": "in_progress"}},
+    {"step": "update", "update": {"sessionUpdate": "compaction_summary_chunk", "compactionId": "k1",
+                                  "content": {"type": "text", "text": "SUMMARY"}}},
+    {"step": "update", "update": {"sessionUpdate": "compaction_update", "compactionId": "k1",
+                                  "status": "completed"}},
+    {"step": "message", "text": "done."},
+)  # fmt: skip
+
+
+def test_a_notice_is_one_progress_line_and_a_compaction_summary_is_not_part_of_the_answer(
+    tmp_path: Path,
+) -> None:
+    agent = scenario(tmp_path, NOTICE_AND_COMPACTION_TURN)
+    done = run_cli(tmp_path, "run", "--progress", "-p", "go", "--", *agent)
+    assert (done.status, done.stdout) == (0, "Half done.\n")
+    lines = done.stderr.splitlines()
+    assert "  notice (warning): Rate limited - Retrying in [1m30 s." in lines
+    assert [line for line in lines if "compaction" in line] == [
+        "  context compaction: in_progress",
+        "  context compaction: completed",
+    ]
+    assert "SUMMARY" not in done.stderr
+
+
+def test_events_carry_a_notice_and_a_compaction_as_update_lines(tmp_path: Path) -> None:
+    agent = scenario(tmp_path, NOTICE_AND_COMPACTION_TURN)
+    done = run_cli(tmp_path, "run", "--json", "--events", "-p", "go", "--", *agent)
+    assert done.status == 0
+    assert done.json()["output"] == "Half done."
+    updates = [event["update"] for event in done.events() if event["event"] == "update"]
+    assert updates[1:5] == [step["update"] for step in NOTICE_AND_COMPACTION_TURN["turns"][0][1:5]]
+
+
 def test_verbose_logs_to_stderr_as_text_or_as_log_events(tmp_path: Path) -> None:
     agent = scenario(tmp_path, one_turn({"step": "message", "text": "ok"}))
     text = run_cli(tmp_path, "run", "-v", "-p", "hi", "--", *agent)

@@ -150,8 +150,10 @@ def test_no_fs_offers_no_file_system_so_the_agents_write_is_method_not_found(tmp
     assert not (tmp_path / "new.txt").exists()
 
 
-def test_by_default_the_file_system_is_offered_and_the_agents_write_lands(tmp_path: Path) -> None:
-    done = run_cli(tmp_path, "run", "--json", "-p", "write", "--", *writing_agent(tmp_path))
+def test_by_default_the_file_system_is_offered_and_an_allowed_write_lands(tmp_path: Path) -> None:
+    done = run_cli(
+        tmp_path, "run", "--json", "--permission", "allow", "-p", "write", "--", *writing_agent(tmp_path)
+    )
     assert done.status == 0
     assert write_report(done.stdout) == {"method": "fs/write_text_file", "result": {}}
     assert (tmp_path / "new.txt").read_text() == "hello"
@@ -165,7 +167,9 @@ def test_fs_false_in_the_config_offers_none_and_fs_on_the_command_line_overrides
     assert write_report(configured.stdout)["error"]["code"] == -32601
     assert not (tmp_path / "new.txt").exists()
 
-    overridden = run_cli(tmp_path, "run", "--json", "--agent", "gemini", "--fs", "-p", "write")
+    overridden = run_cli(
+        tmp_path, "run", "--json", "--agent", "gemini", "--fs", "--permission", "allow", "-p", "write"
+    )
     assert write_report(overridden.stdout) == {"method": "fs/write_text_file", "result": {}}
     assert (tmp_path / "new.txt").read_text() == "hello"
 

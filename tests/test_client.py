@@ -132,8 +132,11 @@ async def test_initialize_sends_version_1_with_capabilities_that_match_the_confi
     method, params = agent.received[0]
     assert method == "initialize"
     assert params["protocolVersion"] == 1
-    assert params["clientCapabilities"]["fs"] == {"readTextFile": True, "writeTextFile": True}
-    assert params["clientCapabilities"].get("terminal", False) is False
+    # Terminals are off (false is the default, left out); notices and compaction are always on.
+    assert params["clientCapabilities"] == {
+        "fs": {"readTextFile": True, "writeTextFile": True},
+        "session": {"compaction": {}, "notices": {}},
+    }
     assert params["clientInfo"]["name"] == "subagent-seam"
     assert response.agent_capabilities.load_session is True
     assert client.agent is response
@@ -461,7 +464,8 @@ async def test_file_requests_are_served_inside_the_sandbox_and_refused_outside(t
             replies["unknown session"] = exc.to_wire()
         return {"stopReason": "end_turn"}
 
-    async with connected(FakeAgent(handlers={"session/prompt": prompt}), fs=FsSandbox([tmp_path])) as client:
+    agent = FakeAgent(handlers={"session/prompt": prompt})
+    async with connected(agent, fs=FsSandbox([tmp_path]), permission="allow") as client:
         with anyio.fail_after(5):
             await (await ready_session(client)).prompt("go")
     assert replies["read"] == {"content": "two\n"}
@@ -512,6 +516,43 @@ async def test_the_agent_closing_its_output_mid_turn_fails_the_prompt_at_once() 
                 await session.prompt("go")
     assert "connection to the agent closed" in str(caught.value)
     assert caught.value.exit_info is None
+
+
+async def test_notices_and_compactions_reach_the_listener_and_a_summary_never_joins_the_output() -> None:
+    notice = {"sessionUpdate": "notice", "severity": "warning", "title": "Rate limited"}
+    compaction: list[dict[str, Any]] = [
+        {"sessionUpdate": "compaction_update", "compactionId": "k1", "status": "in_progress"},
+        {
+            "sessionUpdate": "compaction_summary_chunk",
+            "compactionId": "k1",
+            "content": {"type": "text", "text": "SUMMARY OF EARLIER WORK"},
+        },
+        {"sessionUpdate": "compaction_update", "compactionId": "k1", "status": "completed"},
+    ]
+
+    async def prompt(agent: FakeAgent, params: Any) -> Any:
+        await agent.update("s1", text_chunk("The answer "))
+        await agent.update("s1", notice)
+        for update in compaction:
+            await agent.update("s1", update)
+        await agent.update("s1", text_chunk("is 42."))
+        return {"stopReason": "end_turn"}
+
+    seen: list[schema.SessionUpdate] = []
+    async with connected(FakeAgent(handlers={"session/prompt": prompt})) as client:
+        with anyio.fail_after(5):
+            session = await ready_session(client)
+            result = await session.prompt("go", on_update=seen.append)
+    assert result.output == "The answer is 42."
+    assert seen == list(result.updates)
+    assert seen[1:5] == [
+        schema.Notice(severity="warning", title="Rate limited"),
+        schema.CompactionUpdate(compaction_id="k1", status="in_progress"),
+        schema.CompactionSummaryChunk(
+            compaction_id="k1", content=schema.TextContent(text="SUMMARY OF EARLIER WORK")
+        ),
+        schema.CompactionUpdate(compaction_id="k1", status="completed"),
+    ]
 
 
 def test_final_message_is_the_text_after_the_last_tool_call() -> None:

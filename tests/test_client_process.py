@@ -382,7 +382,7 @@ async def test_fs_requests_work_inside_the_root_and_every_escape_is_refused_touc
     ]
     argv = stub_agent_command({"turns": [steps]})
     before = sorted((p.name, p.read_bytes()) for p in outside.iterdir())
-    async with agent(argv, fs=FsSandbox([root])) as client:
+    async with agent(argv, fs=FsSandbox([root]), permission="allow") as client:
         with anyio.fail_after(WAIT):
             result = await (await session_of(client, root)).prompt("go")
     reports = [json.loads(text) for text in texts(result)]

@@ -423,13 +423,15 @@ async def test_hostile_fs_requests_over_the_wire_cost_the_agent_an_error_and_log
                 replies.append(await agent.ask("fs/read_text_file", {"sessionId": "s1", **request}))
             except RequestError as exc:
                 replies.append(exc.to_wire())
-        # The schema lets a receiver default a mistyped line/limit instead: it reads from line 1.
-        replies.append(
+        # A mistyped line/limit is invalid params too (the schema no longer lets a receiver
+        # default them), and the error names the field.
+        try:
             await agent.ask(
                 "fs/read_text_file",
                 {"sessionId": "s1", "path": str(tmp_path / "f.txt"), "line": 1.5, "limit": True},
             )
-        )
+        except RequestError as exc:
+            replies.append(exc.to_wire())
         return {"stopReason": "end_turn"}
 
     async with connected(FakeAgent(handlers={"session/prompt": prompt}), fs=FsSandbox([tmp_path])) as client:
@@ -446,7 +448,11 @@ async def test_hostile_fs_requests_over_the_wire_cost_the_agent_an_error_and_log
         f"line must be at most {MAX_LINE_ARGUMENT}",
         f"line must be at most {MAX_LINE_ARGUMENT}",
     ]
-    assert replies[-1] == {"content": "one\ntwo\n"}
+    assert replies[-1] == {
+        "code": INVALID_PARAMS,
+        "message": "Invalid params",
+        "data": {"details": "Expected `int | null`, got `float` - at `$.line`"},
+    }
 
 
 # -- permission: ambiguous and oversized option lists --------------------------------------------------

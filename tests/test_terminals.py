@@ -838,18 +838,29 @@ async def test_absurd_output_limits_from_the_wire_are_clamped_defaulted_or_refus
         TerminalHost(cwd=tmp_path, max_output_byte_limit=40, default_output_byte_limit=10) as host,
     ):
         retained = {}
-        for limit in [10**30, 2**64 - 1, True, 2.5, "lots"]:
+        for limit in [10**30, 2**64 - 1, None]:
             created = await host.serve(schema.TERMINAL_CREATE, wire(limit))
             assert isinstance(created, schema.CreateTerminalResponse)
             await wait_exit(host, created.terminal_id)
             retained[repr(limit)] = len((await output_of(host, created.terminal_id)).output)
             await release(host, created.terminal_id)
         negative = await refused(host.serve(schema.TERMINAL_CREATE, wire(-(10**30))))
+        mistyped = {}
+        for mistyped_limit in [True, 2.5, "lots"]:
+            # The connection answers a ValidationError from a handler with invalid params.
+            with anyio.fail_after(EVENT_TIMEOUT), pytest.raises(msgspec.ValidationError) as caught:
+                await host.serve(schema.TERMINAL_CREATE, wire(mistyped_limit))
+            mistyped[repr(mistyped_limit)] = str(caught.value)
 
-    # The schema lets a receiver default a mistyped outputByteLimit; a huge one is clamped.
-    assert retained == {repr(10**30): 40, repr(2**64 - 1): 40, "True": 10, "2.5": 10, "'lots'": 10}
+    # A huge limit is clamped, null takes the default; a mistyped one is refused (the schema no
+    # longer lets a receiver default it).
+    assert retained == {repr(10**30): 40, repr(2**64 - 1): 40, "None": 10}
     assert negative.code == INVALID_PARAMS
     assert negative.data == {"outputByteLimit": -(10**30), "reason": "outputByteLimit must not be negative"}
+    assert mistyped == {
+        repr(limit): f"Expected `int | null`, got `{kind}` - at `$.outputByteLimit`"
+        for limit, kind in [(True, "bool"), (2.5, "float"), ("lots", "str")]
+    }
     assert not [record for record in caplog.records if record.exc_info]
 
 

@@ -10,6 +10,7 @@ Layers, each usable without the ones above it:
   the process above; ``transport_from_url`` names others, such as ``ssh://host``);
 * :mod:`subagent.acp.client`: the typed client session (:class:`AcpClient`, :func:`spawn_agent`);
 * :mod:`subagent.acp.handlers`: what the client serves to the agent (fs sandbox, permission policies);
+* :mod:`subagent.acp.modes`: session modes, and which of an agent's modes approve tool calls by themselves;
 * :mod:`subagent.acp.agent`: the other side, for writing an agent;
 * :mod:`subagent.acp.stdio`: file descriptors (this process's stdin/stdout) as anyio byte streams.
 
@@ -47,6 +48,7 @@ __all__ = [
     "ProtocolError",
     "ProtocolVersionError",
     "RequestError",
+    "SessionSettingError",
     "Transport",
     "TurnResult",
     "final_message",
@@ -70,6 +72,7 @@ if TYPE_CHECKING:
         ProtocolError,
         ProtocolVersionError,
         RequestError,
+        SessionSettingError,
     )
     from subagent.acp.handlers import (
         AllowPolicy,

@@ -89,14 +89,16 @@ _SENTINEL: Final = "\x00"
 _ESCAPED_SENTINEL: Final = b"\\u0000"
 _MISSING: Final = object()
 
-LenientFields: TypeAlias = tuple[frozenset[str], frozenset[str]]
-"""Wire names of a struct's fields: (reset to the default on error, drop invalid list items)."""
+LenientFields: TypeAlias = tuple[frozenset[str], frozenset[str], frozenset[str]]
+"""Wire names of a struct's fields: (reset to the default on error, drop invalid list items, null
+means the default)."""
 
-_NOT_LENIENT: Final[LenientFields] = (frozenset(), frozenset())
+_NOT_LENIENT: Final[LenientFields] = (frozenset(), frozenset(), frozenset())
 
 _LENIENT: Final[dict[type, LenientFields]] = {}
-"""Fields marked x-deserialize-default-on-error and x-deserialize-skip-invalid-items, by struct class: filled
-by the generated module through `register_lenient_fields`."""
+"""Fields marked x-deserialize-default-on-error, x-deserialize-skip-invalid-items and
+x-deserialize-default-on-null, by struct class: filled by the generated module through
+`register_lenient_fields`."""
 
 _ENCODER: Final = msgspec.json.Encoder()
 _DECODERS: dict[Any, msgspec.json.Decoder[Any]] = {}
@@ -109,8 +111,8 @@ def register_lenient_fields(table: Mapping[type, LenientFields]) -> None:
     """Tell the tolerant decoder which fields of which structs it may reset or filter.
 
     Each value is (wire names that fall back to their default when invalid, wire names of lists
-    whose invalid items are dropped). The generated module calls this once, with the table it
-    derives from the schema's `x-deserialize-*` markers.
+    whose invalid items are dropped, wire names where null stands for the default). The generated
+    module calls this once, with the table it derives from the schema's `x-deserialize-*` markers.
     """
     _LENIENT.update(table)
 
@@ -266,12 +268,21 @@ def _repair(value: Any, t: mi.Type, skip_items: bool) -> Any:
 def _repair_struct(value: Any, t: mi.StructType) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise _Invalid
-    reset, skip = _LENIENT.get(t.cls, _NOT_LENIENT)
+    reset, skip, null_default = _LENIENT.get(t.cls, _NOT_LENIENT)
     out = dict(value)
     if t.tag_field is not None:
         out[t.tag_field] = t.tag
     for f in t.fields:
         key = f.encode_name
+        if key in null_default and out.get(key, _MISSING) is None:
+            # Null stands for the default: absent where the field is optional, empty where a
+            # required list or map (stdio `args`, `mcpServers`) has no other default.
+            if not f.required:
+                del out[key]
+            elif isinstance(f.type, mi.ListType):
+                out[key] = []
+            elif isinstance(f.type, mi.DictType):
+                out[key] = {}
         if key not in out:
             if f.required:
                 raise _Invalid

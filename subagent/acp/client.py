@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import shlex
 import sys
 import time
@@ -60,6 +61,7 @@ from subagent.acp.errors import (
     ProtocolError,
     ProtocolVersionError,
     RequestError,
+    SessionSettingError,
 )
 from subagent.acp.handlers import (
     FsSandbox,
@@ -69,7 +71,9 @@ from subagent.acp.handlers import (
     PermissionPolicy,
     PermissionQuestion,
     permission_policy,
+    policy_name,
 )
+from subagent.acp.modes import ModeChoice, current_mode, offered_modes, select_values
 from subagent.acp.transport import Channel, LocalTransport, Transport, check_command
 
 if TYPE_CHECKING:
@@ -80,6 +84,8 @@ __all__ = [
     "DEFAULT_IDLE_CLOSE_GRACE",
     "DEFAULT_MAX_KEPT_UPDATES",
     "DEFAULT_MAX_OUTPUT_CHARS",
+    "MAX_EARLY_UPDATES",
+    "MAX_EARLY_UPDATE_BYTES",
     "MAX_ERROR_QUOTE_CHARS",
     "AcpClient",
     "AcpSession",
@@ -131,6 +137,17 @@ before it is sent SIGTERM (still a graceful signal). Real agents that exit on EO
 of milliseconds; both Codex adapters ignore EOF, and would otherwise cost every run the full
 ``stdin_close_timeout``. With this, a run against one is gone within about 0.35 s of its turn's end
 (see bench/teardown.py)."""
+
+MAX_EARLY_UPDATES: int = 256
+"""How many session updates for a session not known yet are kept while a ``session/new`` (or load,
+or resume) of ours is in flight. Agents announce a new session's commands, mode or usage before
+answering ``session/new`` (GitHub Copilot CLI, mistral-vibe): a handful of updates, not hundreds."""
+
+MAX_EARLY_UPDATE_BYTES: int = 4 * 1024 * 1024
+"""How many bytes (as JSON) those early updates may take together: a long ``available_commands_update``
+is tens of KiB, and an agent must not make us hold megabytes for a session that may never exist.
+Past either bound the oldest are dropped, with one warning, and counted in
+:attr:`AcpClient.early_updates_dropped`."""
 
 UpdateCallback = Callable[[schema.SessionUpdate], object]
 """Receives each session update in order; may be sync or async (an awaitable result is awaited)."""
@@ -188,6 +205,8 @@ _TOOL_CALL: Final = schema.ToolCall
 _TOOL_CALL_UPDATE: Final = schema.ToolCallProgress
 _USAGE_UPDATE: Final = schema.UsageUpdate
 _UNKNOWN_UPDATE: Final = schema.UnknownSessionUpdate
+_MODE_UPDATE: Final = schema.CurrentModeUpdate
+_CONFIG_UPDATE: Final = schema.ConfigOptionUpdate
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +218,12 @@ class TurnMessage:
     text: str
     truncated: bool = False
 
+
+_SESSION_CAPABILITIES: Final = schema.ClientSessionCapabilities(
+    notices=schema.NoticeCapabilities(), compaction=schema.CompactionCapabilities()
+)
+"""The session capabilities `initialize` advertises: notices and compaction updates are understood
+(an agent without them would otherwise send a compaction summary as an agent message)."""
 
 _RUN_META_KEY: Final = "subagent-seam/run"
 """``subagent.types.RUN_META_KEY`` (spelled here: ``subagent.acp`` imports nothing of the seam): the
@@ -396,6 +421,26 @@ class _Turn:
     cancel_requested: bool = False
     permissions_denied: int = 0
     last_denied: str | None = None
+    allowed_paths: set[str] = field(default_factory=set)
+    """Paths that a permission allowed in this turn names (bounded by ``MAX_ALLOWED_PATHS``): the
+    agent's ``fs/write_text_file`` to one of them is covered by that answer."""
+
+
+MAX_ALLOWED_PATHS: Final = 1024
+"""The most paths one turn's allowed permissions may cover; past it a write is asked about again."""
+
+_MAX_PATH_SCAN: Final = 256
+"""How many values of a permission question's raw input are looked at for the paths it names."""
+
+_PATH_KEYS: Final = re.compile(r"path|file", re.IGNORECASE)
+"""Keys of a tool call's raw input whose relative string values are paths (``file_path``, ``path``)."""
+
+WRITE_QUESTION_OPTIONS: Final = (
+    PermissionOption("allow_once", "Allow this write", "allow_once"),
+    PermissionOption("allow_always", "Allow every write in this session", "allow_always"),
+    PermissionOption("reject_once", "Refuse this write", "reject_once"),
+)
+"""The options of the question the client asks itself about a write no permission covered."""
 
 
 # -- sessions -------------------------------------------------------------------------------------------
@@ -409,20 +454,32 @@ class AcpSession:
     an inactivity timeout that does not count time spent waiting on a permission answer.
     """
 
-    def __init__(self, client: AcpClient, session_id: str) -> None:
+    def __init__(self, client: AcpClient, session_id: str, cwd: str | None = None) -> None:
         self._client = client
         self.session_id = session_id
+        self.cwd = cwd
+        """The session's working directory, as sent (absolute)."""
         self.modes: schema.SessionModeState | None = None
+        """The agent's modes and the current one, kept current from ``current_mode_update``."""
         self.config_options: list[schema.SessionConfigOption] | None = None
+        """The agent's config options with their values, kept current from ``config_option_update``
+        and from the answers to ``session/set_config_option``."""
+        self._writes_allowed = False  # an allow_always answer covers every write of the session
         self.last_activity = time.monotonic()
         self.pending_permissions = 0
         self.replayed: deque[schema.SessionUpdate] = deque(maxlen=client.max_kept_updates)
         """Updates the agent sent while loading this session (its replayed history): the most
         recent ``max_kept_updates`` of them."""
+        self.early_updates: list[schema.SessionUpdate] = []
+        """Updates the agent sent for this session before answering the request that opened it
+        (``session/new``: Copilot and vibe announce commands, mode and usage that way), in order, as
+        many as :data:`MAX_EARLY_UPDATES` kept. They are also delivered to the session like later
+        ones, right after the answer is adopted, before :meth:`AcpClient.new_session` returns."""
         self._turn: _Turn | None = None
         self._permission_scopes: set[anyio.CancelScope] = set()
         self._listeners: list[UpdateCallback] = []
         self._loading = False
+        self._closed = False
 
     def __repr__(self) -> str:
         state = "in a turn" if self._turn is not None else "idle"
@@ -548,17 +605,176 @@ class AcpSession:
             self.modes = response.modes
             self.config_options = response.config_options
 
+    @property
+    def current_mode_id(self) -> str | None:
+        """The session's current mode (its ``modes``, else a config option of category ``mode``)."""
+        return current_mode(self.modes, self.config_options)
+
+    @property
+    def offered_modes(self) -> list[ModeChoice]:
+        """Every mode the agent offers for this session (see :func:`~subagent.acp.modes.offered_modes`)."""
+        return offered_modes(self.modes, self.config_options)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called: the client no longer knows this session."""
+        return self._closed
+
+    async def close(self) -> None:
+        """Close the session: ask the agent to free it (``session/close``) when it advertises
+        ``sessionCapabilities.close`` (an agent that does not is sent nothing: it would answer -32601),
+        and forget it here, whatever the answer. A turn still running is cancelled by the close (the
+        agent answers it ``cancelled``); its pending permission questions are answered ``cancelled``.
+
+        Idempotent: only the first call sends anything. Bound it with a timeout of your own: the
+        agent's answer is awaited.
+
+        Raises:
+            RequestError: the agent answered with an error (the session is forgotten all the same).
+            AgentExitedError: the agent died first.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        client = self._client
+        turn = self._turn
+        if turn is not None:
+            turn.cancel_requested = True
+            for scope in tuple(self._permission_scopes):
+                scope.cancel()
+        try:
+            if client.supports_close:
+                await client._call(
+                    schema.SESSION_CLOSE, schema.CloseSessionRequest(session_id=self.session_id)
+                )
+        finally:
+            # Forgotten after the answer: the updates of a turn the close ends still reach it.
+            if client._sessions.get(self.session_id) is self:
+                del client._sessions[self.session_id]
+
+    async def _receive_early(self, updates: list[schema.SessionUpdate]) -> None:
+        """Take the updates the agent sent before answering the request that opened this session: kept
+        in :attr:`early_updates`, applied to the session's state (mode, config options) after the answer
+        was adopted (they are delivered as if they came right after it), and delivered to the listeners."""
+        for update in updates:
+            self.early_updates.append(update)
+            pending = self._deliver(update)
+            if pending is not None:
+                await pending
+
     async def set_mode(self, mode_id: str) -> None:
-        """Switch the session to another of the agent's modes."""
+        """Switch the session to another of the agent's modes (``session/set_mode``)."""
         await self._client._call(
             schema.SESSION_SET_MODE, schema.SetSessionModeRequest(session_id=self.session_id, mode_id=mode_id)
         )
+        if self.modes is not None:
+            self.modes = msgspec.structs.replace(self.modes, current_mode_id=mode_id)
+
+    async def set_config_option(self, config_id: str, value: str | bool) -> list[schema.SessionConfigOption]:
+        """Set one of the agent's config options (``session/set_config_option``): a select option's value
+        id, or a boolean option's value. Returns the agent's full list of options and values, which
+        :attr:`config_options` then holds."""
+        request: schema.SetSessionConfigOptionRequest = (
+            schema.SetSessionConfigOptionRequestBoolean(
+                session_id=self.session_id, config_id=config_id, value=value
+            )
+            if isinstance(value, bool)
+            else schema.SetSessionConfigOptionRequestValueId(
+                session_id=self.session_id, config_id=config_id, value=value
+            )
+        )
+        raw = await self._client._call(schema.SESSION_SET_CONFIG_OPTION, request)
+        response = schema.decode(raw, type=schema.SetSessionConfigOptionResponse | None)
+        if response is not None:
+            self.config_options = list(response.config_options)
+        return list(self.config_options or ())
+
+    async def select_mode(self, mode_id: str) -> None:
+        """Switch to ``mode_id`` whichever way the agent offers it: ``session/set_mode`` for one of its
+        ``modes``, else ``session/set_config_option`` on its ``mode`` config option.
+
+        Raises:
+            SessionSettingError: the agent offers no such mode (``offered`` lists the ids it does).
+        """
+        offered = self.offered_modes
+        choice = next((mode for mode in offered if mode.id == mode_id), None)
+        if choice is None:
+            ids = [mode.id for mode in offered]
+            listed = ", ".join(repr(mode) for mode in ids) if ids else "none"
+            raise SessionSettingError(
+                f"the agent offers no mode {mode_id!r} (its modes: {listed})", setting="mode", offered=ids
+            )
+        if choice.config_id is None:
+            await self.set_mode(mode_id)
+        else:
+            await self.set_config_option(choice.config_id, mode_id)
+
+    async def configure(self, options: Mapping[str, str | bool]) -> None:
+        """Set config options by id, in order: a select option takes one of its value ids, a boolean
+        option ``True``/``False`` (or the strings ``true``/``false``, ``on``/``off``, ``yes``/``no``,
+        ``1``/``0``, as a command line gives them).
+
+        Raises:
+            SessionSettingError: an id the agent does not offer, or a value its option does not take
+                (``offered`` lists what it does take).
+        """
+        for config_id, wanted in options.items():
+            option = next(
+                (item for item in self.config_options or () if getattr(item, "id", None) == config_id), None
+            )
+            if isinstance(option, schema.SessionConfigSelect):
+                values = [value.value for value in select_values(option)]
+                if not isinstance(wanted, str) or wanted not in values:
+                    listed = ", ".join(repr(value) for value in values) or "none"
+                    raise SessionSettingError(
+                        f"the agent's config option {config_id!r} takes no value {wanted!r} (its values: "
+                        f"{listed})",
+                        setting=config_id,
+                        offered=values,
+                    )
+                await self.set_config_option(config_id, wanted)
+            elif isinstance(option, schema.SessionConfigBoolean):
+                flag = _boolean(wanted)
+                if flag is None:
+                    raise SessionSettingError(
+                        f"the agent's config option {config_id!r} is true or false, not {wanted!r}",
+                        setting=config_id,
+                        offered=["true", "false"],
+                    )
+                await self.set_config_option(config_id, flag)
+            else:
+                ids = [str(getattr(item, "id", "?")) for item in self.config_options or ()]
+                listed = ", ".join(repr(item) for item in ids) or "none"
+                raise SessionSettingError(
+                    f"the agent offers no config option {config_id!r} (its options: {listed})",
+                    setting=config_id,
+                    offered=ids,
+                )
+
+    def _apply_state(self, update: schema.SessionUpdate) -> None:
+        """Keep :attr:`modes` and :attr:`config_options` current from the agent's own updates."""
+        if isinstance(update, schema.CurrentModeUpdate):
+            if self.modes is not None:
+                self.modes = msgspec.structs.replace(self.modes, current_mode_id=update.current_mode_id)
+            else:
+                # A mode pushed before any was announced: known by its id alone.
+                self.modes = schema.SessionModeState(
+                    current_mode_id=update.current_mode_id,
+                    available_modes=[
+                        schema.SessionMode(id=update.current_mode_id, name=update.current_mode_id)
+                    ],
+                )
+        elif isinstance(update, schema.ConfigOptionUpdate):
+            self.config_options = list(update.config_options)
 
     # -- from the agent ------------------------------------------------------------------------------
 
     def _deliver(self, update: schema.SessionUpdate) -> Awaitable[None] | None:
         """Record ``update`` and call the listeners; an awaitable comes back only if one of them is async."""
         self.last_activity = time.monotonic()
+        kind = type(update)
+        if kind is _MODE_UPDATE or kind is _CONFIG_UPDATE:
+            self._apply_state(update)
         turn = self._turn
         if self._loading:
             self.replayed.append(update)
@@ -566,7 +782,6 @@ class AcpSession:
             turn.updates.append(update)  # a bounded deque: the oldest falls out
             turn.count += 1
             # TurnOutput.add, inlined: this runs for every update of every turn.
-            kind = type(update)
             if kind is _MESSAGE_CHUNK:
                 output = turn.output
                 message_id = update.message_id  # type: ignore[union-attr]
@@ -665,6 +880,58 @@ class AcpSession:
             turn.last_denied = question.title or question.tool_call_id
         return chosen
 
+    def _cover(
+        self, question: PermissionQuestion, chosen: PermissionOption | None, paths: Iterable[str]
+    ) -> None:
+        """Remember what an allowing answer covers: the paths its tool call names, for the rest of the
+        turn; with ``allow_always`` on a tool call that edits, every write of the session."""
+        if chosen is None or not chosen.kind.startswith("allow"):
+            return
+        if chosen.kind == "allow_always" and question.kind in ("edit", "delete", "move"):
+            self._writes_allowed = True
+        turn = self._turn
+        if turn is None:
+            return
+        for path in paths:
+            if len(turn.allowed_paths) >= MAX_ALLOWED_PATHS:
+                break
+            turn.allowed_paths.add(path)
+
+    async def _authorize_write(self, path: str, size: int, policy: PermissionPolicy) -> None:
+        """Let the agent's ``fs/write_text_file`` through only when the permission policy allows it:
+        covered by a permission allowed in this turn, or asked of the policy as a question of its own
+        (``allow`` allows it, ``deny`` refuses it, a callback decides).
+
+        Raises:
+            RequestError: -32003, the policy refused the write (the message names the policy).
+        """
+        turn = self._turn
+        if self._writes_allowed or (turn is not None and _path_key(path, self.cwd) in turn.allowed_paths):
+            return
+        question = PermissionQuestion(
+            session_id=self.session_id,
+            tool_call_id=f"fs/write_text_file {path}",
+            title=f"Write {path}",
+            kind="edit",
+            raw_input=freeze_json({"path": path, "bytes": size}),
+            options=WRITE_QUESTION_OPTIONS,
+        )
+        chosen = await self._ask(question, policy)
+        if chosen is None or not chosen.kind.startswith("allow"):
+            name = policy_name(policy)
+            logger.warning(
+                "refused the agent's write to %s: no permission in this turn covered it, and the "
+                "permission policy (%s) did not allow it",
+                _clip(path),
+                name,
+            )
+            raise RequestError.permission_denied(
+                f"Permission denied: the client's permission policy ({name}) refused this write",
+                {"path": _clip(path), "policy": name},
+            )
+        if chosen.kind == "allow_always":
+            self._writes_allowed = True
+
 
 # -- the client -----------------------------------------------------------------------------------------
 
@@ -743,6 +1010,15 @@ class AcpClient:
         )
         self._exit_diagnosis = exit_diagnosis
         self._sessions: dict[str, AcpSession] = {}
+        # Updates for sessions not known yet, kept while a request that opens one is in flight.
+        self._opening = 0
+        self._early: deque[tuple[str, schema.SessionUpdate, int]] = deque()
+        self._early_bytes = 0
+        self._early_warned = False
+        self.early_updates_dropped = 0
+        """Updates for a session not known yet that were let go: past :data:`MAX_EARLY_UPDATES` or
+        :data:`MAX_EARLY_UPDATE_BYTES` (the oldest first), or for a session id that no request of ours
+        opened."""
         self._requests_in_flight = 0
         self._abandoned_requests = False
         self.process: Channel | None = None
@@ -762,10 +1038,20 @@ class AcpClient:
         """A session this client created or loaded, by id."""
         return self._sessions.get(session_id)
 
+    @property
+    def supports_close(self) -> bool:
+        """Whether the agent advertised ``sessionCapabilities.close`` (False before :meth:`initialize`)."""
+        agent = self.agent
+        return agent is not None and agent.agent_capabilities.session_capabilities.close is not None
+
     # -- client -> agent ---------------------------------------------------------------------------
 
     async def initialize(self) -> schema.InitializeResponse:
         """Negotiate protocol version 1 and exchange capabilities.
+
+        Besides fs and terminal (as configured), the client always advertises session notices and
+        context compaction: it decodes both kinds of update and delivers them as they come, and a
+        compaction's summary never becomes part of the turn's output.
 
         Raises:
             ProtocolVersionError: the agent answered another version (the caller should close).
@@ -776,6 +1062,7 @@ class AcpClient:
             client_capabilities=schema.ClientCapabilities(
                 fs=schema.FileSystemCapabilities(read_text_file=fs_access, write_text_file=fs_access),
                 terminal=self.terminals is not None,
+                session=_SESSION_CAPABILITIES,
             ),
             client_info=self.client_info,
         )
@@ -796,20 +1083,45 @@ class AcpClient:
         *,
         mcp_servers: Sequence[schema.McpServer] = (),
         meta: Mapping[str, Any] | None = None,
+        additional_directories: Sequence[str | os.PathLike[str]] = (),
     ) -> AcpSession:
         """Open a new session rooted at ``cwd`` (made absolute). ``meta`` goes out as the request's
         ``_meta`` (ACP's extension point: agents ignore keys they do not know).
+        ``additional_directories`` (made absolute) are more workspace roots for the session.
 
         Raises:
             AuthenticationRequiredError: the agent wants ``authenticate`` first.
+            AgentCapabilityError: ``additional_directories`` were given and the agent does not advertise
+                ``sessionCapabilities.additionalDirectories`` (nothing is sent: it would ignore them).
         """
+        extra: list[str] | None = None
+        if additional_directories:
+            agent = self._require_initialized()
+            if agent.agent_capabilities.session_capabilities.additional_directories is None:
+                raise AgentCapabilityError(
+                    "the agent does not support additional directories "
+                    "(it does not advertise sessionCapabilities.additionalDirectories)"
+                )
+            extra = [_absolute(directory) for directory in additional_directories]
         request = schema.NewSessionRequest(
-            cwd=_absolute(cwd), mcp_servers=list(mcp_servers), meta=None if meta is None else dict(meta)
+            cwd=_absolute(cwd),
+            additional_directories=extra,
+            mcp_servers=list(mcp_servers),
+            meta=None if meta is None else dict(meta),
         )
-        raw = await self._call_authenticated(schema.SESSION_NEW, request)
-        response = schema.decode(raw, type=schema.NewSessionResponse)
-        session = self._sessions.setdefault(response.session_id, AcpSession(self, response.session_id))
-        session._adopt(response)
+        self._opening += 1
+        try:
+            raw = await self._call_authenticated(schema.SESSION_NEW, request)
+            response = schema.decode(raw, type=schema.NewSessionResponse)
+            session = self._sessions.setdefault(
+                response.session_id, AcpSession(self, response.session_id, request.cwd)
+            )
+            session._adopt(response)
+            early = self._take_early(response.session_id)
+        finally:
+            self._opened()
+        if early:
+            await session._receive_early(early)
         return session
 
     async def load_session(
@@ -860,8 +1172,9 @@ class AcpClient:
         """
         wire_types = schema.AGENT_METHODS[method]
         request = wire_types.params(session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers))
-        session = self._sessions.setdefault(session_id, AcpSession(self, session_id))
+        session = self._sessions.setdefault(session_id, AcpSession(self, session_id, request.cwd))
         session._loading = method == schema.SESSION_LOAD
+        self._opening += 1  # the session is known already; an agent may still announce others meanwhile
         try:
             raw = await self._call_authenticated(method, request)
         except BaseException:
@@ -869,8 +1182,62 @@ class AcpClient:
             raise
         finally:
             session._loading = False
+            self._opened()
         session._adopt(schema.decode(raw, type=wire_types.result | None))
         return session
+
+    # -- updates that arrive before the session they are for ------------------------------------------
+
+    def _keep_early(self, session_id: str, update: schema.SessionUpdate) -> None:
+        """Keep an update for a session not known yet, while a request that may open it is in flight."""
+        size = len(schema.encode(update))  # only updates that come early pay for this
+        early = self._early
+        early.append((session_id, update, size))
+        self._early_bytes += size
+        dropped = 0
+        while early and (len(early) > MAX_EARLY_UPDATES or self._early_bytes > MAX_EARLY_UPDATE_BYTES):
+            self._early_bytes -= early.popleft()[2]
+            dropped += 1
+        if dropped:
+            self.early_updates_dropped += dropped
+            if not self._early_warned:
+                self._early_warned = True
+                logger.warning(
+                    "the agent sent more updates for sessions not opened yet than are kept (%d, %d bytes): "
+                    "dropping the oldest",
+                    MAX_EARLY_UPDATES,
+                    MAX_EARLY_UPDATE_BYTES,
+                )
+
+    def _take_early(self, session_id: str) -> list[schema.SessionUpdate]:
+        """The updates kept for ``session_id``, in order; they are no longer kept."""
+        if not self._early:
+            return []
+        taken: list[schema.SessionUpdate] = []
+        rest: deque[tuple[str, schema.SessionUpdate, int]] = deque()
+        for entry in self._early:
+            if entry[0] == session_id:
+                taken.append(entry[1])
+                self._early_bytes -= entry[2]
+            else:
+                rest.append(entry)
+        self._early = rest
+        return taken
+
+    def _opened(self) -> None:
+        """A request that opens a session is over: with none left in flight, updates kept for a session
+        that none of them opened are let go."""
+        self._opening -= 1
+        if self._opening == 0 and self._early:
+            ids = sorted({entry[0] for entry in self._early})
+            logger.warning(
+                "dropping %d update(s) the agent sent for session(s) it did not open: %s",
+                len(self._early),
+                ", ".join(repr(_clip_id(session_id)) for session_id in ids[:5]),
+            )
+            self.early_updates_dropped += len(self._early)
+            self._early.clear()
+            self._early_bytes = 0
 
     def _require_initialized(self) -> schema.InitializeResponse:
         if self.agent is None:
@@ -927,6 +1294,14 @@ class AcpClient:
         if method == schema.SESSION_REQUEST_PERMISSION:
             data = params if params is not None else b"null"
             return await self._on_permission(schema.decode(data, type=schema.RequestPermissionRequest))
+        if method == schema.FS_WRITE_TEXT_FILE and self.fs is not None:
+            # The policy holds for writes too, whether the agent asked first or not: an agent in a mode
+            # that approves by itself writes without ever asking.
+            write = schema.decode(params if params is not None else b"null", type=schema.WriteTextFileRequest)
+            session = self._session_for(write.session_id)
+            # A path the sandbox refuses anyway is refused as such, never put to the policy first.
+            await anyio.to_thread.run_sync(self.fs.resolve, write.path)
+            await session._authorize_write(write.path, len(write.content), self.permission)
         return await serve_file_request(
             method, params, fs=self.fs, terminals=self.terminals, on_session=self._touch
         )
@@ -949,6 +1324,7 @@ class AcpClient:
             options=tuple(PermissionOption(o.option_id, o.name, o.kind) for o in request.options),
         )
         chosen = await session._ask(question, self.permission)
+        session._cover(question, chosen, _named_paths(tool_call, session.cwd))
         outcome: schema.RequestPermissionOutcome = (
             schema.CancelledPermissionOutcome()
             if chosen is None
@@ -974,15 +1350,71 @@ class AcpClient:
                 return None
         session = self._sessions.get(notification.session_id)
         if session is None:
+            if self._opening:
+                # The agent may be announcing the session it is about to answer with (Copilot, vibe).
+                self._keep_early(notification.session_id, notification.update)
+                return None
             logger.warning("ignoring an update for unknown session %r", notification.session_id)
             return None
         return session._deliver(notification.update)
+
+
+def _path_key(path: str, cwd: str | None) -> str:
+    """A path as coverage compares it: absolute (against the session's cwd) and normalised."""
+    if not os.path.isabs(path) and cwd is not None:
+        path = os.path.join(cwd, path)
+    return os.path.normpath(path)
+
+
+def _named_paths(tool_call: schema.ToolCallUpdate, cwd: str | None) -> list[str]:
+    """The paths a permission question's tool call names: its ``locations``, the absolute paths among
+    its raw input's values and keys, and the relative ones under keys that say path or file (a
+    bounded look: at most ``_MAX_PATH_SCAN`` values)."""
+    found = [_path_key(location.path, cwd) for location in tool_call.locations or ()]
+    pending: list[tuple[str | None, Any]] = [(None, tool_call.raw_input)]
+    scanned = 0
+    while pending and scanned < _MAX_PATH_SCAN:
+        key, value = pending.pop()
+        scanned += 1
+        if isinstance(value, str):
+            named = os.path.isabs(value) or (key is not None and _PATH_KEYS.search(key) is not None)
+            if named and 0 < len(value) <= 4096 and "\0" not in value:
+                found.append(_path_key(value, cwd))
+        elif isinstance(value, Mapping):
+            for name, item in value.items():
+                if isinstance(name, str) and os.path.isabs(name) and len(name) <= 4096:
+                    found.append(_path_key(name, cwd))
+                pending.append((str(name), item))
+        elif isinstance(value, list | tuple):
+            pending.extend((key, item) for item in value)
+    return found
+
+
+def _boolean(value: str | bool) -> bool | None:
+    """A boolean option's value as a caller may give it; None for anything else."""
+    if isinstance(value, bool):
+        return value
+    folded = value.strip().casefold()
+    if folded in ("true", "on", "yes", "1"):
+        return True
+    if folded in ("false", "off", "no", "0"):
+        return False
+    return None
+
+
+def _clip(text: str, limit: int = 256) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _check_bound(label: str, value: object) -> None:
     """A size limit is a whole number >= 0, or None (checked as the caller may pass it, typed or not)."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"{label} must be an int >= 0 or None, not {value!r}")
+
+
+def _clip_id(value: str, limit: int = 64) -> str:
+    """A session id as a log line repeats it: an agent must not make us log megabytes."""
+    return value if len(value) <= limit else f"{value[:limit]}…"
 
 
 def _absolute(path: str | os.PathLike[str]) -> str:

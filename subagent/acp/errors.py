@@ -15,7 +15,8 @@ their message text::
     │   ├── AgentExitedError         the agent exited or closed its stdout: exit status, stderr tail
     │   ├── ProtocolVersionError     the agent speaks a protocol version we do not
     │   ├── AuthenticationRequiredError  the agent wants `authenticate` first; its offers attached
-    │   └── AgentCapabilityError     the call needs a capability the agent did not advertise
+    │   ├── AgentCapabilityError     the call needs a capability the agent did not advertise
+    │   └── SessionSettingError      a mode, config option or value the agent does not offer
     └── AgentProcessError            owning a child agent process failed (raised by `subagent.acp.process`)
         └── AgentSpawnError          the program could not be started; nothing was left behind
 
@@ -53,6 +54,7 @@ __all__ = [
     "ProtocolVersionError",
     "RequestError",
     "RpcErrorCode",
+    "SessionSettingError",
     "UnexpectedResponseError",
 ]
 
@@ -68,6 +70,9 @@ class RpcErrorCode(enum.IntEnum):
     AUTH_REQUIRED = -32000
     RESOURCE_NOT_FOUND = -32002
     REQUEST_CANCELLED = -32800
+    PERMISSION_DENIED = -32003
+    """Ours, not ACP's (it defines none for this): a request the client's permission policy refused,
+    such as an ``fs/write_text_file`` nobody allowed. In the range JSON-RPC leaves to implementations."""
 
 
 class AcpError(Exception):
@@ -136,6 +141,11 @@ class RequestError(AcpError):
         return cls(
             RpcErrorCode.RESOURCE_NOT_FOUND, "Resource not found", None if uri is None else {"uri": uri}
         )
+
+    @classmethod
+    def permission_denied(cls, message: str, data: Any = None) -> RequestError:
+        """-32003 (ours): the client's permission policy refused the request; ``message`` says which."""
+        return cls(RpcErrorCode.PERMISSION_DENIED, message, data)
 
     @classmethod
     def request_cancelled(cls, data: Any = None) -> RequestError:
@@ -278,6 +288,19 @@ class AuthenticationRequiredError(AgentError):
 
 class AgentCapabilityError(AgentError):
     """The call needs an agent capability the agent did not advertise (e.g. ``loadSession``)."""
+
+
+class SessionSettingError(AgentError):
+    """A session mode, config option or option value that the agent does not offer.
+
+    ``setting`` is what was asked for (``"mode"``, or a config option's id); ``offered`` lists what the
+    agent offers instead (mode ids, config option ids, or the option's values), so a person can choose.
+    """
+
+    def __init__(self, message: str, *, setting: str, offered: Sequence[str]) -> None:
+        super().__init__(message)
+        self.setting = setting
+        self.offered = tuple(offered)
 
 
 class AgentProcessError(AcpError):

@@ -58,7 +58,9 @@ __all__ = [
     "PermissionOutcome",
     "PermissionPolicy",
     "PermissionQuestion",
+    "allows_everything",
     "permission_policy",
+    "policy_name",
 ]
 
 logger = logging.getLogger(__name__)
@@ -542,6 +544,8 @@ class AllowPolicy:
     """Allows once when offered (else always); with no allowing option whose id is unambiguous
     (see :meth:`PermissionQuestion.first_option`), withdraws the question."""
 
+    name = "allow"
+
     async def decide(self, question: PermissionQuestion) -> PermissionDecision:
         option = question.first_option("allow_once", "allow_always")
         return PermissionOutcome.CANCELLED if option is None else option
@@ -551,6 +555,8 @@ class DenyPolicy:
     """Rejects once when offered (else always); with no rejecting option whose id labels nothing
     else (see :meth:`PermissionQuestion.first_option`), withdraws the question: a deny never
     answers an id that an allowing option also carries."""
+
+    name = "deny"
 
     async def decide(self, question: PermissionQuestion) -> PermissionDecision:
         option = question.first_option("reject_once", "reject_always")
@@ -564,6 +570,8 @@ PermissionCallback = Callable[[PermissionQuestion], Awaitable[str | None]]
 class CallbackPolicy:
     """Asks an async callback, bounded by ``timeout``; an answer naming no offered option, a
     callback that raises, and one that times out all fall back to ``fallback`` (deny by default)."""
+
+    name = "callback"
 
     def __init__(
         self,
@@ -600,6 +608,28 @@ class CallbackPolicy:
             "permission callback chose %r, which the agent did not offer; falling back", _clip(chosen)
         )
         return await self.fallback.decide(question)
+
+
+def policy_name(policy: PermissionPolicy) -> str:
+    """How a refusal names the policy that refused: its ``name`` attribute (``"deny"``, ``"allow"``,
+    ``"callback"``, or a wrapper's own), else its class name."""
+    name = getattr(policy, "name", None)
+    return name if isinstance(name, str) and name else type(policy).__name__
+
+
+def allows_everything(policy: object) -> bool:
+    """Whether ``policy`` answers every question with an allow: an :class:`AllowPolicy`, also behind
+    wrappers that decide with an ``inner`` policy (reporting, tracing), or the string ``"allow"``."""
+    seen = 0
+    while seen < 16:  # wrappers nest a few deep at most; a cycle must not loop forever
+        if policy == "allow" or isinstance(policy, AllowPolicy):
+            return True
+        inner = getattr(policy, "inner", None)
+        if inner is None:
+            return False
+        policy = inner
+        seen += 1
+    return False
 
 
 def permission_policy(

@@ -42,7 +42,14 @@ from subagent.cli.usage import (
 from subagent.cli.views import EventView, HumanView, RunView
 from subagent.providers.acp import prompt_size_error
 
-__all__ = ["DEMO_PROMPT", "MAX_PROMPT_MIB", "agents_command", "demo_command", "run_command"]
+__all__ = [
+    "DEMO_PROMPT",
+    "MAX_PROMPT_MIB",
+    "agents_command",
+    "configured_agent",
+    "demo_command",
+    "run_command",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +98,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
             "@agentclientprotocol/claude-agent-acp`) or name a configured one with --agent NAME"
         )
     if args.agent is not None:
-        agent = _configured_agent(args.agent, args.config)
+        agent = configured_agent(args.agent, args.config)
         command = list(agent.command)
     assert command
     transport = _with_ssh_options(_transport(args.on, agent), args, agent)
@@ -106,6 +113,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
             raise UsageError(f"{where}: {cwd!r} is not a directory")
     if args.fs and not transport.local_files:
         raise UsageError(f"--fs: an agent on {transport.name} cannot be offered this host's files")
+    additional_directories = _additional_directories(args, agent, transport)
     prompt = args.prompt if args.prompt is not None else _read_prompt_from_stdin()
     if not prompt.strip():
         raise UsageError("the prompt is empty: pass -p TEXT or pipe the prompt on stdin")
@@ -125,8 +133,11 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
     spec = TurnSpec(
         command=command,
         prompt=prompt,
+        mode=args.mode or (agent.mode if agent else None),
+        config_options={**(agent.config_options if agent else {}), **_settings(args.config_options)},
         # A directory elsewhere is taken as written: its symlinks are there, not here.
         cwd=cwd if cwd and not transport.local_files else os.path.abspath(cwd or os.getcwd()),
+        additional_directories=additional_directories,
         env=dict(agent.env) if agent and agent.env else None,
         permission=permission,
         permission_timeout=args.permission_timeout,
@@ -141,6 +152,41 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         progress=_progress_wanted(args, default=is_terminal(sys.stderr)),
     )
     return _execute(spec, _Recording.from_args(args))
+
+
+def _settings(given: list[str] | None) -> dict[str, str]:
+    """``--set ID=VALUE`` options as a table; a later one for the same id wins."""
+    settings: dict[str, str] = {}
+    for item in given or ():
+        config_id, equals, value = item.partition("=")
+        if not equals or not config_id.strip() or not value:
+            raise UsageError(f"--set: expected ID=VALUE, e.g. model=fast, not {item!r}")
+        settings[config_id.strip()] = value
+    return settings
+
+
+def _additional_directories(
+    args: argparse.Namespace, agent: AgentConfig | None, transport: Transport
+) -> tuple[str, ...]:
+    """The agent's configured ``additional_directories`` then ``--add-dir``'s, each an existing directory
+    made absolute (relative ones from the current directory); on another host, absolute and as written."""
+    configured: list[tuple[str, str]] = []
+    if agent is not None:
+        where = f"additional_directories of agent {agent.name!r} in {agent.source}"
+        configured = [(path, where) for path in agent.additional_directories]
+    given = [(path, "--add-dir") for path in args.add_dir or ()]
+    directories: list[str] = []
+    for path, where in [*configured, *given]:
+        if not transport.local_files:
+            # A directory on the agent's host: it cannot be checked, nor resolved, from here.
+            if not os.path.isabs(path):
+                raise UsageError(f"{where}: {path!r} must be an absolute path on {transport.name}")
+            directories.append(path)
+        elif not os.path.isdir(path):
+            raise UsageError(f"{where}: {path!r} is not a directory")
+        else:
+            directories.append(os.path.abspath(path))
+    return tuple(directories)
 
 
 def _transport(on: str | None, agent: AgentConfig | None) -> Transport:
@@ -250,7 +296,8 @@ def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
     return EXIT_COMPLETED
 
 
-def _configured_agent(name: str, explicit_config: str | None) -> AgentConfig:
+def configured_agent(name: str, explicit_config: str | None) -> AgentConfig:
+    """The agent ``name`` of the config (``--config``, else the first found); a usage error if none."""
     path = find_config(explicit_config)
     if path is None:
         looked = ", ".join(str(candidate) for candidate in config_search_path())

@@ -15,11 +15,14 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     args = ["-y", "@agentclientprotocol/claude-agent-acp"]
     env = { ANTHROPIC_LOG = "error" }             # merged over the caller's environment
     cwd = "~/src/project"                         # relative paths: from the file's directory
+    additional_directories = ["../shared"]        # more roots (ACP additionalDirectories), like cwd
     permission = "ask"                            # "allow", "deny" or "ask"
     timeout = 600                                 # inactivity timeout of a turn, in seconds
     ready_timeout = 120                           # spawn to a ready session, in seconds
     auth_method = "claude-login"                  # used when the agent demands authentication
     fs = false                                    # offer no fs/* to the agent (default: true)
+    mode = "default"                              # the session mode to switch to (session/set_mode)
+    config_options = { model = "fast", thinking = true }  # session config options to set
     transport = "ssh://build-1"                   # where it runs (default: "local"); see below
     ssh_config = "ssh/build.conf"                 # over ssh://: ssh's config file (ssh -F)
     ssh_options = ["ConnectTimeout=20"]           # over ssh://: more ssh -o options
@@ -116,11 +119,14 @@ class AgentTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     args: list[Argument] = msgspec.field(default_factory=list)
     env: Environment = msgspec.field(default_factory=dict)
     cwd: Program | None = None
+    additional_directories: list[Program] = msgspec.field(default_factory=list)
     permission: PermissionMode | None = None
     timeout: Seconds | None = None
     ready_timeout: Seconds | None = None
     auth_method: NonBlank | None = None
     fs: bool = True
+    mode: NonBlank | None = None
+    config_options: dict[NonBlank, str | bool] = msgspec.field(default_factory=dict)
     transport: NonBlank | None = None
     ssh_config: Program | None = None
     ssh_options: list[SshOption] = msgspec.field(default_factory=list)
@@ -149,11 +155,16 @@ _EXPECTED: Final[Mapping[str, str]] = {
     "agents.*.env": 'a table of strings, e.g. env = { KEY = "value" }',
     "agents.*.env.*": "a string",
     "agents.*.cwd": "a string",
+    "agents.*.additional_directories": 'an array of directories, e.g. ["../shared"]',
+    "agents.*.additional_directories[]": "a string",
     "agents.*.permission": "one of 'allow', 'deny', 'ask'",
     "agents.*.timeout": "a positive number of seconds",
     "agents.*.ready_timeout": "a positive number of seconds",
     "agents.*.auth_method": "a string",
     "agents.*.fs": "true or false",
+    "agents.*.mode": "a mode id (a string)",
+    "agents.*.config_options": 'a table of option ids to values, e.g. { model = "fast", thinking = true }',
+    "agents.*.config_options.*": "a value id (a string) or true or false",
     "agents.*.transport": 'a transport URL, e.g. "ssh://host"',
     "agents.*.ssh_config": "a string",
     "agents.*.ssh_options": 'an array of ssh options, e.g. ["ConnectTimeout=20"]',
@@ -162,13 +173,18 @@ _EXPECTED: Final[Mapping[str, str]] = {
 """What each key must be, by its place in the schema (``*`` any table key, ``[]`` any array item):
 the words of an error message, where msgspec's own would name Python types."""
 
-_NAMED_TABLES: Final[Mapping[str, Any]] = {"agents": Agents, "agents.*.env": Environment}
+_NAMED_TABLES: Final[Mapping[str, Any]] = {
+    "agents": Agents,
+    "agents.*.env": Environment,
+    "agents.*.config_options": dict[NonBlank, str | bool],
+}
 """The tables keyed by names, by their place in the schema: an error inside one names no key, so the
 entry it is about is found by checking each entry alone against the table's type."""
 
 _BAD_NAME: Final[Mapping[str, str]] = {
     "agents.*": "an agent name uses letters, digits, '_', '-' and '.', and starts with a letter or digit",
     "agents.*.env.*": "an environment name must be non-empty, with no '=' and no NUL character",
+    "agents.*.config_options.*": "a config option id must not be blank",
 }
 """What is wrong with a table key its pattern refused, by the key's place in the schema."""
 
@@ -196,6 +212,8 @@ class AgentConfig:
     env: Mapping[str, str] = field(default_factory=dict)
     cwd: str | None = None
     """Absolute (resolved against the file's directory, ``~`` expanded), or None."""
+    additional_directories: tuple[str, ...] = ()
+    """More directories the agent may work in (ACP ``additionalDirectories``), resolved like ``cwd``."""
     permission: PermissionMode | None = None
     timeout: float | None = None
     ready_timeout: float | None = None
@@ -203,6 +221,10 @@ class AgentConfig:
     fs: bool = True
     """Whether the client offers the agent its file system (``fs/read_text_file`` and
     ``fs/write_text_file``); ``fs = false`` is a workaround for an agent whose use of it is broken."""
+    mode: str | None = None
+    """The session mode to switch to before the first prompt (None: the agent's own)."""
+    config_options: Mapping[str, str | bool] = field(default_factory=dict)
+    """Session config options to set before the first prompt, by id."""
     transport: str | None = None
     """Where the agent runs, as a transport URL (checked); None: locally."""
     ssh_config: str | None = None
@@ -303,21 +325,37 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
     remote = {name for name, table in tables.items() if _is_remote(location, name, table)}
     directory = location.resolve().parent
     agents = {
-        name: _agent_config(name, table, location, _agent_cwd(table.cwd, directory, remote=name in remote))
+        name: _agent_config(
+            name,
+            table,
+            location,
+            _agent_cwd(table.cwd, directory, remote=name in remote),
+            remote=name in remote,
+        )
         for name, table in tables.items()
     }
     return Config(path=location, agents=agents)
 
 
-def _agent_config(name: str, table: AgentTable, source: Path, cwd: str | None) -> AgentConfig:
+def _agent_config(
+    name: str, table: AgentTable, source: Path, cwd: str | None, *, remote: bool
+) -> AgentConfig:
     """The agent ``name`` of ``source``: its table as written, but for ``command`` with ``args`` as one
-    argv and ``cwd`` resolved."""
+    argv, and ``cwd`` and ``additional_directories`` resolved (a remote agent's taken as written)."""
     written = msgspec.structs.asdict(table)
     command = (written.pop("command"), *written.pop("args"))
     ssh_config = table.ssh_config and os.path.normpath(
         source.resolve().parent / os.path.expanduser(table.ssh_config)
     )
-    written |= {"cwd": cwd, "ssh_config": ssh_config, "ssh_options": tuple(table.ssh_options)}
+    directory = source.resolve().parent
+    extra = tuple(_agent_cwd(path, directory, remote=remote) or path for path in table.additional_directories)
+    written |= {
+        "cwd": cwd,
+        "additional_directories": extra,
+        "ssh_config": ssh_config,
+        "ssh_options": tuple(table.ssh_options),
+        "config_options": dict(table.config_options),
+    }
     return AgentConfig(name=name, command=command, source=source, **written)
 
 
@@ -342,6 +380,13 @@ def _is_remote(location: Path, agent: str, table: AgentTable) -> bool:
             "must be an absolute path on the agent's host (its transport runs it elsewhere)",
             key=_key_text(["agents", agent, "cwd"]),
         )
+    for index, path in enumerate(table.additional_directories if remote else ()):
+        if not os.path.isabs(path):
+            raise ConfigError(
+                location,
+                "must be an absolute path on the agent's host (its transport runs it elsewhere)",
+                key=_key_text(["agents", agent, "additional_directories", index]),
+            )
     return remote
 
 
@@ -458,7 +503,7 @@ def _schema_place(keys: list[str | int]) -> str:
     for depth, key in enumerate(keys):
         if isinstance(key, int):
             place += "[]"
-        elif depth == 1 or (depth == 3 and keys[2] == "env"):
+        elif depth == 1 or (depth == 3 and keys[2] in ("env", "config_options")):
             place += ".*"  # an agent's name, an environment name
         else:
             place += ("." if place else "") + key

@@ -15,6 +15,7 @@ from subagent._version import __version__
 from subagent.acp.handlers import DEFAULT_PERMISSION_CALLBACK_TIMEOUT
 from subagent.cli.commands import MAX_PROMPT_MIB, agents_command, demo_command, run_command
 from subagent.cli.config import ConfigError
+from subagent.cli.describe import DESCRIBE_COMMAND
 from subagent.cli.logs import configure_logging
 from subagent.cli.serve import SERVE_COMMAND
 from subagent.cli.tracing import TRACE_COMMAND
@@ -48,6 +49,11 @@ permission questions (--permission):
           option's number, id or name, or y/n. Anything else, end of input, no terminal,
           and no answer within --permission-timeout reject.
   The default is ask when that answer comes from a terminal and stderr is one, else deny.
+  The policy holds for the agent's writes through our file system too: under deny each one
+  is refused, under ask one that no answer in the turn covers is asked about. An agent that
+  writes files itself, in a mode that approves by itself, is beyond any client's reach: under
+  deny and ask such a session is moved to the agent's asking mode where it is known, else
+  a warning names the mode (choose one with --mode).
 
 output:
   stdout gets only the final answer (the agent's text after its last tool call), or with
@@ -100,7 +106,9 @@ $XDG_CONFIG_HOME/subagent/config.toml (~/.config/subagent/config.toml). Example:
   cwd = "~/src/project"       # relative to the config file's directory
 
 Other keys: description, ready_timeout, auth_method, fs (false: --no-fs),
-transport (where it runs, as --on takes it: "ssh://HOST").
+mode (as --mode), config_options (a table, as --set), additional_directories (an array,
+as --add-dir takes them; relative to the file's directory), transport (where it runs, as
+--on takes it: "ssh://HOST").
 Run `{PROG} COMMAND --help` for more.
 """
 
@@ -182,6 +190,16 @@ def _add_run_arguments(run: Parser) -> None:
         "(default: the agent's configured cwd, else the current directory)",
     )
     run.add_argument(
+        "--add-dir",
+        action="append",
+        metavar="DIR",
+        dest="add_dir",
+        help="one more directory the agent may work in besides the cwd, sent as ACP "
+        "additionalDirectories and added to where it may read and write through us (repeatable; after "
+        "the agent's `additional_directories` in the config). An agent that does not support them fails "
+        "to start (exit 2) rather than run without them",
+    )
+    run.add_argument(
         "--timeout",
         type=_seconds,
         metavar="SECONDS",
@@ -199,6 +217,22 @@ def _add_run_arguments(run: Parser) -> None:
         "cwd). --no-fs offers none, so the agent reads and writes files itself: a workaround for agents "
         "whose use of it is broken, such as Gemini CLI 0.61.0, which cannot create a new file through a "
         "client that offers it (default: the agent's `fs` in the config, else on)",
+    )
+    run.add_argument(
+        "--mode",
+        metavar="ID",
+        help="switch the session to the agent's mode ID before the prompt (`subagent describe` lists "
+        "them); a mode it does not offer fails the start. Without it, under --permission deny or ask, a "
+        "session that starts in a mode that approves tool calls by itself is moved to the agent's "
+        "asking mode where known, else warned about (default: the agent's `mode` in the config)",
+    )
+    run.add_argument(
+        "--set",
+        action="append",
+        metavar="ID=VALUE",
+        dest="config_options",
+        help="set the agent's session config option ID to VALUE before the prompt (a value id, or "
+        "true/false for a boolean option); repeatable, over the config's `config_options`",
     )
     run.add_argument(
         "--on",
@@ -269,6 +303,7 @@ _COMMANDS: Final[dict[str, Command]] = {
         add_arguments=_add_agents_arguments,
         run=agents_command,
     ),
+    "describe": DESCRIBE_COMMAND,
     "serve": SERVE_COMMAND,
     "trace": TRACE_COMMAND,
 }

@@ -87,6 +87,8 @@ class ReportingPolicy:
     def __init__(self, inner: PermissionPolicy, reason: str, view: RunView, tool_calls: ToolCalls) -> None:
         self.inner = inner
         self.reason = reason
+        self.name = reason
+        """How a refusal names this policy: ``--permission deny``, say."""
         self.view = view
         self.tool_calls = tool_calls
 
@@ -192,6 +194,8 @@ class AskPolicy:
         self.tool_calls = tool_calls
         self.source = source
         self.timeout = timeout
+        self.name = "--permission ask"
+        """How a refusal names this policy."""
         self._lock = anyio.Lock()
         self._deny = DenyPolicy()
 

@@ -44,6 +44,8 @@ class TurnSpec:
     prompt: str
     cwd: str
     permission_timeout: float
+    additional_directories: tuple[str, ...] = ()
+    """More directories the agent may work in (``--add-dir``), absolute."""
     env: Mapping[str, str] | None = None
     permission: PermissionMode | Literal["demo"] = "deny"
     answers: AnswerSource | None = None
@@ -51,6 +53,10 @@ class TurnSpec:
     ready_timeout: float | None = None
     auth_method: str | None = None
     fs: bool = True
+    mode: str | None = None
+    """The session mode to switch to before the prompt (None: the agent's own)."""
+    config_options: Mapping[str, str | bool] = dataclasses.field(default_factory=dict)
+    """Session config options to set before the prompt."""
     transport: Transport | None = None
     """Where the agent runs (None: a local child process)."""
     json_output: bool = False
@@ -175,12 +181,19 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
             auth_method=spec.auth_method,
             fs=spec.fs,
             transport=spec.transport,
+            mode=spec.mode,
+            config_options=spec.config_options,
             ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
         )
     except (ValueError, TypeError) as exc:
         # A command or environment no process could receive (a NUL in an argument, say).
         raise UsageError(str(exc)) from None
-    request = SubagentRequest(prompt=spec.prompt, cwd=spec.cwd, timeout=spec.timeout)
+    request = SubagentRequest(
+        prompt=spec.prompt,
+        cwd=spec.cwd,
+        timeout=spec.timeout,
+        additional_directories=spec.additional_directories,
+    )
     began = time.monotonic()
     run_costs: dict[str, Usage] = {}
     async with anyio.create_task_group() as outer:
@@ -298,6 +311,8 @@ def _start_info(acp_run: AcpRun, spec: TurnSpec) -> StartInfo:
         agent_name=(info.title or info.name) if info is not None else None,
         agent_version=info.version if info is not None else None,
         protocol_version=agent.protocol_version if agent is not None else None,
+        mode=acp_run.current_mode,
+        config_options=[schema.to_builtins(option) for option in acp_run.config_options],
     )
 
 

@@ -2,7 +2,9 @@
 
 * :class:`HumanView`: live progress for a person. The answer as it streams, one line per tool
   call each time its status changes, the plan whenever it changes, thoughts dimmed, every
-  permission decision, and a note on interrupts. Plain text, with ANSI colour only when the
+  permission decision, a note on interrupts, one line per notice from the agent (its severity,
+  title and description, shortened) and one per change of a context compaction's status (its
+  summary is not shown, and is never part of the answer). Plain text, with ANSI colour only when the
   stream is a terminal and ``NO_COLOR`` is unset. Text from the agent is stripped of control
   characters, so an agent cannot drive the terminal. With ``progress=False`` it shows only what
   needs a person: permission prompts and interrupt notes. A tool call that shows a run of the
@@ -44,6 +46,7 @@ from typing import Any, Final, TextIO
 import anyio
 
 from subagent._acp_usage import usage_to_acp
+from subagent._text import one_line
 from subagent.acp import schema
 from subagent.acp.handlers import PermissionDecision, PermissionOption, PermissionOutcome, PermissionQuestion
 from subagent.cli.console import Console, is_terminal, sanitize
@@ -57,6 +60,12 @@ _RAW_INPUT_CHARS: Final = 400
 """How much of a tool call's input a permission question shows (as JSON)."""
 _MAX_RUN_INDENT: Final = 20
 """The deepest level of the subagent tree whose lines are indented to it (an agent chooses the depth)."""
+_NOTICE_TITLE_CHARS: Final = 120
+"""How much of a notice's title its line shows (agent text: a notice is one line, not a page)."""
+_NOTICE_DESCRIPTION_CHARS: Final = 240
+"""How much of a notice's description its line shows."""
+_WORD_CHARS: Final = 40
+"""How much of an agent's one-word value (a notice's severity, a compaction's status) is shown."""
 TICK_SECONDS: Final = 1.0
 """How often :meth:`HumanView.tick` redraws the live block (its ages are in whole seconds)."""
 
@@ -87,6 +96,10 @@ class StartInfo:
     agent_name: str | None
     agent_version: str | None
     protocol_version: int | None
+    mode: str | None = None
+    """The session's mode once the caller's settings were applied (None: the agent offers none)."""
+    config_options: Sequence[Any] = ()
+    """The session's config options and their values, as on the wire (camelCase)."""
 
 
 class RunView:
@@ -136,6 +149,7 @@ class RunView:
 _TOOL_CALL_UPDATES: Final = (schema.ToolCall, schema.ToolCallProgress)
 _STATUS_COLOR: Final = {"pending": "33", "in_progress": "33", "completed": "32", "failed": "31"}
 _PLAN_MARK: Final = {"pending": "[ ]", "in_progress": "[>]", "completed": "[x]"}
+_SEVERITY_COLOR: Final = {"info": "36", "warning": "33", "error": "31"}
 
 
 class HumanView(RunView):
@@ -164,6 +178,8 @@ class HumanView(RunView):
         self._clock = clock
         self._streaming: str | None = None  # "message" or "thought" while text is flowing
         self._last_plan: list[tuple[str, str]] | None = None
+        # The compaction (id, status) shown last: a patch that leaves the status as it was shows nothing.
+        self._last_compaction: tuple[str, str] | None = None
         self._runs = RunTree()
         self._held = False  # the block is off while a permission question waits for its answer
         self._over = False  # the turn ended: the block gave way to its summary
@@ -178,7 +194,8 @@ class HumanView(RunView):
         agent = info.agent_name or "the agent"
         if info.agent_version:
             agent += f" {info.agent_version}"
-        self._note(f"{agent} is ready (session {info.session_id})")
+        mode = f", mode {one_line(sanitize(info.mode), 80)}" if info.mode else ""
+        self._note(f"{agent} is ready (session {info.session_id}{mode})")
 
     def update(self, update: schema.SessionUpdate, changed_call: ToolCallState | None) -> None:
         if not self.progress:
@@ -229,6 +246,19 @@ class HumanView(RunView):
         elif isinstance(update, schema.CurrentModeUpdate):
             self._block()
             self._note(f"  mode: {sanitize(update.current_mode_id)}")
+        elif isinstance(update, schema.Notice):
+            self._block()
+            console.line(self._notice_line(update))
+        elif isinstance(update, schema.CompactionUpdate):
+            shown = (update.compaction_id, update.status)
+            if shown == self._last_compaction:
+                return
+            self._last_compaction = shown
+            self._block()
+            text = f"  context compaction: {_agent_text(update.status, _WORD_CHARS)}"
+            if update.error:
+                text += f" ({_agent_text(update.error, _NOTICE_DESCRIPTION_CHARS)})"
+            self._note(text)
 
     def question(self, question: PermissionQuestion, call: ToolCallState, timeout: float) -> None:
         console = self.console
@@ -349,6 +379,17 @@ class HumanView(RunView):
         status = console.paint(status, _STATUS_COLOR.get(call.status, "0"))
         console.line(f"{indent}{console.paint('run', '36')} {sanitize(_call_name(call))}: {status}")
 
+    def _notice_line(self, notice: schema.Notice) -> str:
+        """``  notice (warning): <title> - <description>``, on one line, the severity coloured."""
+        console = self.console
+        severity = _agent_text(notice.severity, _WORD_CHARS)
+        painted = console.paint(severity, _SEVERITY_COLOR.get(severity, "0"))
+        text = f"  {console.paint('notice', '36')} ({painted}): "
+        text += _agent_text(notice.title, _NOTICE_TITLE_CHARS)
+        if notice.description:
+            text += f" - {_agent_text(notice.description, _NOTICE_DESCRIPTION_CHARS)}"
+        return text
+
     def _block(self) -> None:
         """Something other than streamed text follows: end the streamed line."""
         self._streaming = None
@@ -389,6 +430,8 @@ class EventView(RunView):
             cwd=info.cwd,
             agent=agent,
             protocolVersion=info.protocol_version,
+            mode=info.mode,
+            configOptions=list(info.config_options),
         )
 
     def update(self, update: schema.SessionUpdate, changed_call: ToolCallState | None) -> None:
@@ -470,6 +513,12 @@ def run_meta(update: schema.ToolCall | schema.ToolCallProgress) -> Mapping[str, 
     if not isinstance(run, Mapping) or not isinstance(run.get("runId"), str):
         return None
     return run
+
+
+def _agent_text(text: str, limit: int) -> str:
+    """Agent text for one line of the view: no control characters, on one line, at most ``limit``
+    characters."""
+    return one_line(sanitize(text), limit)
 
 
 def _text_or_none(value: object) -> str | None:

@@ -54,13 +54,14 @@ the transport's channel. A transport whose children do not see this host's files
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import shlex
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
@@ -92,6 +93,7 @@ from subagent.acp.errors import (
     MessageTooLargeError,
     ProtocolError,
     RequestError,
+    SessionSettingError,
 )
 from subagent.acp.handlers import (
     FsSandbox,
@@ -100,8 +102,11 @@ from subagent.acp.handlers import (
     PermissionOutcome,
     PermissionPolicy,
     PermissionQuestion,
+    allows_everything,
     permission_policy,
+    policy_name,
 )
+from subagent.acp.modes import ModeChoice, mode_advice
 from subagent.acp.process import ExitInfo
 from subagent.acp.transport import LocalTransport, Transport, transport_from_url
 from subagent.types import (
@@ -123,6 +128,7 @@ __all__ = [
     "DEFAULT_MAX_KEPT_UPDATES",
     "DEFAULT_MAX_OUTPUT_CHARS",
     "DEFAULT_READY_TIMEOUT",
+    "SESSION_CLOSE_TIMEOUT",
     "AcpProvider",
     "AcpRun",
     "prompt_size_error",
@@ -140,6 +146,11 @@ DEFAULT_MAX_CONCURRENT: int = 8
 """Children alive at once per provider. Each is a whole agent process (often node plus a model
 client, hundreds of MB) with its own rate-limited API traffic: 8 keeps a laptop or a 2-4 core CI
 runner responsive, and a fan-out of 100 queues instead of thrashing or failing."""
+
+SESSION_CLOSE_TIMEOUT: float = 2.0
+"""How long disposing a run waits for the agent's answer to ``session/close`` before closing its stdin
+anyway. An agent frees a session in milliseconds; one that does not answer (busy, or stuck) must not
+hold the teardown up longer than the grace its stdin close gets anyway."""
 
 _IDLE_POLL_WHILE_ASKING: float = 0.5
 """While a permission question waits, how often the inactivity watchdog looks again (the clock is
@@ -242,6 +253,15 @@ class AcpProvider:
             most recent (None: all); older ones are dropped and counted in ``run.updates_dropped``.
         max_output_chars: the longest final message a turn may have (None: no limit); past it
             the turn is cancelled and its result is ``error`` (see the module docstring).
+        mode: the session mode to switch to once the session exists, before the first prompt
+            (``session/set_mode``, or the agent's ``mode`` config option). A mode the agent does not
+            offer fails the start (``START_FAILED``, listing the modes it does offer). None (default):
+            the agent's own, except that a session that starts in a mode which approves tool calls by
+            itself, under any policy but ``allow``, is moved to the agent's asking mode where
+            :data:`~subagent.acp.modes.KNOWN_AGENT_MODES` knows it, and warned about otherwise.
+        config_options: config options to set, by id, after the mode and before the first prompt
+            (``session/set_config_option``): a select option's value id, or a boolean. An id or a
+            value the agent does not offer fails the start, listing what it offers.
 
     Raises:
         ValueError: ``command`` is empty or a string, or an argument, the cwd or an environment
@@ -279,6 +299,8 @@ class AcpProvider:
         max_kept_updates: int | None = DEFAULT_MAX_KEPT_UPDATES,
         max_output_chars: int | None = DEFAULT_MAX_OUTPUT_CHARS,
         transport: Transport | str | None = None,
+        mode: str | None = None,
+        config_options: Mapping[str, str | bool] | None = None,
     ) -> None:
         if isinstance(command, str) or not command:
             raise ValueError("command must be a non-empty argv list, e.g. ['npx', 'some-acp-agent']")
@@ -316,7 +338,12 @@ class AcpProvider:
         self.transport = _resolve_transport(transport, self.process_options)
         """Where each child runs (see :mod:`subagent.acp.transport`)."""
         self.idle_close_grace = idle_close_grace
-        self.capabilities = SubagentCapabilities(output_schema=structured_output)
+        self.mode = mode
+        self.config_options: dict[str, str | bool] = dict(config_options or {})
+        for value in self.config_options.values():
+            if not isinstance(value, str | bool):
+                raise TypeError(f"config_options maps option ids to str or bool values, not {value!r}")
+        self.capabilities = SubagentCapabilities(output_schema=structured_output, additional_directories=True)
         self._max_concurrent = max_concurrent
         self._running = 0  # runs holding a slot: their child is being spawned, or alive
         self._queue: deque[AcpRun] = deque()  # runs waiting for a slot, in arrival order
@@ -428,6 +455,7 @@ class AcpRun(DisposeOnExit):
         self._child_lost: str | None = None  # why the child can take no more turns, once it cannot
         self._child_lost_event = anyio.Event()
         self._child_exited = anyio.Event()
+        self._additional_directories: list[str] = []  # the request's, made absolute against the cwd
         self._listeners: list[Callable[[schema.SessionUpdate], object]] = []
         # Slot bookkeeping, driven by the provider (see AcpProvider._admit / _leave).
         self._queued = False
@@ -509,6 +537,22 @@ class AcpRun(DisposeOnExit):
     def updates_dropped(self) -> int:
         """How many of the oldest updates are no longer in :attr:`updates` (past ``max_kept_updates``)."""
         return self._update_count - len(self.updates)
+
+    @property
+    def modes(self) -> list[ModeChoice]:
+        """The modes the agent offers for the session (empty before it is ready, or when it offers none)."""
+        return self._session.offered_modes if self._session is not None else []
+
+    @property
+    def current_mode(self) -> str | None:
+        """The session's current mode, kept current from the agent's ``current_mode_update``."""
+        return self._session.current_mode_id if self._session is not None else None
+
+    @property
+    def config_options(self) -> list[schema.SessionConfigOption]:
+        """The agent's config options and their current values, kept current from its
+        ``config_option_update`` (empty before the session is ready, or when it offers none)."""
+        return list(self._session.config_options or ()) if self._session is not None else []
 
     @property
     def output(self) -> str:
@@ -678,8 +722,21 @@ class AcpRun(DisposeOnExit):
                 f"agent `{self.command_line}` was not started: its cwd {cwd!r} has a NUL character"
             )
             return
+        extra, missing = _additional_directories(
+            cwd, self.request.additional_directories, check=provider.transport.local_files
+        )
+        if missing is not None:
+            # The sandbox could not have it as a root, and the agent would be told of a place that is not.
+            self._fail_start(
+                f"agent `{self.command_line}` was not started: additional directory {missing!r} "
+                "is not an existing directory"
+            )
+            return
+        self._additional_directories = extra
         # A child that does not see this host's files is served neither files nor terminals here.
-        sandbox = FsSandbox(provider.fs_roots or [cwd]) if provider.transport.local_files else None
+        sandbox = (
+            FsSandbox([*(provider.fs_roots or [cwd]), *extra]) if provider.transport.local_files else None
+        )
         terminals: TerminalHost | None = None
         if provider.terminal and sandbox is not None:
             from subagent.acp.terminals import TerminalHost
@@ -687,25 +744,29 @@ class AcpRun(DisposeOnExit):
             terminals = TerminalHost(sandbox=sandbox, cwd=cwd)
             await terminals.__aenter__()
         try:
-            async with spawn_agent(
-                provider.command,
-                env=provider.env,
-                cwd=cwd,
-                permission=_traced(provider.permission),
-                fs=sandbox if provider.fs else None,
-                terminals=terminals,
-                max_line_bytes=provider.max_line_bytes,
-                max_kept_updates=provider.max_kept_updates,
-                max_output_chars=provider.max_output_chars,
-                on_stderr_line=provider.on_stderr_line,
-                transport=provider.transport,
-                idle_close_grace=provider.idle_close_grace,
-            ) as client:
+            async with (
+                spawn_agent(
+                    provider.command,
+                    env=provider.env,
+                    cwd=cwd,
+                    permission=_traced(provider.permission),
+                    fs=sandbox if provider.fs else None,
+                    terminals=terminals,
+                    max_line_bytes=provider.max_line_bytes,
+                    max_kept_updates=provider.max_kept_updates,
+                    max_output_chars=provider.max_output_chars,
+                    on_stderr_line=provider.on_stderr_line,
+                    transport=provider.transport,
+                    idle_close_grace=provider.idle_close_grace,
+                ) as client,
+                self._session_closed_on_exit(client),
+            ):
                 self._client = client
                 session = await self._handshake(client, cwd)
                 if session is None:
                     return
                 self._session = session
+                self._take_early_updates(session)
                 self._ready.settle(None)
                 first = await self._run_turn(session, self.request.prompt, structured=True)
                 # The turn is over: an idle child works no more, so its slot goes to the next run.
@@ -721,6 +782,59 @@ class AcpRun(DisposeOnExit):
             if terminals is not None:
                 # Not handed our exception: its task group would wrap it in an exception group.
                 await terminals.__aexit__(None, None, None)
+
+    @contextlib.asynccontextmanager
+    async def _session_closed_on_exit(self, client: AcpClient) -> AsyncIterator[None]:
+        """On the way out, before the agent's stdin closes: ``session/close`` the run's session."""
+        try:
+            yield
+        finally:
+            with anyio.CancelScope(shield=True):  # bounded: see SESSION_CLOSE_TIMEOUT
+                await self._close_session(client)
+
+    async def _close_session(self, client: AcpClient) -> None:
+        """Tell an agent that advertises ``session/close`` that the session is over, so that one that keeps
+        sessions in memory (a long-lived agent, or a remote one) frees it now rather than when its process
+        dies. Sent once, only while the agent lives, bounded by :data:`SESSION_CLOSE_TIMEOUT`; an error
+        answer or silence is logged and ignored: the teardown goes on either way."""
+        session = self._session
+        process = client.process
+        if (
+            session is None
+            or session.closed
+            or not client.supports_close
+            or self._child_lost is not None
+            or client.connection.closed_error is not None
+            or (process is not None and process.exit_info() is not None)
+        ):
+            return
+        with anyio.move_on_after(SESSION_CLOSE_TIMEOUT) as scope:
+            try:
+                if session.in_turn:
+                    await session.cancel()  # a turn still running is cancelled first, as without close
+                await session.close()
+            except RequestError as exc:
+                logger.info("agent `%s` answered session/close with %s", self.command_line, self._quote(exc))
+            except AcpError as exc:
+                logger.info("session/close to agent `%s` failed: %s", self.command_line, exc)
+        if scope.cancelled_caught:
+            logger.info(
+                "agent `%s` did not answer session/close within %.1f s; closing its stdin",
+                self.command_line,
+                SESSION_CLOSE_TIMEOUT,
+            )
+
+    def _take_early_updates(self, session: AcpSession) -> None:
+        """The updates the agent sent before answering ``session/new`` (its commands, mode, usage) are the
+        run's first updates: kept in :attr:`updates` and given to the listeners, like a turn's."""
+        for update in session.early_updates:
+            self.updates.append(update)
+            self._update_count += 1
+            for listener in tuple(self._listeners):
+                try:
+                    listener(update)
+                except Exception:
+                    logger.exception("update listener of run %r raised; ignored", self.id)
 
     async def _keep_for_resume(self, client: AcpClient) -> None:
         """Keep the child for ``resume()`` until the run is disposed or the child is lost: it
@@ -767,7 +881,9 @@ class AcpRun(DisposeOnExit):
                 self.agent = await client.initialize()
                 step = schema.SESSION_NEW
                 try:
-                    session = await client.new_session(cwd, meta=self._session_meta())
+                    session = await client.new_session(
+                        cwd, meta=self._session_meta(), additional_directories=self._additional_directories
+                    )
                 except AuthenticationRequiredError as exc:
                     if provider.auth_method is None:
                         raise
@@ -779,8 +895,12 @@ class AcpRun(DisposeOnExit):
                     step = schema.AUTHENTICATE
                     await client.authenticate(provider.auth_method)
                     step = schema.SESSION_NEW
-                    session = await client.new_session(cwd, meta=self._session_meta())
+                    session = await client.new_session(
+                        cwd, meta=self._session_meta(), additional_directories=self._additional_directories
+                    )
                     del exc
+                step = "the session's settings"
+                await self._configure(session)
         except TimeoutError:
             self._fail_start(
                 f"agent `{self.command_line}` was not ready within {provider.ready_timeout:g} s"
@@ -799,6 +919,9 @@ class AcpRun(DisposeOnExit):
         except AgentExitedError as exc:
             self._fail_start(str(exc))
             return None
+        except SessionSettingError as exc:
+            self._fail_start(f"agent `{self.command_line}`: {exc}")
+            return None
         except RequestError as exc:
             self._fail_start(
                 f"agent `{self.command_line}` failed its handshake: it answered {step} with "
@@ -812,6 +935,56 @@ class AcpRun(DisposeOnExit):
             return None
         self.session_id = session.session_id
         return session
+
+    async def _configure(self, session: AcpSession) -> None:
+        """Apply the provider's mode and config options; then, when the policy is not ``allow`` and
+        nobody chose a mode, keep the agent from approving its own tool calls (see ``mode``).
+
+        Raises:
+            SessionSettingError: a mode, option or value the agent does not offer.
+            RequestError: the agent refused a setting it offers.
+        """
+        provider = self.provider
+        if provider.mode is not None:
+            await session.select_mode(provider.mode)
+        if provider.config_options:
+            await session.configure(provider.config_options)
+        if provider.mode is not None or allows_everything(provider.permission):
+            return
+        mode_options = {choice.config_id for choice in session.offered_modes if choice.config_id is not None}
+        if mode_options & provider.config_options.keys():
+            return  # the mode was chosen as a config option: that choice wins too
+        agent_info = self.agent.agent_info if self.agent is not None else None
+        advice = mode_advice(
+            agent_info.name if agent_info is not None else None,
+            session.offered_modes,
+            session.current_mode_id,
+        )
+        if advice is None:
+            return
+        policy = policy_name(permission_policy(provider.permission))
+        current = advice.current.id
+        if advice.switch_to is not None:
+            await session.select_mode(advice.switch_to.id)
+            logger.warning(
+                "agent `%s` started its session in mode %r, which approves tool calls by itself; switched "
+                "it to %r, which asks, so that the permission policy (%s) decides (choose a mode with "
+                "--mode ID, or AcpProvider(mode=...))",
+                self.command_line,
+                current,
+                advice.switch_to.id,
+                policy,
+            )
+            return
+        logger.warning(
+            "agent `%s` runs its session in mode %r, which may approve tool calls by itself without "
+            "asking: the permission policy (%s) cannot hold for what it does unasked (its writes through "
+            "the client are still refused); choose a mode that asks with --mode ID (modes: %s)",
+            self.command_line,
+            current,
+            policy,
+            ", ".join(choice.id for choice in session.offered_modes),
+        )
 
     def _quote(self, error: RequestError) -> str:
         """The agent's error for one of our messages: bounded, and with the child's environment values
@@ -985,7 +1158,8 @@ class _TracedPolicy:
     question to the answer, below the run's span (questions arrive on the connection's task)."""
 
     def __init__(self, inner: PermissionPolicy, parent: telemetry.Parent) -> None:
-        self._inner = inner
+        self.inner = inner
+        self.name = policy_name(inner)
         self._parent = parent
 
     async def decide(self, question: PermissionQuestion) -> PermissionDecision:
@@ -1000,7 +1174,7 @@ class _TracedPolicy:
         )
         outcome, failure = "cancelled", None
         try:
-            decision = await self._inner.decide(question)
+            decision = await self.inner.decide(question)
             if decision is not PermissionOutcome.CANCELLED:
                 outcome = "denied" if decision.kind.startswith("reject") else "allowed"
             return decision
@@ -1024,6 +1198,18 @@ async def _watch_idle(session: AcpSession, timeout: float, on_timeout: Any) -> N
             await on_timeout()
             return
         await anyio.sleep(remaining)
+
+
+def _additional_directories(cwd: str, paths: Sequence[str], *, check: bool) -> tuple[list[str], str | None]:
+    """A request's additional directories made absolute against the session's ``cwd``, and the first of
+    them that is not an existing directory here (checked only when ``check``: a remote child's paths are
+    on its own host)."""
+    extra = [os.path.abspath(os.path.join(cwd, path)) for path in paths]
+    if check:
+        for path in extra:
+            if not os.path.isdir(path):
+                return extra, path
+    return extra, None
 
 
 def _resolve_transport(transport: Transport | str | None, process_options: Mapping[str, Any]) -> Transport:

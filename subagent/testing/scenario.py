@@ -34,10 +34,17 @@ Top level (all optional)
     ``newSession``: ``{"steps", "sessionId", "modes", "configOptions"}``. The first session is
     ``sessionId`` (default ``"session-1"``), later ones get ``-2``, ``-3``... ``modes`` (a
     ``SessionModeState``) and ``configOptions`` are sent verbatim; with ``modes``, ``session/set_mode``
-    accepts the listed mode ids (others: -32602). Without, ``session/set_mode`` is -32601.
+    accepts the listed mode ids (others: -32602) and announces the change with a ``current_mode_update``.
+    Without, ``session/set_mode`` is -32601. ``session/set_config_option`` sets an option of
+    ``configOptions`` to one of its values (a ``mode`` option's value is the session's mode too) and answers
+    every option; an unknown id or value is -32602.
     ``loadSession``: ``{"steps", "replay"}``: ``session/load`` sends each ``replay`` item (a raw
     ``SessionUpdate`` object) as a ``session/update`` for the loaded session, then answers. Absent: -32601.
     ``resumeSession``: ``{"steps"}``: ``session/resume`` answers without replay. Absent: -32601.
+    ``closeSession``: ``{"steps"}``: advertise ``sessionCapabilities.close`` (added when the capabilities do
+    not mention it) and answer ``session/close`` after the steps, reporting each close on stderr as
+    ``stub agent: session/close <sessionId>`` and, later, the end of stdin as ``stub agent: stdin closed``
+    (so a test can tell that the close came once, and before the EOF). Absent: -32601.
     ``turns``: a list of turns; each turn is the list of steps run for one ``session/prompt`` (counted per
     session). ``afterLastTurn``: what a prompt beyond the last turn does: ``"repeat"`` (default) runs the
     last turn again, ``"error"`` answers -32603. With no turns at all, every prompt answers ``end_turn``.
@@ -64,7 +71,9 @@ Steps (``{"step": <kind>, ...}``)
     ``session/request_permission`` (``toolCall`` defaults to ``{"toolCallId": <the session's last tool
     call id>}``, ``options`` to ``allow`` (allow_once) and ``reject`` (reject_once)); the steps of the branch
     named by the outcome (the selected option id, or ``"cancelled"``) run next, then the steps after it
-    (an error from the client answers the prompt with that same error).
+    (an error from the client answers the prompt with that same error). With ``skipInModes`` [mode ids],
+    a session in one of those modes is not asked: the branch of the first ``allow_once`` option runs, as
+    an agent whose mode approves by itself would.
     ``read_file`` {path, line?, limit?}, ``write_file`` {path, content}, ``call`` {method, params?} and
     ``notify`` {method, params?} send ``fs/read_text_file``, ``fs/write_text_file``, any request, any
     notification. Requests report their outcome (``report=true`` by default) as one message chunk whose
@@ -108,6 +117,7 @@ __all__ = [
     "STEP_KINDS",
     "AuthenticateConfig",
     "CallStep",
+    "CloseSessionConfig",
     "CloseStdoutStep",
     "EchoStep",
     "ErrorStep",
@@ -303,6 +313,7 @@ class PermissionStep(_Step, tag="permission"):
     options: list[dict[str, Any]] = msgspec.field(default_factory=lambda: [dict(o) for o in _DEFAULT_OPTIONS])
     branches: dict[str, list[Step]] = msgspec.field(default_factory=dict)
     report: bool = False
+    skip_in_modes: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         ids = [option.get("optionId") for option in self.options]
@@ -570,6 +581,12 @@ class ResumeSessionConfig(_Object, omit_defaults=True):
     steps: list[Step] = msgspec.field(default_factory=list)
 
 
+class CloseSessionConfig(_Object, omit_defaults=True):
+    """How ``session/close`` is answered (its presence advertises ``sessionCapabilities.close``)."""
+
+    steps: list[Step] = msgspec.field(default_factory=list)
+
+
 class Scenario(_Object, omit_defaults=True):
     """A whole stub-agent scenario (see the module docstring for the format)."""
 
@@ -579,6 +596,7 @@ class Scenario(_Object, omit_defaults=True):
     new_session: NewSessionConfig = msgspec.field(default_factory=NewSessionConfig)
     load_session: LoadSessionConfig | None = None
     resume_session: ResumeSessionConfig | None = None
+    close_session: CloseSessionConfig | None = None
     turns: list[list[Step]] = msgspec.field(default_factory=list)
     after_last_turn: Literal["repeat", "error"] = "repeat"
     on_stdin_eof: Literal["exit", "ignore"] = "exit"
@@ -606,6 +624,8 @@ class Scenario(_Object, omit_defaults=True):
             yield from _walk("$.loadSession.steps", self.load_session.steps, _SESSION)
         if self.resume_session is not None:
             yield from _walk("$.resumeSession.steps", self.resume_session.steps, _SESSION)
+        if self.close_session is not None:
+            yield from _walk("$.closeSession.steps", self.close_session.steps, _SESSION)
         for index, turn in enumerate(self.turns):
             yield from _walk(f"$.turns[{index}]", turn, _TURN)
 

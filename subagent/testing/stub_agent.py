@@ -13,6 +13,7 @@ Kept light to start fast: it imports anyio, msgspec and the ACP modules, nothing
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import signal
@@ -124,6 +125,10 @@ class _Stop:
 class _Session:
     turns_started: int = 0
     last_tool_call_id: str | None = None
+    mode: str | None = None
+    """The session's current mode: the scenario's ``currentModeId``, then what the client set."""
+    config_options: list[dict[str, Any]] = field(default_factory=list)
+    """The session's config options with their current values (a copy of the scenario's)."""
 
 
 @dataclass(slots=True)
@@ -187,10 +192,14 @@ class ScenarioAgent(AgentHandler):
         capabilities = dict(config.agent_capabilities)
         if self._scenario.load_session is not None:
             capabilities.setdefault("loadSession", True)
-        if self._scenario.resume_session is not None:
-            session_capabilities = dict(capabilities.get("sessionCapabilities") or {})
-            session_capabilities.setdefault("resume", {})
-            capabilities["sessionCapabilities"] = session_capabilities
+        for configured, name in (
+            (self._scenario.resume_session, "resume"),
+            (self._scenario.close_session, "close"),
+        ):
+            if configured is not None:
+                session_capabilities = dict(capabilities.get("sessionCapabilities") or {})
+                session_capabilities.setdefault(name, {})
+                capabilities["sessionCapabilities"] = session_capabilities
         auth_methods = config.auth_methods
         if not auth_methods and self._scenario.require_auth is not None:
             auth_methods = [{"id": self._scenario.require_auth, "name": self._scenario.require_auth}]
@@ -226,7 +235,13 @@ class ScenarioAgent(AgentHandler):
         session_id = config.session_id
         if self._sessions_created > 1:
             session_id = f"{session_id}-{self._sessions_created}"
-        state = self._sessions[session_id] = _Session()
+        state = self._sessions[session_id] = _Session(
+            mode=config.modes.get("currentModeId") if config.modes is not None else None,
+            config_options=copy.deepcopy(config.config_options or []),
+        )
+        if state.mode is None:
+            modes = (option for option in state.config_options if option.get("category") == "mode")
+            state.mode = next((option.get("currentValue") for option in modes), None)
         await self._run(config.steps, _Context(client, session_id, state=state))
         answer: dict[str, Any] = {"sessionId": session_id}
         if config.modes is not None:
@@ -261,6 +276,17 @@ class ScenarioAgent(AgentHandler):
         await self._run(config.steps, _Context(client, session_id, state=state))
         return config
 
+    async def close_session(self, params: schema.CloseSessionRequest, client: ClientPeer) -> msgspec.Raw:
+        """Run the close steps, report the close on stderr, forget the session, and answer."""
+        config = self._scenario.close_session
+        if config is None:
+            raise RequestError.method_not_found(schema.SESSION_CLOSE)
+        state = self._sessions.get(params.session_id, _Session())
+        await self._run(config.steps, _Context(client, params.session_id, state=state))
+        _write_stderr(f"stub agent: session/close {params.session_id}\n".encode())
+        self._sessions.pop(params.session_id, None)
+        return _raw({})
+
     async def set_session_mode(self, params: schema.SetSessionModeRequest, client: ClientPeer) -> msgspec.Raw:
         """Accept a mode the scenario offers."""
         modes = self._scenario.new_session.modes
@@ -269,7 +295,46 @@ class ScenarioAgent(AgentHandler):
         offered = [mode.get("id") for mode in modes.get("availableModes", ()) if isinstance(mode, dict)]
         if params.mode_id not in offered:
             raise RequestError.invalid_params({"modeId": params.mode_id, "reason": "unknown mode"})
+        state = self._sessions.get(params.session_id)
+        if state is None:
+            raise RequestError.invalid_params({"sessionId": params.session_id, "reason": "unknown session"})
+        state.mode = params.mode_id
+        # As real agents do: the change is announced too.
+        await client.notify(
+            schema.SESSION_UPDATE,
+            {
+                "sessionId": params.session_id,
+                "update": {"sessionUpdate": "current_mode_update", "currentModeId": params.mode_id},
+            },
+        )
         return _raw({})
+
+    async def set_session_config_option(
+        self, params: schema.SetSessionConfigOptionRequest, client: ClientPeer
+    ) -> msgspec.Raw:
+        """Set one of the session's config options to a value it offers; answer every option."""
+        state = self._sessions.get(params.session_id)
+        if state is None:
+            raise RequestError.invalid_params({"sessionId": params.session_id, "reason": "unknown session"})
+        option = next((item for item in state.config_options if item.get("id") == params.config_id), None)
+        if option is None:
+            unknown = {"configId": params.config_id, "reason": "unknown config option"}
+            raise RequestError.invalid_params(unknown)
+        is_boolean = isinstance(params, schema.SetSessionConfigOptionRequestBoolean)
+        if (option.get("type") == "boolean") != is_boolean:
+            raise RequestError.invalid_params({"configId": params.config_id, "reason": "wrong value type"})
+        if not is_boolean:
+            values = [
+                item.get("value")
+                for entry in option.get("options", ())
+                for item in (entry.get("options", ()) if "group" in entry else (entry,))
+            ]
+            if params.value not in values:
+                raise RequestError.invalid_params({"value": params.value, "reason": "unknown value"})
+            if option.get("category") == "mode":
+                state.mode = str(params.value)
+        option["currentValue"] = params.value
+        return _raw({"configOptions": state.config_options})
 
     async def prompt(self, params: schema.PromptRequest, turn: PromptTurn) -> msgspec.Raw:
         """Run the session's next turn."""
@@ -414,6 +479,12 @@ class ScenarioAgent(AgentHandler):
 
     async def _permission(self, step: PermissionStep, context: _Context) -> _Stop | None:
         assert context.session_id is not None
+        if context.state.mode is not None and context.state.mode in step.skip_in_modes:
+            # A mode that approves by itself: no question, the first allowing option's branch runs.
+            allows = (option.get("optionId") for option in step.options if option.get("kind") == "allow_once")
+            allowing = next(allows, None)
+            branch = step.branches.get(allowing) if isinstance(allowing, str) else None
+            return None if branch is None else await self._run(branch, context)
         tool_call = step.tool_call
         if tool_call is None:
             tool_call = {"toolCallId": context.state.last_tool_call_id or "call-1"}
@@ -618,6 +689,8 @@ async def serve_scenario(scenario: Scenario) -> None:
         await agent.run()
         # The connection also stops when stdout is closed under it; the process lives on until stdin closes.
         await _drain_until_eof(stdin)
+        if scenario.close_session is not None:
+            _write_stderr(b"stub agent: stdin closed\n")
         if scenario.on_stdin_eof == "ignore":
             await anyio.sleep_forever()
 
