@@ -19,11 +19,11 @@ and a turn cancelled by SIGINT, or torn down by SIGTERM, while the model's answe
 
 Each agent starts in its own mode: Claude Code (``auto``), Qwen Code (``auto``) and the ACP project's
 Codex adapter (``agent``) write without asking; Copilot (``...#agent``) asks; the Zed Codex adapter has no
-modes and asks here because its config says ``approval_policy = "untrusted"``. A test that needs the
-question puts the agent in its asking mode through the agent's own settings (``Turn.asking``): Claude's
-``permissions.defaultMode``, Qwen's ``--approval-mode default``, the ACP Codex adapter's
-``INITIAL_AGENT_MODE=read-only`` (where the fake model asks for an unsandboxed command, as a model whose
-write the sandbox refused does).
+modes and asks here because its config says ``approval_policy = "untrusted"``. Under ``--permission allow``
+they stay there; under ``deny`` the CLI moves the first three to their asking mode and says so (see
+`subagent.acp.modes`). A test that needs the question chooses the asking mode with ``--mode``
+(``Turn.asking``; for the ACP Codex adapter, whose ``read-only`` mode asks only before a command leaves
+its sandbox, the fake model asks for that, as a model whose write the sandbox refused does).
 
 Offline by construction: every model base URL points at the fake server, each run has its own empty HOME,
 telemetry, update checks and side traffic are switched off, and ``HTTPS_PROXY`` / ``HTTP_PROXY`` point
@@ -118,7 +118,7 @@ def anyio_backend() -> str:
 @dataclass(frozen=True, slots=True)
 class Turn:
     """What the fake model does when a turn starts: answer, ask to write a file, or stall mid-answer;
-    ``asking``: the agent is set up to start in its asking mode (see the module's docstring)."""
+    ``asking``: the agent runs at its asking mode (see the module's docstring)."""
 
     write: Path | None = None
     stall: bool = False
@@ -142,14 +142,17 @@ Serve = Callable[["Turn", Path], AbstractAsyncContextManager[tuple[Served, dict[
 @dataclass
 class Agent:
     """A real agent: how to start it, and how to serve its model and set its environment for one turn.
-    ``asks``: whether it asks before a write at the mode it starts in; ``asking_args``: the arguments that
-    start it in its asking mode, for the agents set up that way."""
+    ``asks``: whether it asks before a write at the mode it starts in; ``asking_mode``: its mode that asks
+    (None: it has no modes); ``other_mode``: a mode it offers that is neither its start mode nor its
+    asking mode; ``moved``: the mode it starts in, when the CLI moves it to its asking mode under ``deny``."""
 
     name: str
     command: list[str]
     serve: Serve
     asks: bool
-    asking_args: list[str] = field(default_factory=list)
+    asking_mode: str | None
+    other_mode: str | None
+    moved: str | None = None
 
 
 @dataclass
@@ -223,10 +226,6 @@ async def serve_claude(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, di
         # changes: acknowledged now, so that the turn's messages are the model's.
         acknowledged = {"autoModeClassifierBillingNoticeAcknowledgedAt": int(time.time() * 1000)}
         (home / ".claude.json").write_text(json.dumps(acknowledged))
-        if turn.asking:
-            (home / ".claude").mkdir(parents=True)
-            settings = {"permissions": {"defaultMode": "default"}}  # its mode "Manual": always ask
-            (home / ".claude" / "settings.json").write_text(json.dumps(settings))
         env |= {
             "ANTHROPIC_BASE_URL": server.base_url,
             "ANTHROPIC_API_KEY": "sk-ant-stub-not-a-key",
@@ -371,8 +370,6 @@ def serve_codex(adapter: str) -> Serve:
             (codex_home / "config.toml").write_text(codex_config(adapter, server.base_url))
             env = base_env(home, server.base_url.removesuffix("/v1"))
             env |= {"CODEX_HOME": str(codex_home), "STUB_API_KEY": "sk-stub-not-a-key"}
-            if turn.asking and adapter == "codex-acp":
-                env["INITIAL_AGENT_MODE"] = "read-only"  # its mode that asks before leaving the sandbox
             yield server, env, log
 
     return serve
@@ -432,18 +429,25 @@ def _text_of(content: Any) -> str:
 AGENTS: Final = ("claude", "qwen", "codex-zed", "codex-acp", "copilot")
 
 
+COPILOT_MODE: Final = "https://agentclientprotocol.com/protocol/session-modes#"
+"""Copilot's modes are URLs: this, then the mode's name."""
+
+
 def make_agent(name: str) -> Agent:
     """The agent called ``name``, or skip (fail under SUBAGENT_REQUIRE_INTEROP) when it is not installed."""
     if name == "claude":
-        return Agent(name, require(CLAUDE_ACP_SCRIPT), serve_claude, asks=False)
+        return Agent(name, require(CLAUDE_ACP_SCRIPT), serve_claude, False, "default", "plan", "auto")
     if name == "qwen":
         command = [*require(QWEN_CODE), "--acp", "--auth-type", "openai"]
-        return Agent(name, command, serve_qwen, asks=False, asking_args=["--approval-mode", "default"])
+        return Agent(name, command, serve_qwen, False, "default", "plan", "auto")
     if name == "codex-zed":
-        return Agent(name, require(CODEX_ZED), serve_codex(name), asks=True)
+        return Agent(name, require(CODEX_ZED), serve_codex(name), True, None, None)
     if name == "codex-acp":
-        return Agent(name, require(CODEX_ACP), serve_codex(name), asks=False)
-    return Agent(name, [*require(COPILOT), "--acp"], serve_copilot, asks=True)
+        return Agent(
+            name, require(CODEX_ACP), serve_codex(name), False, "read-only", "workspace-write", "agent"
+        )
+    command = [*require(COPILOT), "--acp"]
+    return Agent(name, command, serve_copilot, True, COPILOT_MODE + "agent", COPILOT_MODE + "plan")
 
 
 @pytest.fixture(params=AGENTS)
@@ -490,7 +494,8 @@ async def run_cli(
     home = tmp_path / "home"
     workdir = tmp_path / "work"
     workdir.mkdir(exist_ok=True)
-    command = [*agent.command, *(agent.asking_args if turn.asking else ())]
+    if turn.asking and agent.asking_mode is not None:
+        options = ("--mode", agent.asking_mode, *options)
     async with assert_no_leaks() as tag, agent.serve(turn, home) as (server, env, log):
         argv = [sys.executable, "-m", "subagent", "run", "--json", "--events", "--permission", permission]
         argv += [
@@ -500,7 +505,7 @@ async def run_cli(
             "-p",
             "Write hello.txt, then tell me the answer.",
             "--",
-            *command,
+            *agent.command,
         ]
         events: list[dict[str, Any]] = []
         stdout = bytearray()
@@ -591,6 +596,30 @@ def permission_choices(finished: Finished) -> list[tuple[str, str]]:
     return [(event["option"]["kind"], event["reason"]) for event in finished.of("permission")]
 
 
+def started_in(finished: Finished) -> str | None:
+    """The session's mode as the run started its turn (after the CLI applied or chose one)."""
+    (start,) = finished.of("start")
+    mode = start["mode"]
+    assert mode is None or isinstance(mode, str), start
+    return mode
+
+
+def warnings(finished: Finished) -> list[str]:
+    return [event["message"] for event in finished.of("log") if event["level"] == "warning"]
+
+
+def moved_to_asking_mode(agent: Agent) -> list[str]:
+    """The warning the CLI gives when it moves ``agent``'s session to its asking mode under deny, if it
+    does."""
+    if agent.moved is None:
+        return []
+    return [
+        f"agent `{shlex.join(agent.command)}` started its session in mode {agent.moved!r}, which approves "
+        f"tool calls by itself; switched it to {agent.asking_mode!r}, which asks, so that the permission "
+        "policy (--permission deny) decides (choose a mode with --mode ID, or AcpProvider(mode=...))"
+    ]
+
+
 def first_text(event: dict[str, Any]) -> bool:
     """Whether ``event`` is the turn's first agent_message_chunk with text: the model is mid-answer."""
     update = event.get("update", {})
@@ -655,8 +684,16 @@ async def test_a_real_agent_at_its_start_mode_writes_the_file_under_permission_a
 ) -> None:
     finished, _, log = await run_cli(agent, Turn(write=target), tmp_path, permission="allow")
     assert_written(agent, finished, log, target)
-    # Asked only by the agents whose start mode asks: the others write without a question.
-    assert permission_choices(finished) == ([("allow_once", "--permission allow")] if agent.asks else [])
+    # Asked only by the agents whose start mode asks; the others write without a question, but a write
+    # through our file system (Qwen Code's) is put to the policy as a question of the client's own.
+    if agent.asks:
+        assert permission_choices(finished) == [("allow_once", "--permission allow")]
+    elif agent.name == "qwen":
+        (question,) = finished.of("permission")
+        assert question["toolCallId"] == f"fs/write_text_file {target}"
+        assert permission_choices(finished) == [("allow_once", "--permission allow")]
+    else:
+        assert finished.of("permission") == []
 
 
 @pytest.fixture(params=[name for name in AGENTS if name not in ("codex-zed", "copilot")])
@@ -670,6 +707,7 @@ async def test_a_real_agent_at_its_asking_mode_writes_the_file_when_its_question
 ) -> None:
     agent = unasking_agent
     finished, _, log = await run_cli(agent, Turn(write=target, asking=True), tmp_path, permission="allow")
+    assert started_in(finished) == agent.asking_mode  # --mode took effect
     assert_written(agent, finished, log, target)
     assert permission_choices(finished) == [("allow_once", "--permission allow")]
 
@@ -696,6 +734,8 @@ async def test_a_real_agent_at_its_asking_mode_leaves_the_file_unwritten_when_it
 ) -> None:
     finished, _, log = await run_cli(agent, Turn(write=target, asking=True), tmp_path, permission="deny")
     told_model, status, output, stop_reason = DENIED[agent.name]
+    assert started_in(finished) == agent.asking_mode
+    assert warnings(finished) == []  # the mode was chosen: nothing to step in for
     assert not await anyio.Path(target).exists()
     assert permission_choices(finished) == [("reject_once", "--permission deny")]
     assert log.tool_results == told_model
@@ -705,6 +745,82 @@ async def test_a_real_agent_at_its_asking_mode_leaves_the_file_unwritten_when_it
         assert finished.result["error"] is None
     else:  # the CLI explains that the refusal ended the turn
         assert "--permission deny" in finished.result["error"]
+
+
+async def test_a_real_agent_at_its_default_settings_writes_nothing_under_deny_and_is_told_why_if_moved(
+    agent: Agent, tmp_path: Path, target: Path
+) -> None:
+    finished, _, log = await run_cli(agent, Turn(write=target), tmp_path, permission="deny")
+    assert not await anyio.Path(target).exists()
+    # Where the agent starts in a mode that approves by itself, the CLI moved it to its asking mode,
+    # and said so; the others start asking.
+    assert started_in(finished) == agent.asking_mode
+    assert warnings(finished) == moved_to_asking_mode(agent)
+    if agent.name == "codex-acp":
+        # Its asking mode runs the command in a read-only sandbox, which refuses the write unasked; the
+        # model is told, and says so.
+        assert permission_choices(finished) == []
+        (refusal,) = log.tool_results
+        assert "Read-only file system" in refusal, refusal
+        assert finished.status == 0
+        assert (finished.result["output"], finished.result["stopReason"]) == (NOT_WRITTEN, "completed")
+        return
+    # The others ask, and are refused: the turn ends as at the asking mode.
+    assert permission_choices(finished) == [("reject_once", "--permission deny")]
+    told_model, status, output, stop_reason = DENIED[agent.name]
+    assert log.tool_results == told_model
+    assert finished.status == status
+    assert (finished.result["output"], finished.result["stopReason"]) == (output, stop_reason)
+
+
+@pytest.fixture(params=[name for name in AGENTS if name != "codex-zed"])
+def moded_agent(request: pytest.FixtureRequest) -> Agent:
+    """An agent that offers modes (the Zed Codex adapter offers none)."""
+    return make_agent(request.param)
+
+
+async def test_mode_switches_a_real_agent_to_another_mode_it_offers_before_the_turn(
+    moded_agent: Agent, tmp_path: Path
+) -> None:
+    agent = moded_agent
+    assert agent.other_mode is not None
+    options = ("--mode", agent.other_mode)
+    finished, _, log = await run_cli(agent, Turn(), tmp_path, permission="allow", options=options)
+    assert started_in(finished) == agent.other_mode
+    assert finished.status == 0
+    assert (finished.result["output"], finished.result["stopReason"]) == ("".join(ANSWER), "completed")
+    assert log.started == 1
+
+
+async def test_mode_fails_the_start_of_a_real_agent_that_offers_no_modes_with_exit_2(tmp_path: Path) -> None:
+    agent = make_agent("codex-zed")
+    options = ("--mode", "read-only")
+    finished, _, log = await run_cli(agent, Turn(), tmp_path, permission="allow", options=options)
+    assert finished.status == 2
+    assert finished.result["stopReason"] == "error"
+    assert "read-only" in finished.result["error"]
+    assert log.started == 0  # no prompt was sent
+
+
+async def test_under_deny_qwen_codes_write_through_the_client_at_a_mode_that_does_not_ask_is_refused(
+    tmp_path: Path, target: Path
+) -> None:
+    agent = make_agent("qwen")
+    options = ("--mode", "auto")  # chosen: the CLI leaves it there, and the policy holds for our fs
+    finished, _, log = await run_cli(agent, Turn(write=target), tmp_path, permission="deny", options=options)
+    assert started_in(finished) == "auto"
+    assert not await anyio.Path(target).exists()
+    # It did not ask: its write was put to the policy as a question of the client's own, and refused.
+    (question,) = finished.of("permission")
+    assert (question["toolCallId"], question["title"]) == (f"fs/write_text_file {target}", f"Write {target}")
+    assert (question["option"]["kind"], question["reason"]) == ("reject_once", "--permission deny")
+    (refused,) = [message for message in warnings(finished) if "refused the agent's write" in message]
+    assert str(target) in refused
+    assert "--permission deny" in refused
+    (told_model,) = log.tool_results
+    assert "--permission deny" in told_model, told_model
+    assert finished.status == 0
+    assert (finished.result["output"], finished.result["stopReason"]) == (NOT_WRITTEN, "completed")
 
 
 async def test_sigint_cancels_a_real_agents_turn_while_the_model_stalls_mid_answer(
