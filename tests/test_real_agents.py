@@ -798,7 +798,10 @@ async def test_mode_fails_the_start_of_a_real_agent_that_offers_no_modes_with_ex
     finished, _, log = await run_cli(agent, Turn(), tmp_path, permission="allow", options=options)
     assert finished.status == 2
     assert finished.result["stopReason"] == "error"
-    assert "read-only" in finished.result["error"]
+    assert (
+        f"agent `{shlex.join(agent.command)}`: the agent offers no mode 'read-only' (its modes: none)"
+        in (finished.result["error"])
+    )
     assert log.started == 0  # no prompt was sent
 
 
