@@ -35,7 +35,6 @@ class Interrupts:
         self._run: ServiceRun | None = None
         self._pending: str | None = None
         self._cancelling = False
-        self._kill = False
         self.stopped_by: str | None = None
         """What tore the agent down at once: "a second SIGINT", "SIGTERM" or "SIGHUP"."""
 
@@ -55,7 +54,6 @@ class Interrupts:
         if self.stopped_by is not None:
             # Insisting while a teardown runs: no grace is left to wait out.
             logger.debug("%s received (%d so far) during teardown: killing", signum.name, self.count)
-            self._kill = True
             self._kill_now()
             return
         action = "cancel" if signum == signal.SIGINT and not self._cancelling else "stop"
@@ -63,11 +61,6 @@ class Interrupts:
             self._cancelling = True
         else:
             self.stopped_by = f"a second {signum.name}" if signum == signal.SIGINT else signum.name
-            # A second Ctrl-C, SIGTERM or SIGHUP all mean "stop now": whatever grace a first Ctrl-C
-            # started is over, and no grace is waited out (a graceful teardown of an agent that
-            # ignores its stdin's end and SIGTERM would take seconds: a service manager's SIGTERM
-            # or a closed terminal's SIGHUP would then wait on it).
-            self._kill = True
         logger.debug("%s received (%d so far): %s", signum.name, self.count, action)
         self.view.interrupted(signum.name, self.count, action)
         if self._run is None:
@@ -78,7 +71,11 @@ class Interrupts:
     def _act(self, action: str) -> None:
         run = self._run
         assert run is not None
-        if action == "stop" and self._kill:
+        if action == "stop":
+            # A second Ctrl-C, SIGTERM or SIGHUP all mean "stop now": whatever grace a first Ctrl-C
+            # started is over, and none is waited out (a graceful teardown of an agent that ignores
+            # its stdin's end and SIGTERM takes seconds, which a service manager's SIGTERM or a closed
+            # terminal's SIGHUP would wait on).
             self._kill_now()
         self._task_group.start_soon(run.cancel if action == "cancel" else run.dispose)
 
