@@ -70,6 +70,7 @@ from subagent.acp.handlers import (
     PermissionOutcome,
     PermissionPolicy,
     PermissionQuestion,
+    _clip,
     permission_policy,
     policy_name,
 )
@@ -1400,10 +1401,6 @@ def _boolean(value: str | bool) -> bool | None:
     if folded in ("false", "off", "no", "0"):
         return False
     return None
-
-
-def _clip(text: str, limit: int = 256) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _check_bound(label: str, value: object) -> None:
