@@ -52,7 +52,8 @@ def test_run_on_a_url_runs_the_agent_through_that_transport(
     assert call.cwd == str(Path.cwd())
     initialize = transport.sent_messages()[0]["params"]
     assert isinstance(initialize, dict)
-    assert initialize["clientCapabilities"] == {"fs": {}}  # a remote agent is offered no fs, no terminal
+    # a remote agent is offered no fs, no terminal
+    assert initialize["clientCapabilities"] == {"fs": {}, "elicitation": {"form": {}}}
 
 
 def test_run_on_a_bad_url_is_a_usage_error_naming_the_option(

@@ -476,9 +476,7 @@ async def test_file_requests_are_served_inside_the_sandbox_and_refused_outside(t
     }
 
 
-@pytest.mark.parametrize(
-    "method", ["fs/read_text_file", "terminal/create", "_vendor/extension", "elicitation/create"]
-)
+@pytest.mark.parametrize("method", ["fs/read_text_file", "terminal/create", "_vendor/extension"])
 async def test_a_request_the_client_did_not_advertise_is_method_not_found(method: str) -> None:
     replies: list[Any] = []
 

@@ -491,7 +491,10 @@ async def test_a_client_that_offers_no_files_runs_a_turn_whose_agent_reads_and_a
                 await client.initialize()
                 session = await client.new_session(str(root))
                 result = await session.prompt("read the notes")
-    assert agent.received[0][1]["clientCapabilities"] == {"fs": {"readTextFile": True, "writeTextFile": True}}
+    assert agent.received[0][1]["clientCapabilities"] == {
+        "fs": {"readTextFile": True, "writeTextFile": True},
+        "elicitation": {"form": {}},
+    }
     assert answers == [{"outcome": {"outcome": "selected", "optionId": "allow"}}]
     assert (result.stop_reason, result.output) == ("end_turn", "line one\nline two\n")
 

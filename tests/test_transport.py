@@ -363,7 +363,8 @@ async def test_an_agent_that_cannot_see_our_files_is_offered_neither_fs_nor_term
     assert initialize["method"] == "initialize"
     params = initialize["params"]
     assert isinstance(params, dict)
-    assert params["clientCapabilities"] == {"fs": {}}  # every capability false: the wire omits them
+    # every file capability false: the wire omits them (elicitation goes to the policy, wherever the agent is)
+    assert params["clientCapabilities"] == {"fs": {}, "elicitation": {"form": {}}}
     [handler] = handlers
     assert handler.read_error is not None
     assert handler.read_error.code == -32601  # method not found
@@ -385,6 +386,7 @@ async def test_an_agent_that_sees_our_files_is_offered_them_through_any_transpor
     assert params["clientCapabilities"] == {
         "fs": {"readTextFile": True, "writeTextFile": True},
         "terminal": True,
+        "elicitation": {"form": {}},
     }
 
 

@@ -19,6 +19,9 @@ What the client guarantees:
 * A permission question is answered by the configured policy from a frozen snapshot, and
   answered ``cancelled`` the moment the turn is cancelled; nothing ever waits on a human who
   is not there.
+* An elicitation (``elicitation/create``, form mode) is answered by the permission policy's ``elicit``
+  (see :mod:`~subagent.acp.elicitation`), checked against the requested schema before it goes out;
+  a policy without it declines, and a cancelled turn's questions are answered ``cancel``.
 * The agent's file-system requests are served only inside the sandbox roots (see
   :class:`~subagent.acp.handlers.FsSandbox`); terminals only when enabled; any other method is
   answered -32601.
@@ -52,6 +55,12 @@ from subagent.acp._file_router import serve_file_request
 from subagent.acp._frozen import freeze_json
 from subagent.acp._usage import TurnUsage
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
+from subagent.acp.elicitation import (
+    ElicitationAnswer,
+    ElicitationQuestion,
+    check_content,
+    question_from_request,
+)
 from subagent.acp.errors import (
     AgentCapabilityError,
     AgentExitedError,
@@ -716,6 +725,24 @@ class AcpSession:
             else:
                 return
 
+    async def _elicit(self, question: ElicitationQuestion, policy: PermissionPolicy) -> ElicitationAnswer:
+        """Ask the policy an elicitation question for this session, like a permission question: it pauses
+        the inactivity clock, and a turn being cancelled answers it ``cancel``."""
+        turn = self._turn
+        if turn is not None and turn.cancel_requested:
+            return ElicitationAnswer.cancel()
+        self.pending_permissions += 1
+        answer = ElicitationAnswer.cancel()
+        try:
+            with anyio.CancelScope() as scope:
+                self._permission_scopes.add(scope)
+                answer = await _elicit(question, policy)
+        finally:
+            self._permission_scopes.discard(scope)
+            self.pending_permissions -= 1
+            self.last_activity = time.monotonic()
+        return ElicitationAnswer.cancel() if scope.cancelled_caught else answer
+
     async def _ask(self, question: PermissionQuestion, policy: PermissionPolicy) -> PermissionOption | None:
         turn = self._turn
         if turn is not None and turn.cancel_requested:
@@ -871,6 +898,8 @@ class AcpClient:
             client_capabilities=schema.ClientCapabilities(
                 fs=schema.FileSystemCapabilities(read_text_file=fs_access, write_text_file=fs_access),
                 terminal=self.terminals is not None,
+                # Form mode only: every question goes to the permission policy, which may decline.
+                elicitation=schema.ElicitationCapabilities(form=schema.ElicitationFormCapabilities()),
             ),
             client_info=self.client_info,
         )
@@ -1100,6 +1129,9 @@ class AcpClient:
         if method == schema.SESSION_REQUEST_PERMISSION:
             data = params if params is not None else b"null"
             return await self._on_permission(schema.decode(data, type=schema.RequestPermissionRequest))
+        if method == schema.ELICITATION_CREATE:
+            data = params if params is not None else b"null"
+            return await self._on_elicitation(schema.decode(data, type=schema.CreateElicitationRequest))
         return await serve_file_request(
             method, params, fs=self.fs, terminals=self.terminals, on_session=self._touch
         )
@@ -1129,6 +1161,26 @@ class AcpClient:
         )
         return schema.RequestPermissionResponse(outcome=outcome)
 
+    async def _on_elicitation(
+        self, request: schema.CreateElicitationRequest
+    ) -> schema.CreateElicitationResponse:
+        if not isinstance(request, schema.ElicitationFormMode):
+            # Only form mode is advertised: a URL (or unknown) mode is not ours to open.
+            raw = request.raw if isinstance(request, schema.UnknownVariant) else {}
+            reason = (
+                "a form-mode elicitation needs a message and a requestedSchema object"
+                if raw.get("mode") == "form"
+                else "this client supports form-mode elicitation only"
+            )
+            raise RequestError.invalid_params({"reason": reason})
+        question = question_from_request(request)  # -32602 for a form it cannot show or check
+        if request.session_id is not None:
+            session = self._session_for(request.session_id)
+            answer = await session._elicit(question, self.permission)
+        else:
+            answer = await _elicit(question, self.permission)
+        return answer.to_wire()
+
     def _serve_notification(
         self, method: str, params: schema.SessionNotification | msgspec.Raw | None
     ) -> Awaitable[None] | None:
@@ -1154,6 +1206,32 @@ class AcpClient:
             logger.warning("ignoring an update for unknown session %r", notification.session_id)
             return None
         return session._deliver(notification.update)
+
+
+async def _elicit(question: ElicitationQuestion, policy: PermissionPolicy) -> ElicitationAnswer:
+    """The policy's answer to ``question``, checked: a policy without ``elicit`` declines, and an accepted
+    content that does not match the requested schema (or a policy that raises) is sent as decline."""
+    elicit = getattr(policy, "elicit", None)
+    if elicit is None:
+        return ElicitationAnswer.decline()
+    try:
+        answer = await elicit(question)
+    except Exception:
+        logger.exception("permission policy %r failed to answer an elicitation; declining", policy)
+        return ElicitationAnswer.decline()
+    if not isinstance(answer, ElicitationAnswer):
+        logger.error("permission policy %r answered an elicitation with %r; declining", policy, type(answer))
+        return ElicitationAnswer.decline()
+    if answer.action == "accept":
+        problem = check_content(question, answer.content)
+        if problem is not None:
+            logger.error(
+                "permission policy %r answered an elicitation with invalid content (%s); declining",
+                policy,
+                problem,
+            )
+            return ElicitationAnswer.decline()
+    return answer
 
 
 def _check_bound(label: str, value: object) -> None:

@@ -85,6 +85,7 @@ from subagent.acp.client import (
     spawn_agent,
 )
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
+from subagent.acp.elicitation import ElicitationAnswer, ElicitationQuestion
 from subagent.acp.errors import (
     AcpError,
     AgentExitedError,
@@ -1069,6 +1070,11 @@ class _TracedPolicy:
     def __init__(self, inner: PermissionPolicy, parent: telemetry.Parent) -> None:
         self._inner = inner
         self._parent = parent
+
+    async def elicit(self, question: ElicitationQuestion) -> ElicitationAnswer:
+        """The inner policy's answer (a policy that cannot answer elicitations declines them)."""
+        elicit = getattr(self._inner, "elicit", None)
+        return ElicitationAnswer.decline() if elicit is None else await elicit(question)
 
     async def decide(self, question: PermissionQuestion) -> PermissionDecision:
         span = telemetry.start_span(
