@@ -437,6 +437,7 @@ class AcpRun(DisposeOnExit):
         self._child_lost_event = anyio.Event()
         self._child_exited = anyio.Event()
         self._additional_directories: list[str] = []  # the request's, made absolute against the cwd
+        self._killed = False
         self._listeners: list[Callable[[schema.SessionUpdate], object]] = []
         # Slot bookkeeping, driven by the provider (see AcpProvider._admit / _leave).
         self._queued = False
@@ -495,6 +496,7 @@ class AcpRun(DisposeOnExit):
         An emergency stop: `cancel()` and `dispose()` stay the way to end a run; a `dispose()` already
         waiting out its grace returns as soon as it sees the tree gone.
         """
+        self._killed = True  # nothing more is said to it (no session/close)
         client = self._client
         if client is not None and client.process is not None:
             client.process.kill()
@@ -767,6 +769,7 @@ class AcpRun(DisposeOnExit):
         if (
             session is None
             or session.closed
+            or self._killed
             or not client.supports_close
             or self._child_lost is not None
             or client.connection.closed_error is not None
