@@ -204,3 +204,28 @@ def test_events_report_the_form_and_its_action_but_not_what_was_typed(tmp_path: 
     assert events[0]["fields"][0]["choices"] == ["prod", "staging"]
     assert events[1] == {"event": "elicitation", "action": "accept", "reason": "your answers"}
     assert "secret@example.org" not in json.dumps(events)
+
+
+# -- updates before the session/new answer --------------------------------------------------------------
+
+
+@pytest.mark.subprocess
+def test_events_show_the_updates_sent_before_the_session_new_answer_after_the_start(tmp_path: Path) -> None:
+    commands = {
+        "sessionUpdate": "available_commands_update",
+        "availableCommands": [{"name": "compact", "description": "Compact"}],
+    }
+    agent = scenario(
+        tmp_path,
+        {
+            "newSession": {"steps": [{"step": "update", "update": commands}]},
+            **one_turn({"step": "message", "text": "hi"}),
+        },
+    )
+    done = run_cli(tmp_path, "run", "--events", "--json", "-p", "go", "--", *agent)
+    assert done.status == 0, done.stderr
+    events = done.events()
+    kinds = [event["event"] for event in events]
+    assert kinds[:2] == ["spawn", "start"]
+    updates = [event["update"]["sessionUpdate"] for event in events if event["event"] == "update"]
+    assert updates == ["available_commands_update", "agent_message_chunk"]
