@@ -136,6 +136,7 @@ GOOD = {"target": "prod", "confirm": True}
         ({**GOOD, "replicas": 2.5}, "'replicas': must be a whole number"),
         ({**GOOD, "replicas": True}, "'replicas': must be a number"),
         ({**GOOD, "ratio": float("nan")}, "'ratio': must be a finite number"),
+        ({**GOOD, "ratio": 10**400}, "'ratio': is too large to be sent exactly"),
         ({**GOOD, "confirm": "yes"}, "'confirm': must be true or false"),
         ({**GOOD, "owner": "not an email"}, "'owner': must be a valid email"),
         ({**GOOD, "owner": "x" * 36 + "@b.io"}, "'owner': must be at most 40 characters"),

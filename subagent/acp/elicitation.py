@@ -61,7 +61,7 @@ MAX_CHOICES: Final = 100
 MAX_TEXT_CHARS: Final = 4000
 """The longest message, title or description an agent may show (a screenful)."""
 
-MAX_NAME_CHARS: Final = 128
+MAX_NAME_CHARS: Final = 256
 """The longest field name, enum value or choice title."""
 
 MAX_ANSWER_CHARS: Final = 16_384
@@ -73,6 +73,9 @@ FieldValue = str | int | float | bool
 FieldType = Literal["string", "number", "integer", "boolean"]
 
 _FORMATS: Final = ("email", "uri", "date", "date-time")
+
+_MAX_SAFE_INTEGER: Final = 2**53 - 1
+"""The largest whole number every JSON reader keeps exactly (a JavaScript agent reads numbers as doubles)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +214,7 @@ def question_from_request(request: schema.ElicitationFormMode) -> ElicitationQue
         requested_schema=frozen,
         fields=fields,
         title=_text(requested.title, "the form's title"),
-        tool_call_id=_text(request.tool_call_id, "the tool call id", MAX_NAME_CHARS),
+        tool_call_id=_text(request.tool_call_id, "the tool call id"),
     )
 
 
@@ -344,8 +347,10 @@ def check_value(field: ElicitationField, value: Any) -> str | None:
             return "must be a number"
         if field.type == "integer" and not isinstance(value, int):
             return "must be a whole number"
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             return "must be a finite number"
+        if isinstance(value, int) and abs(value) > _MAX_SAFE_INTEGER:
+            return "is too large to be sent exactly"
         if field.minimum is not None and value < field.minimum:
             return f"must be at least {field.minimum:g}"
         if field.maximum is not None and value > field.maximum:
