@@ -322,8 +322,11 @@ class HumanView(RunView):
         for number, choice in enumerate(field.choices, 1):
             lines.append(f"    {number}) {sanitize(choice.title)}")
         console.line("\n".join(lines))
-        default = "" if field.default is None else f", empty for {sanitize(_field_value(field.default))}"
-        console.write(f"  {_field_hint(field)}{default}: ")
+        if field.default is not None:
+            empty = f", Enter for {sanitize(_field_value(field.default))}"
+        else:
+            empty = "" if field.required else ", Enter to skip"
+        console.write(f"  {_field_hint(field)}{empty}: ")
 
     def elicited(self, question: ElicitationQuestion, action: str, reason: str) -> None:
         if self._held:
