@@ -11,6 +11,7 @@ import pytest
 
 from subagent import SubagentRequest, SubagentService
 from subagent.acp import schema
+from subagent.acp.client import AcpSession
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks
@@ -158,3 +159,34 @@ async def test_updates_the_agent_sends_before_answering_session_new_are_the_runs
     first = acp_run.updates[0]
     assert isinstance(first, schema.AvailableCommandsUpdate)
     assert first.available_commands[0].name == "compact"
+
+
+async def test_a_killed_run_is_sent_no_session_close(
+    stub_agent_command: StubAgentCommand, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The killed agent cannot report anything: what the client tried to send is recorded instead.
+    closes: list[str] = []
+    original = AcpSession.close
+
+    async def close(session: AcpSession) -> None:
+        closes.append(session.session_id)
+        await original(session)
+
+    monkeypatch.setattr(AcpSession, "close", close)
+    command = stub_agent_command({"closeSession": {}, "onStdinEof": "ignore"})
+    provider = provider_for(command, tmp_path, [])
+    async with assert_no_leaks(), SubagentService() as service:
+        service.register_provider(provider)
+        async with service.start(provider.name, SubagentRequest(prompt="go")) as run:
+            acp_run = run.provider_run
+            assert isinstance(acp_run, AcpRun)
+            with anyio.fail_after(WAIT):
+                await run.result()
+                acp_run.kill()
+                await run.dispose()
+        async with service.start(provider.name, SubagentRequest(prompt="go")) as run:
+            with anyio.fail_after(WAIT):
+                await run.result()  # the same agent, not killed: its session is closed
+    assert closes == ["session-1"]
+    assert acp_run.exit_info is not None
+    assert acp_run.exit_info.killed_by is not None

@@ -109,3 +109,123 @@ def test_the_configs_additional_directories_come_before_add_dir_and_both_reach_t
     assert done.status == 0, done.stderr
     assert (tmp_path / "shared" / "a.txt").exists()
     assert (tmp_path / "more" / "b.txt").exists()
+
+
+# -- elicitation: the terminal form ---------------------------------------------------------------------
+
+FORM: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "target": {"type": "string", "title": "Target", "oneOf": [
+            {"const": "prod", "title": "Production"}, {"const": "staging", "title": "Staging"}]},
+        "replicas": {"type": "integer", "minimum": 1, "maximum": 5, "default": 2},
+        "confirm": {"type": "boolean", "description": "Really deploy?"},
+        "owner": {"type": "string", "format": "email"},
+    },
+    "required": ["target", "confirm"],
+}  # fmt: skip
+
+
+def eliciting_agent(tmp_path: Path, message: str = "Where to deploy?") -> list[str]:
+    return scenario(tmp_path, one_turn({"step": "elicit", "message": message, "requestedSchema": FORM}))
+
+
+def reported(done: Any) -> Any:
+    return json.loads(done.stdout)["result"]
+
+
+@pytest.mark.subprocess
+def test_ask_shows_the_form_and_sends_the_checked_answers_asking_again_after_a_bad_value(
+    tmp_path: Path,
+) -> None:
+    typed = "2\n\ny\nnot an email\nme@example.org\n"
+    done = run_cli(
+        tmp_path, "run", "--permission", "ask", "-p", "go", "--", *eliciting_agent(tmp_path), stdin=typed
+    )
+    assert done.status == 0, done.stderr
+    assert reported(done) == {
+        "action": "accept",
+        "content": {"target": "staging", "replicas": 2, "confirm": True, "owner": "me@example.org"},
+    }
+    assert "input requested: Where to deploy?" in done.stderr
+    assert "    2) Staging" in done.stderr
+    assert "    Really deploy?" in done.stderr
+    assert "not valid: must be a valid email; try again" in done.stderr
+    assert "input: Where to deploy? -> answered (your answers)" in done.stderr
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize(
+    ("typed", "action", "reason"),
+    [("1\n", "cancel", "end of input on stdin"), ("\n", "decline", "no answer for 'Target'")],
+    ids=["eof", "empty-required"],
+)
+def test_end_of_input_cancels_the_form_and_an_empty_required_answer_declines_it(
+    tmp_path: Path, typed: str, action: str, reason: str
+) -> None:
+    done = run_cli(
+        tmp_path, "run", "--permission", "ask", "-p", "go", "--", *eliciting_agent(tmp_path), stdin=typed
+    )
+    assert done.status == 0, done.stderr
+    assert reported(done) == {"action": action}
+    assert f"-> {'cancelled' if action == 'cancel' else 'declined'} ({reason})" in done.stderr
+
+
+@pytest.mark.subprocess
+def test_deny_declines_the_form_without_asking_and_the_progress_says_so(tmp_path: Path) -> None:
+    done = run_cli(
+        tmp_path, "run", "--progress", "--permission", "deny", "-p", "go", "--", *eliciting_agent(tmp_path)
+    )
+    assert reported(done) == {"action": "decline"}
+    assert "input requested" not in done.stderr
+    assert "input: Where to deploy? -> declined (--permission deny)" in done.stderr
+
+
+@pytest.mark.subprocess
+def test_the_agents_text_in_the_form_cannot_drive_the_terminal(tmp_path: Path) -> None:
+    agent = eliciting_agent(tmp_path, message="Deploy \x1b[2J\x1b]0;pwned\x07now?")
+    done = run_cli(tmp_path, "run", "--permission", "ask", "-p", "go", "--", *agent, stdin="1\n\ny\n\n")
+    assert reported(done)["action"] == "accept"
+    assert "\x1b" not in done.stderr
+    assert "\x07" not in done.stderr
+
+
+@pytest.mark.subprocess
+def test_events_report_the_form_and_its_action_but_not_what_was_typed(tmp_path: Path) -> None:
+    done = run_cli(
+        tmp_path,
+        "run", "--events", "--json", "--permission", "ask", "-p", "go", "--", *eliciting_agent(tmp_path),
+        stdin="1\n\ny\nsecret@example.org\n",
+    )  # fmt: skip
+    assert done.status == 0, done.stderr
+    events = [event for event in done.events() if event["event"].startswith("elicitation")]
+    assert [event["event"] for event in events] == ["elicitation_request", "elicitation"]
+    assert [field["name"] for field in events[0]["fields"]] == ["target", "replicas", "confirm", "owner"]
+    assert events[0]["fields"][0]["choices"] == ["prod", "staging"]
+    assert events[1] == {"event": "elicitation", "action": "accept", "reason": "your answers"}
+    assert "secret@example.org" not in json.dumps(events)
+
+
+# -- updates before the session/new answer --------------------------------------------------------------
+
+
+@pytest.mark.subprocess
+def test_events_show_the_updates_sent_before_the_session_new_answer_after_the_start(tmp_path: Path) -> None:
+    commands = {
+        "sessionUpdate": "available_commands_update",
+        "availableCommands": [{"name": "compact", "description": "Compact"}],
+    }
+    agent = scenario(
+        tmp_path,
+        {
+            "newSession": {"steps": [{"step": "update", "update": commands}]},
+            **one_turn({"step": "message", "text": "hi"}),
+        },
+    )
+    done = run_cli(tmp_path, "run", "--events", "--json", "-p", "go", "--", *agent)
+    assert done.status == 0, done.stderr
+    events = done.events()
+    kinds = [event["event"] for event in events]
+    assert kinds[:2] == ["spawn", "start"]
+    updates = [event["update"]["sessionUpdate"] for event in events if event["event"] == "update"]
+    assert updates == ["available_commands_update", "agent_message_chunk"]

@@ -53,7 +53,11 @@ def test_run_on_a_url_runs_the_agent_through_that_transport(
     initialize = transport.sent_messages()[0]["params"]
     assert isinstance(initialize, dict)
     # A remote agent is offered no fs, no terminal.
-    assert initialize["clientCapabilities"] == {"fs": {}, "session": {"notices": {}, "compaction": {}}}
+    assert initialize["clientCapabilities"] == {
+        "fs": {},
+        "elicitation": {"form": {}},
+        "session": {"notices": {}, "compaction": {}, "configOptions": {"boolean": {}}},
+    }
 
 
 def test_run_on_a_bad_url_is_a_usage_error_naming_the_option(

@@ -135,7 +135,7 @@ async def test_initialize_sends_version_1_with_capabilities_that_match_the_confi
     # Terminals are off (false is the default, left out); notices and compaction are always on.
     assert params["clientCapabilities"] == {
         "fs": {"readTextFile": True, "writeTextFile": True},
-        "session": {"compaction": {}, "notices": {}},
+        "session": {"compaction": {}, "configOptions": {"boolean": {}}, "notices": {}},
     }
     assert params["clientInfo"]["name"] == "subagent-seam"
     assert response.agent_capabilities.load_session is True
@@ -480,9 +480,7 @@ async def test_file_requests_are_served_inside_the_sandbox_and_refused_outside(t
     }
 
 
-@pytest.mark.parametrize(
-    "method", ["fs/read_text_file", "terminal/create", "_vendor/extension", "elicitation/create"]
-)
+@pytest.mark.parametrize("method", ["fs/read_text_file", "terminal/create", "_vendor/extension"])
 async def test_a_request_the_client_did_not_advertise_is_method_not_found(method: str) -> None:
     replies: list[Any] = []
 

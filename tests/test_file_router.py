@@ -493,7 +493,8 @@ async def test_a_client_that_offers_no_files_runs_a_turn_whose_agent_reads_and_a
                 result = await session.prompt("read the notes")
     assert agent.received[0][1]["clientCapabilities"] == {
         "fs": {"readTextFile": True, "writeTextFile": True},
-        "session": {"notices": {}, "compaction": {}},
+        "elicitation": {"form": {}},
+        "session": {"notices": {}, "compaction": {}, "configOptions": {"boolean": {}}},
     }
     assert answers == [{"outcome": {"outcome": "selected", "optionId": "allow"}}]
     assert (result.stop_reason, result.output) == ("end_turn", "line one\nline two\n")

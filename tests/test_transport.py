@@ -363,8 +363,12 @@ async def test_an_agent_that_cannot_see_our_files_is_offered_neither_fs_nor_term
     assert initialize["method"] == "initialize"
     params = initialize["params"]
     assert isinstance(params, dict)
-    # Every fs/terminal capability false, so the wire omits them; notices and compaction stay.
-    assert params["clientCapabilities"] == {"fs": {}, "session": {"notices": {}, "compaction": {}}}
+    # Every fs/terminal capability false, so the wire omits them; elicitation, notices and compaction stay.
+    assert params["clientCapabilities"] == {
+        "fs": {},
+        "elicitation": {"form": {}},
+        "session": {"notices": {}, "compaction": {}, "configOptions": {"boolean": {}}},
+    }
     [handler] = handlers
     assert handler.read_error is not None
     assert handler.read_error.code == -32601  # method not found
@@ -386,7 +390,8 @@ async def test_an_agent_that_sees_our_files_is_offered_them_through_any_transpor
     assert params["clientCapabilities"] == {
         "fs": {"readTextFile": True, "writeTextFile": True},
         "terminal": True,
-        "session": {"notices": {}, "compaction": {}},
+        "elicitation": {"form": {}},
+        "session": {"notices": {}, "compaction": {}, "configOptions": {"boolean": {}}},
     }
 
 

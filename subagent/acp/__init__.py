@@ -10,6 +10,7 @@ Layers, each usable without the ones above it:
   the process above; ``transport_from_url`` names others, such as ``ssh://host``);
 * :mod:`subagent.acp.client`: the typed client session (:class:`AcpClient`, :func:`spawn_agent`);
 * :mod:`subagent.acp.handlers`: what the client serves to the agent (fs sandbox, permission policies);
+* :mod:`subagent.acp.elicitation`: the agent's questions for structured input (``elicitation/create``);
 * :mod:`subagent.acp.modes`: session modes, and which of an agent's modes approve tool calls by themselves;
 * :mod:`subagent.acp.agent`: the other side, for writing an agent;
 * :mod:`subagent.acp.stdio`: file descriptors (this process's stdin/stdout) as anyio byte streams.
@@ -39,6 +40,8 @@ __all__ = [
     "Connection",
     "ConnectionClosedError",
     "DenyPolicy",
+    "ElicitationAnswer",
+    "ElicitationQuestion",
     "ExitInfo",
     "FsSandbox",
     "LocalTransport",
@@ -60,6 +63,7 @@ __all__ = [
 if TYPE_CHECKING:
     from subagent.acp.client import AcpClient, AcpSession, TurnResult, final_message, spawn_agent
     from subagent.acp.connection import Connection
+    from subagent.acp.elicitation import ElicitationAnswer, ElicitationQuestion
     from subagent.acp.errors import (
         AcpError,
         AgentCapabilityError,
@@ -94,6 +98,7 @@ else:
         {
             "subagent.acp.client": ("AcpClient", "AcpSession", "TurnResult", "final_message", "spawn_agent"),
             "subagent.acp.connection": ("Connection",),
+            "subagent.acp.elicitation": ("ElicitationAnswer", "ElicitationQuestion"),
             "subagent.acp.handlers": (
                 "AllowPolicy",
                 "CallbackPolicy",

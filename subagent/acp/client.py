@@ -19,6 +19,9 @@ What the client guarantees:
 * A permission question is answered by the configured policy from a frozen snapshot, and
   answered ``cancelled`` the moment the turn is cancelled; nothing ever waits on a human who
   is not there.
+* An elicitation (``elicitation/create``, form mode) is answered by the permission policy's ``elicit``
+  (see :mod:`~subagent.acp.elicitation`), checked against the requested schema before it goes out;
+  a policy without it declines, and a cancelled turn's questions are answered ``cancel``.
 * The agent's file-system requests are served only inside the sandbox roots (see
   :class:`~subagent.acp.handlers.FsSandbox`); terminals only when enabled; any other method is
   answered -32601.
@@ -53,6 +56,12 @@ from subagent.acp._file_router import serve_file_request
 from subagent.acp._frozen import freeze_json
 from subagent.acp._usage import TurnUsage
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
+from subagent.acp.elicitation import (
+    ElicitationAnswer,
+    ElicitationQuestion,
+    check_content,
+    question_from_request,
+)
 from subagent.acp.errors import (
     AgentCapabilityError,
     AgentExitedError,
@@ -221,10 +230,13 @@ class TurnMessage:
 
 
 _SESSION_CAPABILITIES: Final = schema.ClientSessionCapabilities(
-    notices=schema.NoticeCapabilities(), compaction=schema.CompactionCapabilities()
+    notices=schema.NoticeCapabilities(),
+    compaction=schema.CompactionCapabilities(),
+    config_options=schema.SessionConfigOptionsCapabilities(boolean=schema.BooleanConfigOptionCapabilities()),
 )
 """The session capabilities `initialize` advertises: notices and compaction updates are understood
-(an agent without them would otherwise send a compaction summary as an agent message)."""
+(an agent without them would otherwise send a compaction summary as an agent message), and so are
+boolean config options (:meth:`AcpSession.configure` sets them)."""
 
 _RUN_META_KEY: Final = "subagent-seam/run"
 """``subagent.types.RUN_META_KEY`` (spelled here: ``subagent.acp`` imports nothing of the seam): the
@@ -852,6 +864,24 @@ class AcpSession:
             else:
                 return
 
+    async def _elicit(self, question: ElicitationQuestion, policy: PermissionPolicy) -> ElicitationAnswer:
+        """Ask the policy an elicitation question for this session, like a permission question: it pauses
+        the inactivity clock, and a turn being cancelled answers it ``cancel``."""
+        turn = self._turn
+        if turn is not None and turn.cancel_requested:
+            return ElicitationAnswer.cancel()
+        self.pending_permissions += 1
+        answer = ElicitationAnswer.cancel()
+        try:
+            with anyio.CancelScope() as scope:
+                self._permission_scopes.add(scope)
+                answer = await _elicit(question, policy)
+        finally:
+            self._permission_scopes.discard(scope)
+            self.pending_permissions -= 1
+            self.last_activity = time.monotonic()
+        return ElicitationAnswer.cancel() if scope.cancelled_caught else answer
+
     async def _ask(self, question: PermissionQuestion, policy: PermissionPolicy) -> PermissionOption | None:
         turn = self._turn
         if turn is not None and turn.cancel_requested:
@@ -1064,6 +1094,8 @@ class AcpClient:
                 fs=schema.FileSystemCapabilities(read_text_file=fs_access, write_text_file=fs_access),
                 terminal=self.terminals is not None,
                 session=_SESSION_CAPABILITIES,
+                # Form mode only: every question goes to the permission policy, which may decline.
+                elicitation=schema.ElicitationCapabilities(form=schema.ElicitationFormCapabilities()),
             ),
             client_info=self.client_info,
         )
@@ -1295,6 +1327,9 @@ class AcpClient:
         if method == schema.SESSION_REQUEST_PERMISSION:
             data = params if params is not None else b"null"
             return await self._on_permission(schema.decode(data, type=schema.RequestPermissionRequest))
+        if method == schema.ELICITATION_CREATE:
+            data = params if params is not None else b"null"
+            return await self._on_elicitation(schema.decode(data, type=schema.CreateElicitationRequest))
         if method == schema.FS_WRITE_TEXT_FILE and self.fs is not None:
             # The policy holds for writes too, whether the agent asked first or not: an agent in a mode
             # that approves by itself writes without ever asking.
@@ -1332,6 +1367,26 @@ class AcpClient:
             else schema.SelectedPermissionOutcome(option_id=chosen.option_id)
         )
         return schema.RequestPermissionResponse(outcome=outcome)
+
+    async def _on_elicitation(
+        self, request: schema.CreateElicitationRequest
+    ) -> schema.CreateElicitationResponse:
+        if not isinstance(request, schema.ElicitationFormMode):
+            # Only form mode is advertised: a URL (or unknown) mode is not ours to open.
+            raw = request.raw if isinstance(request, schema.UnknownVariant) else {}
+            reason = (
+                "a form-mode elicitation needs a message and a requestedSchema object"
+                if raw.get("mode") == "form"
+                else "this client supports form-mode elicitation only"
+            )
+            raise RequestError.invalid_params({"reason": reason})
+        question = question_from_request(request)  # -32602 for a form it cannot show or check
+        if request.session_id is not None:
+            session = self._session_for(request.session_id)
+            answer = await session._elicit(question, self.permission)
+        else:
+            answer = await _elicit(question, self.permission)
+        return answer.to_wire()
 
     def _serve_notification(
         self, method: str, params: schema.SessionNotification | msgspec.Raw | None
@@ -1401,6 +1456,32 @@ def _boolean(value: str | bool) -> bool | None:
     if folded in ("false", "off", "no", "0"):
         return False
     return None
+
+
+async def _elicit(question: ElicitationQuestion, policy: PermissionPolicy) -> ElicitationAnswer:
+    """The policy's answer to ``question``, checked: a policy without ``elicit`` declines, and an accepted
+    content that does not match the requested schema (or a policy that raises) is sent as decline."""
+    elicit = getattr(policy, "elicit", None)
+    if elicit is None:
+        return ElicitationAnswer.decline()
+    try:
+        answer = await elicit(question)
+    except Exception:
+        logger.exception("permission policy %r failed to answer an elicitation; declining", policy)
+        return ElicitationAnswer.decline()
+    if not isinstance(answer, ElicitationAnswer):
+        logger.error("permission policy %r answered an elicitation with %r; declining", policy, type(answer))
+        return ElicitationAnswer.decline()
+    if answer.action == "accept":
+        problem = check_content(question, answer.content)
+        if problem is not None:
+            logger.error(
+                "permission policy %r answered an elicitation with invalid content (%s); declining",
+                policy,
+                problem,
+            )
+            return ElicitationAnswer.decline()
+    return answer
 
 
 def _check_bound(label: str, value: object) -> None:

@@ -41,6 +41,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import anyio
 
+from subagent.acp.elicitation import ElicitationAnswer, ElicitationCallback, ElicitationQuestion
 from subagent.acp.errors import RequestError
 
 __all__ = [
@@ -569,7 +570,11 @@ PermissionCallback = Callable[[PermissionQuestion], Awaitable[str | None]]
 
 class CallbackPolicy:
     """Asks an async callback, bounded by ``timeout``; an answer naming no offered option, a
-    callback that raises, and one that times out all fall back to ``fallback`` (deny by default)."""
+    callback that raises, and one that times out all fall back to ``fallback`` (deny by default).
+
+    ``elicitation``, if given, answers the agent's elicitation questions (``elicitation/create``), bounded
+    by the same timeout: past it, or if it raises, the question is answered ``cancel``. Without it they
+    are declined."""
 
     name = "callback"
 
@@ -579,10 +584,25 @@ class CallbackPolicy:
         *,
         timeout: float = DEFAULT_PERMISSION_CALLBACK_TIMEOUT,
         fallback: PermissionPolicy | None = None,
+        elicitation: ElicitationCallback | None = None,
     ) -> None:
         self.callback = callback
         self.timeout = timeout
         self.fallback: PermissionPolicy = fallback if fallback is not None else DenyPolicy()
+        self.elicitation = elicitation
+
+    async def elicit(self, question: ElicitationQuestion) -> ElicitationAnswer:
+        """Ask the ``elicitation`` callback (decline without one; cancel past the timeout or if it raises)."""
+        if self.elicitation is None:
+            return ElicitationAnswer.decline()
+        with anyio.move_on_after(self.timeout):
+            try:
+                return await self.elicitation(question)
+            except Exception:
+                logger.exception("elicitation callback raised; answering cancel")
+                return ElicitationAnswer.cancel()
+        logger.warning("elicitation callback gave no answer within %.1f s; answering cancel", self.timeout)
+        return ElicitationAnswer.cancel()
 
     async def decide(self, question: PermissionQuestion) -> PermissionDecision:
         chosen: str | None = None

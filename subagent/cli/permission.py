@@ -1,9 +1,11 @@
 """How the command line answers an agent's permission questions.
 
-* :class:`ReportingPolicy` wraps ``allow``/``deny`` (and the demo's automatic answer);
+* :class:`ReportingPolicy` wraps ``allow``/``deny`` (and the demo's automatic answer); it declines
+  elicitations (nothing can invent an answer to an agent's form);
 * :class:`AskPolicy` shows the question and reads the choice from an :class:`AnswerSource`
   (stdin or ``/dev/tty``) in a worker thread, bounded by a timeout; end of input, an invalid
-  choice, no terminal and the timeout all reject. Questions are asked one at a time.
+  choice, no terminal and the timeout all reject. Questions are asked one at a time. It also shows
+  an agent's elicitation (a form) and reads each field's value, checked, bounded by the same timeout.
 
 Both report every decision to the run's view. :func:`permission_policy` picks one for a
 :data:`PermissionMode`.
@@ -21,6 +23,7 @@ from typing import Final, Literal
 import anyio
 import anyio.to_thread
 
+from subagent.acp.elicitation import ElicitationAnswer, ElicitationQuestion, FieldValue, parse_value
 from subagent.acp.handlers import (
     AllowPolicy,
     DenyPolicy,
@@ -97,6 +100,11 @@ class ReportingPolicy:
         decision = await self.inner.decide(question)
         self.view.decided(question, self.tool_calls.describe(question), decision, self.reason)
         return decision
+
+    async def elicit(self, question: ElicitationQuestion) -> ElicitationAnswer:
+        """Decline (nobody is asked, and nothing can invent an answer), and report it."""
+        self.view.elicited(question, "decline", self.reason)
+        return ElicitationAnswer.decline()
 
 
 class AnswerSource:
@@ -231,6 +239,68 @@ class AskPolicy:
                 )
             self.view.decided(question, call, chosen, "your choice")
             return chosen
+
+    async def elicit(self, question: ElicitationQuestion) -> ElicitationAnswer:
+        """Show the agent's form and read a value for each field, checked against the requested schema
+        (a value that is not valid is asked for again). End of input cancels; an empty answer takes the
+        field's default, skips an optional field, and declines the form at a required one. The whole
+        form is bounded by the timeout (then cancelled); no terminal declines."""
+        async with self._lock:
+            if self.source is None:
+                return self._elicited(question, ElicitationAnswer.decline(), "no terminal to ask on")
+            self.view.elicitation(question, self.timeout)
+            outcome: ElicitationAnswer | None = None
+            reason = ""
+            try:
+                with anyio.move_on_after(self.timeout) as scope:
+                    outcome, reason = await self._fill(question, self.source)
+            except anyio.get_cancelled_exc_class():
+                self.view.elicited(question, "cancel", "the turn was cancelled")
+                raise
+            if scope.cancelled_caught or outcome is None:
+                self.view.answered(echoed=False)
+                return self._elicited(
+                    question, ElicitationAnswer.cancel(), f"no answer within {self.timeout:g} s"
+                )
+            return self._elicited(question, outcome, reason)
+
+    async def _fill(
+        self, question: ElicitationQuestion, source: AnswerSource
+    ) -> tuple[ElicitationAnswer, str]:
+        content: dict[str, FieldValue] = {}
+        for field in question.fields:
+            problem: str | None = None
+            while True:
+                self.view.elicitation_field(field, problem)
+                stop = threading.Event()
+                try:
+                    typed = await anyio.to_thread.run_sync(
+                        partial(source.read_line, stop), abandon_on_cancel=True
+                    )
+                finally:
+                    stop.set()
+                self.view.answered(echoed=typed is not None and source.isatty())
+                if typed is None:
+                    return ElicitationAnswer.cancel(), f"end of input on {source.name}"
+                if not typed.strip():
+                    if field.default is not None:
+                        content[field.name] = field.default
+                    elif field.required:
+                        return ElicitationAnswer.decline(), f"no answer for {field.label!r}"
+                    break
+                try:
+                    content[field.name] = parse_value(field, typed)
+                except ValueError as exc:
+                    problem = str(exc)
+                    continue
+                break
+        return ElicitationAnswer.accept(content), "your answers"
+
+    def _elicited(
+        self, question: ElicitationQuestion, answer: ElicitationAnswer, reason: str
+    ) -> ElicitationAnswer:
+        self.view.elicited(question, answer.action, reason)
+        return answer
 
     async def _reject(
         self, question: PermissionQuestion, call: ToolCallState, reason: str

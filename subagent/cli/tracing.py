@@ -28,6 +28,7 @@ from typing import Final
 import anyio
 
 from subagent.acp import schema
+from subagent.acp.elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionQuestion
 from subagent.cli.tool_calls import ToolCallState
 from subagent.cli.usage import EXIT_COMPLETED, PROG, Command, Parser, UsageError
@@ -73,6 +74,18 @@ class FanOut(RunView):
     def interrupted(self, signal_name: str, count: int, action: str) -> None:
         for view in self.views:
             view.interrupted(signal_name, count, action)
+
+    def elicitation(self, question: ElicitationQuestion, timeout: float) -> None:
+        for view in self.views:
+            view.elicitation(question, timeout)
+
+    def elicitation_field(self, field: ElicitationField, problem: str | None) -> None:
+        for view in self.views:
+            view.elicitation_field(field, problem)
+
+    def elicited(self, question: ElicitationQuestion, action: str, reason: str) -> None:
+        for view in self.views:
+            view.elicited(question, action, reason)
 
     def start_failed(self, message: str) -> None:
         for view in self.views:

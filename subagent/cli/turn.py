@@ -19,6 +19,7 @@ import anyio
 from subagent._acp_usage import usage_from_acp
 from subagent._text import one_line
 from subagent.acp import schema
+from subagent.acp.elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.acp.transport import Transport
 from subagent.cli.console import sanitize
@@ -152,6 +153,18 @@ class _StartGate(RunView):
 
     def interrupted(self, signal_name: str, count: int, action: str) -> None:
         self.inner.interrupted(signal_name, count, action)
+
+    def elicitation(self, question: ElicitationQuestion, timeout: float) -> None:
+        self.announce()
+        self.inner.elicitation(question, timeout)
+
+    def elicitation_field(self, field: ElicitationField, problem: str | None) -> None:
+        self.inner.elicitation_field(field, problem)
+
+    def elicited(self, question: ElicitationQuestion, action: str, reason: str) -> None:
+        self.announce()
+        logger.info("elicitation: %s (%s)", action, reason)
+        self.inner.elicited(question, action, reason)
 
     def start_failed(self, message: str) -> None:
         self.inner.start_failed(message)

@@ -19,7 +19,9 @@
   way to one line: ``3 runs: 2 completed, 1 failed``.
 * :class:`EventView`: one JSON object per line (``--events``), each with an ``"event"`` member:
   ``spawn``, ``start``, ``update`` (the ACP ``session/update`` params: ``sessionId`` and the update,
-  camelCase as on the wire), ``run``, ``permission_request``, ``permission``, ``interrupt``,
+  camelCase as on the wire), ``run``, ``permission_request``, ``permission``,
+  ``elicitation_request`` (the agent's form: message, title, fields), ``elicitation`` (its action,
+  never what was typed), ``interrupt``,
   ``start_failed``, ``end`` and ``log``; and a ``"time"`` member: when it was written, in seconds
   since the epoch (milliseconds kept), so a recorded stream can be laid out in time
   (``subagent trace``).
@@ -48,6 +50,7 @@ import anyio
 from subagent._acp_usage import usage_to_acp
 from subagent._text import one_line
 from subagent.acp import schema
+from subagent.acp.elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionOption, PermissionOutcome, PermissionQuestion
 from subagent.cli.console import Console, is_terminal, sanitize
 from subagent.cli.run_tree import RunTree
@@ -127,6 +130,15 @@ class RunView:
 
     def interrupted(self, signal_name: str, count: int, action: str) -> None:
         """A signal arrived; ``action`` is ``"cancel"`` (the turn) or ``"stop"`` (the agent, at once)."""
+
+    def elicitation(self, question: ElicitationQuestion, timeout: float) -> None:
+        """The agent asks a person to fill in a form (``--permission ask``); its fields follow."""
+
+    def elicitation_field(self, field: ElicitationField, problem: str | None) -> None:
+        """The form asks for ``field`` (again, when the last answer was not valid: ``problem``)."""
+
+    def elicited(self, question: ElicitationQuestion, action: str, reason: str) -> None:
+        """The agent's form was answered: ``accept``, ``decline`` or ``cancel`` (``reason`` says by what)."""
 
     def start_failed(self, message: str) -> None:
         """The agent never became ready."""
@@ -312,6 +324,56 @@ class HumanView(RunView):
             text = f"{signal_name}: stopping the agent now"
         self.console.line(self.console.paint(f"subagent: {text}", "33"))
 
+    def elicitation(self, question: ElicitationQuestion, timeout: float) -> None:
+        console = self.console
+        if self.live:
+            self._held = True
+            console.clear_footer()  # the person answers on the prompt's lines, nothing drawn below
+        self._block()
+        lines = [console.paint(f"input requested: {sanitize(question.message)}", "1", "35")]
+        if question.title:
+            lines.append(f"  {sanitize(question.title)}")
+        lines.append(
+            f"  ({len(question.fields)} field(s); Ctrl-D cancels, an empty answer to a required field "
+            f"declines; cancelled after {timeout:g} s)"
+        )
+        console.line("\n".join(lines))
+
+    def elicitation_field(self, field: ElicitationField, problem: str | None) -> None:
+        console = self.console
+        if self.live:
+            self._held = True  # each answer redraws the block: take it away again for the next field
+            console.clear_footer()
+        if problem is not None:
+            console.line(console.paint(f"  not valid: {sanitize(problem)}; try again", "31"))
+        lines = [f"  {sanitize(field.label)}{' (required)' if field.required else ''}"]
+        if field.description:
+            lines.append(f"    {sanitize(field.description)}")
+        for number, choice in enumerate(field.choices, 1):
+            lines.append(f"    {number}) {sanitize(choice.title)}")
+        console.line("\n".join(lines))
+        if field.default is not None:
+            empty = f", Enter for {sanitize(_field_value(field.default))}"
+        else:
+            empty = "" if field.required else ", Enter to skip"
+        console.write(f"  {_field_hint(field)}{empty}: ")
+
+    def elicited(self, question: ElicitationQuestion, action: str, reason: str) -> None:
+        if self._held:
+            self._held = False
+            self._block()
+            self._redraw()
+        if not self.decisions:
+            return
+        console = self.console
+        self._block()
+        word = {"accept": "answered", "decline": "declined", "cancel": "cancelled"}.get(action, action)
+        color = "32" if action == "accept" else "31" if action == "decline" else "33"
+        message = sanitize(" ".join(question.message.split()))[:80] or "(no message)"
+        console.line(
+            f"  {console.paint('input', '35')}: {message} -> {console.paint(word, color)} ({reason})"
+        )
+
     def start_failed(self, message: str) -> None:
         self._end_block()
 
@@ -482,6 +544,28 @@ class EventView(RunView):
     def interrupted(self, signal_name: str, count: int, action: str) -> None:
         self.emit("interrupt", signal=signal_name, count=count, action=action)
 
+    def elicitation(self, question: ElicitationQuestion, timeout: float) -> None:
+        self.emit(
+            "elicitation_request",
+            message=question.message,
+            title=question.title,
+            fields=[
+                {
+                    "name": field.name,
+                    "type": field.type,
+                    "title": field.title,
+                    "required": field.required,
+                    "choices": [choice.value for choice in field.choices] or None,
+                }
+                for field in question.fields
+            ],
+            timeout=timeout,
+        )
+
+    def elicited(self, question: ElicitationQuestion, action: str, reason: str) -> None:
+        # What a person typed is not repeated here: it was theirs to give the agent, not to a log.
+        self.emit("elicitation", action=action, reason=reason)
+
     def start_failed(self, message: str) -> None:
         self.emit("start_failed", error=message)
 
@@ -496,6 +580,28 @@ class EventView(RunView):
 
     def log(self, record: logging.LogRecord, message: str) -> None:
         self.emit("log", level=record.levelname.lower(), logger=record.name, message=record.getMessage())
+
+
+def _field_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def _field_hint(field: ElicitationField) -> str:
+    """What a form's prompt for ``field`` asks for."""
+    if field.choices:
+        return f"choose 1-{len(field.choices)}"
+    if field.type == "boolean":
+        return "y or n"
+    bounds = ""
+    if field.minimum is not None or field.maximum is not None:
+        low = "" if field.minimum is None else f"{field.minimum:g}"
+        high = "" if field.maximum is None else f"{field.maximum:g}"
+        bounds = f" {low}..{high}"
+    if field.type in ("number", "integer"):
+        return f"{'a whole number' if field.type == 'integer' else 'a number'}{bounds}"
+    return f"{field.format}" if field.format else "text"
 
 
 def _can_draw(console: Console) -> bool:

@@ -85,6 +85,7 @@ from subagent.acp.client import (
     spawn_agent,
 )
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
+from subagent.acp.elicitation import ElicitationAnswer, ElicitationQuestion
 from subagent.acp.errors import (
     AcpError,
     AgentExitedError,
@@ -456,6 +457,7 @@ class AcpRun(DisposeOnExit):
         self._child_lost_event = anyio.Event()
         self._child_exited = anyio.Event()
         self._additional_directories: list[str] = []  # the request's, made absolute against the cwd
+        self._killed = False
         self._listeners: list[Callable[[schema.SessionUpdate], object]] = []
         # Slot bookkeeping, driven by the provider (see AcpProvider._admit / _leave).
         self._queued = False
@@ -514,6 +516,7 @@ class AcpRun(DisposeOnExit):
         An emergency stop: `cancel()` and `dispose()` stay the way to end a run; a `dispose()` already
         waiting out its grace returns as soon as it sees the tree gone.
         """
+        self._killed = True  # nothing more is said to it (no session/close)
         client = self._client
         if client is not None and client.process is not None:
             client.process.kill()
@@ -802,6 +805,7 @@ class AcpRun(DisposeOnExit):
         if (
             session is None
             or session.closed
+            or self._killed
             or not client.supports_close
             or self._child_lost is not None
             or client.connection.closed_error is not None
@@ -1161,6 +1165,11 @@ class _TracedPolicy:
         self.inner = inner
         self.name = policy_name(inner)
         self._parent = parent
+
+    async def elicit(self, question: ElicitationQuestion) -> ElicitationAnswer:
+        """The inner policy's answer (a policy that cannot answer elicitations declines them)."""
+        elicit = getattr(self.inner, "elicit", None)
+        return ElicitationAnswer.decline() if elicit is None else await elicit(question)
 
     async def decide(self, question: PermissionQuestion) -> PermissionDecision:
         span = telemetry.start_span(

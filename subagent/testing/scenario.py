@@ -74,6 +74,9 @@ Steps (``{"step": <kind>, ...}``)
     (an error from the client answers the prompt with that same error). With ``skipInModes`` [mode ids],
     a session in one of those modes is not asked: the branch of the first ``allow_once`` option runs, as
     an agent whose mode approves by itself would.
+    ``elicit`` {message, requestedSchema={"type": "object", "properties": {}}, branches={}, report=true} asks
+    ``elicitation/create`` in form mode for the session, reports the answer (or the client's error) like a
+    request below, then runs the branch named by the answer's action (``accept``, ``decline``, ``cancel``).
     ``read_file`` {path, line?, limit?}, ``write_file`` {path, content}, ``call`` {method, params?} and
     ``notify`` {method, params?} send ``fs/read_text_file``, ``fs/write_text_file``, any request, any
     notification. Requests report their outcome (``report=true`` by default) as one message chunk whose
@@ -114,12 +117,14 @@ import msgspec
 __all__ = [
     "CANCELLED_BRANCH",
     "DEFAULT_SCENARIO_PATH",
+    "ELICITATION_ACTIONS",
     "STEP_KINDS",
     "AuthenticateConfig",
     "CallStep",
     "CloseSessionConfig",
     "CloseStdoutStep",
     "EchoStep",
+    "ElicitStep",
     "ErrorStep",
     "ExitStep",
     "FloodStep",
@@ -324,6 +329,28 @@ class PermissionStep(_Step, tag="permission"):
             )
 
 
+ELICITATION_ACTIONS: Final = ("accept", "decline", "cancel")
+"""The branches an ``elicit`` step may name: the client's answer's ``action``."""
+
+
+class ElicitStep(_Step, tag="elicit"):
+    """Ask ``elicitation/create`` (form mode) for this session, report the answer, then run the branch named
+    by its action."""
+
+    where: ClassVar[frozenset[str]] = _WITH_SESSION
+    message: str
+    requested_schema: dict[str, Any] = msgspec.field(
+        default_factory=lambda: {"type": "object", "properties": {}}
+    )
+    branches: dict[str, list[Step]] = msgspec.field(default_factory=dict)
+    report: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.branches) - set(ELICITATION_ACTIONS))
+        if unknown:
+            raise ValueError(f"branches {unknown} name no action (actions: {list(ELICITATION_ACTIONS)})")
+
+
 class ReadFileStep(_Step, tag="read_file"):
     """``fs/read_text_file``, reported as a message chunk."""
 
@@ -503,6 +530,7 @@ Step: TypeAlias = (
     | EchoStep
     | FloodStep
     | PermissionStep
+    | ElicitStep
     | ReadFileStep
     | WriteFileStep
     | CallStep
@@ -648,7 +676,7 @@ def _walk(path: str, steps: Sequence[Step], context: str) -> Iterator[tuple[str,
         if isinstance(step, UpdateStep) and step.session_id is None and context == _HANDSHAKE:
             raise ValueError(f"an `update` step needs a `sessionId` here - at `{step_path}`")
         yield step_path, step, context
-        if isinstance(step, PermissionStep):
+        if isinstance(step, PermissionStep | ElicitStep):
             for name, branch in step.branches.items():
                 yield from _walk(f"{step_path}.branches.{name}", branch, context)
 

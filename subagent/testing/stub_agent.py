@@ -45,6 +45,7 @@ from subagent.testing.scenario import (
     CallStep,
     CloseStdoutStep,
     EchoStep,
+    ElicitStep,
     ErrorStep,
     ExitStep,
     FloodStep,
@@ -165,6 +166,7 @@ class ScenarioAgent(AgentHandler):
             EchoStep: self._echo,
             FloodStep: self._flood,
             PermissionStep: self._permission,
+            ElicitStep: self._elicit,
             ReadFileStep: self._read_file,
             WriteFileStep: self._write_file,
             CallStep: self._call,
@@ -501,6 +503,28 @@ class ScenarioAgent(AgentHandler):
             branch = step.branches.get(CANCELLED_BRANCH)
         else:
             branch = None
+        return None if branch is None else await self._run(branch, context)
+
+    async def _elicit(self, step: ElicitStep, context: _Context) -> _Stop | None:
+        assert context.session_id is not None
+        params = {
+            "mode": "form",
+            "sessionId": context.session_id,
+            "message": step.message,
+            "requestedSchema": step.requested_schema,
+        }
+        method = schema.ELICITATION_CREATE
+        try:
+            raw = await context.client.request(method, params, result_type=msgspec.Raw)
+        except RequestError as exc:
+            if step.report:
+                await self._report(context, {"method": method, "error": exc.to_wire()})
+            return None
+        if step.report:
+            await self._report(context, {"method": method, "result": raw})
+        answer = msgspec.json.decode(raw)
+        action = answer.get("action") if isinstance(answer, dict) else None
+        branch = step.branches.get(action) if isinstance(action, str) else None
         return None if branch is None else await self._run(branch, context)
 
     async def _request_and_report(self, context: _Context, method: str, params: Any, *, report: bool) -> None:
