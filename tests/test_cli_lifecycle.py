@@ -25,7 +25,9 @@ def test_add_dir_lets_the_agent_write_in_that_directory_too(tmp_path: Path) -> N
         tmp_path,
         {**ADVERTISED, **one_turn({"step": "write_file", "path": str(extra / "out.txt"), "content": "x"})},
     )
-    done = run_cli(tmp_path, "run", "--json", "-p", "write", "--add-dir", "extra", "--", *agent)
+    done = run_cli(
+        tmp_path, "run", "--json", "--permission", "allow", "-p", "write", "--add-dir", "extra", "--", *agent
+    )
     assert done.status == 0, done.stderr
     assert json.loads(done.json()["output"]) == {"method": "fs/write_text_file", "result": {}}
     assert (extra / "out.txt").exists()
@@ -101,7 +103,7 @@ def test_the_configs_additional_directories_come_before_add_dir_and_both_reach_t
     agent = scenario(tmp_path, {**ADVERTISED, **turn})
     config = write_config(
         tmp_path / "conf" / "agents.toml",
-        stub_agent_toml("writer", agent, 'additional_directories = ["../shared"]\n'),
+        stub_agent_toml("writer", agent, 'additional_directories = ["../shared"]\npermission = "allow"\n'),
     )
     done = run_cli(
         tmp_path, "run", "--config", str(config), "--agent", "writer", "-p", "w", "--add-dir", "more"

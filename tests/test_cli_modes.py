@@ -157,3 +157,18 @@ def test_describe_of_an_agent_that_cannot_start_exits_2_naming_why(tmp_path: Pat
     assert done.status == 2
     assert "could not describe the agent" in done.stderr
     assert "does not exist" in done.stderr
+
+
+def test_a_mode_error_of_an_agent_with_auth_methods_gives_no_authentication_advice(tmp_path: Path) -> None:
+    agent = scenario(
+        tmp_path,
+        {
+            "initialize": {"authMethods": [{"id": "api-key", "name": "API key"}]},
+            "newSession": {"modes": MODES},
+        },
+        name="with-auth.json",
+    )
+    done = run_cli(tmp_path, "run", "--mode", "plan", "-p", "w", "--", *agent)
+    assert done.status == 2
+    assert "the agent offers no mode 'plan' (its modes: 'default', 'auto')" in done.stderr
+    assert "--auth-method" not in done.stderr

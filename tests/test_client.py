@@ -132,9 +132,11 @@ async def test_initialize_sends_version_1_with_capabilities_that_match_the_confi
     method, params = agent.received[0]
     assert method == "initialize"
     assert params["protocolVersion"] == 1
-    # Terminals are off (false is the default, left out); notices and compaction are always on.
+    # Terminals are off (false is the default, left out); elicitation (form), notices, compaction and
+    # boolean config options are always on.
     assert params["clientCapabilities"] == {
         "fs": {"readTextFile": True, "writeTextFile": True},
+        "elicitation": {"form": {}},
         "session": {"compaction": {}, "configOptions": {"boolean": {}}, "notices": {}},
     }
     assert params["clientInfo"]["name"] == "subagent-seam"

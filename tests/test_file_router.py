@@ -236,7 +236,11 @@ async def test_every_refusal_is_byte_for_byte_what_the_acp_client_answers_locall
         open_pipe() as to_client,
         open_pipe() as to_agent,
         TerminalHost(sandbox=sandbox) as host,
-        AcpClient(to_client.reader, to_agent.writer, fs=sandbox, terminals=host) as client,
+        # The node's router serves files inside its roots without the caller's permission policy (see
+        # AcpProvider's warning): what is compared here is the sandbox's answers, so the client allows.
+        AcpClient(
+            to_client.reader, to_agent.writer, fs=sandbox, terminals=host, permission="allow"
+        ) as client,
     ):
         async with anyio.create_task_group() as task_group:  # a session "s1", for the client's own check
             task_group.start_soon(client.new_session, str(root))

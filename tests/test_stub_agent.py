@@ -402,6 +402,7 @@ async def test_session_lifecycle_modes_load_resume_and_the_turn_limit(tmp_path: 
     assert bad_mode.value.code == -32602
     assert loaded == {}
     assert replayed == [
+        update("sess", sessionUpdate="current_mode_update", currentModeId="code"),  # announced, as agents do
         chunk("old", "earlier question", "user_message_chunk"),
         chunk("old", "earlier answer"),
     ]
@@ -416,7 +417,7 @@ async def test_session_lifecycle_modes_load_resume_and_the_turn_limit(tmp_path: 
         "message": "Internal error",
         "data": {"details": "the scenario has 2 turn(s); this is prompt 3"},
     }
-    assert client.notifications[2:] == [
+    assert client.notifications[3:] == [
         chunk("sess", "turn one"),
         chunk("someone-else", "not yours"),
         update("sess", sessionUpdate="brand_new_kind", payload=1),

@@ -332,7 +332,12 @@ def _start_info(acp_run: AcpRun, spec: TurnSpec) -> StartInfo:
 def _start_failure(exc: SubagentError, acp_run: AcpRun, spec: TurnSpec) -> str:
     message = exc.message
     agent = acp_run.agent
-    if spec.auth_method is None and agent is not None and agent.auth_methods:
+    if (
+        acp_run.authentication_failed
+        and spec.auth_method is None
+        and agent is not None
+        and agent.auth_methods
+    ):
         ids = [_auth_method_id(method) for method in agent.auth_methods]
         offered = ", ".join(repr(method_id) for method_id in ids if method_id)
         message += f" (to authenticate with one of {offered}: --auth-method ID, or auth_method in the config)"

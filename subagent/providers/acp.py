@@ -345,6 +345,16 @@ class AcpProvider:
             if not isinstance(value, str | bool):
                 raise TypeError(f"config_options maps option ids to str or bool values, not {value!r}")
         self.capabilities = SubagentCapabilities(output_schema=structured_output, additional_directories=True)
+        if getattr(self.transport, "fs_roots", None) is not None and not allows_everything(permission):
+            # The transport serves fs/* where the agent runs (RayTransport(fs_roots=...)): the permission
+            # policy stays here, so those writes are confined to the roots but not put to it.
+            logger.warning(
+                "provider %r: %s serves the agent's file writes on its node, inside its fs_roots, without "
+                "asking the permission policy (%s); only the agent's own permission questions reach it",
+                name,
+                self.transport.name,
+                policy_name(permission_policy(permission)),
+            )
         self._max_concurrent = max_concurrent
         self._running = 0  # runs holding a slot: their child is being spawned, or alive
         self._queue: deque[AcpRun] = deque()  # runs waiting for a slot, in arrival order
@@ -441,6 +451,9 @@ class AcpRun(DisposeOnExit):
         self.session_id: str | None = None
         self.exit_info: ExitInfo | None = None
         """How the child process ended, once it did."""
+        self.authentication_failed = False
+        """Whether the start failed because the agent demanded authentication (none configured, or
+        the configured method was refused)."""
         self._client: AcpClient | None = None
         self._session: AcpSession | None = None
         self._ready: Outcome[None] = Outcome()
@@ -912,6 +925,7 @@ class AcpRun(DisposeOnExit):
             )
             return None
         except AuthenticationRequiredError as exc:
+            self.authentication_failed = True
             advice = (
                 "configure auth_method with one of them" if provider.auth_method is None else "it was refused"
             )
