@@ -240,12 +240,14 @@ async def serve_claude(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, di
         yield server, env, log
 
 
-# -- Qwen Code -------------------------------------------------------------------------------------------
+# -- agents on a chat-completions model ------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def serve_qwen(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict[str, str], ModelLog]]:
-    log = ModelLog()
+def chat_responder(
+    turn: Turn, log: ModelLog, tool: str, arguments: Callable[[Path], dict[str, str]]
+) -> Callable[[ReceivedRequest], StreamedReply]:
+    """The fake chat-completions model of an agent whose file-writing tool is ``tool``, called with
+    ``arguments(path)`` (see the module docstring for how each request is answered)."""
 
     def respond(request: ReceivedRequest) -> StreamedReply:
         body = request.json
@@ -260,12 +262,22 @@ async def serve_qwen(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict
             log.stalled.append(request.disconnected)
             return StreamedReply(text=(STALLED, " some more"), stall_after=2)  # the role chunk, one text
         if turn.write is not None:
-            arguments = json.dumps({"file_path": str(turn.write), "content": CONTENT})
-            return StreamedReply(
-                text=PREAMBLE, tool_calls=[ToolCallReply("call_stub_1", "write_file", arguments)]
-            )
+            call = ToolCallReply("call_stub_1", tool, json.dumps(arguments(turn.write)))
+            return StreamedReply(text=PREAMBLE, tool_calls=[call])
         return StreamedReply(text=ANSWER)
 
+    return respond
+
+
+# -- Qwen Code -------------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def serve_qwen(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict[str, str], ModelLog]]:
+    log = ModelLog()
+    respond = chat_responder(
+        turn, log, "write_file", lambda path: {"file_path": str(path), "content": CONTENT}
+    )
     async with serve_chat_completions(responder=respond) as server:
         # Qwen Code's usage statistics go to a host of their own unless switched off in its settings. Its
         # memory extraction and follow-up suggestions are model calls of its own, with tools, after the
@@ -381,26 +393,7 @@ def serve_codex(adapter: str) -> Serve:
 @asynccontextmanager
 async def serve_copilot(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict[str, str], ModelLog]]:
     log = ModelLog()
-
-    def respond(request: ReceivedRequest) -> StreamedReply:
-        body = request.json
-        messages = body.get("messages") or [{}]
-        if not body.get("tools"):
-            return StreamedReply(text=SIDE_CALL)
-        if messages[-1].get("role") == "tool":
-            log.tool_results.append(_text_of(messages[-1].get("content")))
-            return StreamedReply(text=WRITTEN if turn.write and turn.write.exists() else NOT_WRITTEN)
-        log.started += 1
-        if turn.stall:
-            log.stalled.append(request.disconnected)
-            return StreamedReply(text=(STALLED, " some more"), stall_after=2)  # the role chunk, one text
-        if turn.write is not None:
-            arguments = json.dumps({"path": str(turn.write), "file_text": CONTENT})
-            return StreamedReply(
-                text=PREAMBLE, tool_calls=[ToolCallReply("call_stub_1", "create", arguments)]
-            )
-        return StreamedReply(text=ANSWER)
-
+    respond = chat_responder(turn, log, "create", lambda path: {"path": str(path), "file_text": CONTENT})
     async with serve_chat_completions(responder=respond) as server:
         env = base_env(home, server.base_url.removesuffix("/v1"))
         env |= {

@@ -298,13 +298,18 @@ class HumanView(RunView):
         self._held = False
         self._redraw()
 
+    def _end_held_prompt(self) -> None:
+        """A question's prompt line still waits for an answer that will not come (a timeout, a withdrawn
+        question): end it, and redraw what it held back."""
+        if self._held:
+            self._held = False
+            self._block()
+            self._redraw()
+
     def decided(
         self, question: PermissionQuestion, call: ToolCallState, decision: PermissionDecision, reason: str
     ) -> None:
-        if self._held:
-            self._held = False  # no answer came (a timeout, a withdrawn question): the prompt line ends
-            self._block()
-            self._redraw()
+        self._end_held_prompt()
         if not self.decisions:
             return
         console = self.console
@@ -359,10 +364,7 @@ class HumanView(RunView):
         console.write(f"  {_field_hint(field)}{empty}: ")
 
     def elicited(self, question: ElicitationQuestion, action: str, reason: str) -> None:
-        if self._held:
-            self._held = False
-            self._block()
-            self._redraw()
+        self._end_held_prompt()
         if not self.decisions:
             return
         console = self.console
