@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.test_cli import run_cli, scenario, stub_agent_toml, write_config
+from tests.test_modes_and_policy import CONFIG_OPTIONS
 
 MODES: dict[str, Any] = {
     "currentModeId": "auto",
@@ -16,17 +17,6 @@ MODES: dict[str, Any] = {
         {"id": "auto", "name": "Auto"},
     ],
 }
-CONFIG_OPTIONS: list[dict[str, Any]] = [
-    {
-        "type": "select",
-        "id": "model",
-        "name": "Model",
-        "category": "model",
-        "currentValue": "small",
-        "options": [{"value": "small", "name": "Small"}, {"value": "big", "name": "Big"}],
-    },
-    {"type": "boolean", "id": "thinking", "name": "Thinking", "currentValue": False},
-]
 
 
 def qwen_like(tmp_path: Path) -> list[str]:
