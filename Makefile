@@ -69,7 +69,24 @@ $(COPILOT):
 			COPILOT_DISABLE_TELEMETRY=1 node $@ --version >/dev/null; \
 	else echo "npm not found: the real-agent tests will be skipped"; fi
 
-interop: $(INTEROP_AGENT) $(CLAUDE_ACP) $(QWEN_CODE) $(CODEX_ACP) $(CODEX_ACP_2) $(COPILOT) ## install the third-party ACP agents the interop and real-agent tests drive
+# Mistral Vibe (`vibe-acp`), from PyPI, in a virtual environment of its own: it needs Python 3.12 or newer,
+# the first one found on PATH or among pyenv's versions (a pyenv shim of a version not selected fails the
+# check and is passed over). Its bundled native binary comes in its wheel. Skipped quietly where no such
+# Python is found or the install fails; CI requires it.
+VIBE_ACP := .interop/vibe/bin/vibe-acp
+$(VIBE_ACP):
+	@python=""; \
+	for candidate in python3.14 python3.13 python3.12 $$(pyenv root 2>/dev/null)/versions/3.1[2-9]*/bin/python3; do \
+		if "$$candidate" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1; then \
+			python=$$candidate; break; \
+		fi; \
+	done; \
+	if [ -z "$$python" ]; then echo "no Python 3.12 or newer: the mistral-vibe real-agent tests will be skipped"; \
+	elif ! { "$$python" -m venv .interop/vibe && .interop/vibe/bin/python -m pip install --quiet mistral-vibe==3.0.2; }; then \
+		rm -rf .interop/vibe; echo "mistral-vibe did not install: its real-agent tests will be skipped"; \
+	fi
+
+interop: $(INTEROP_AGENT) $(CLAUDE_ACP) $(QWEN_CODE) $(CODEX_ACP) $(CODEX_ACP_2) $(COPILOT) $(VIBE_ACP) ## install the third-party ACP agents the interop and real-agent tests drive
 
 test: $(STAMP) interop ## run the test suite on asyncio and trio
 	$(BIN)/python -m pytest

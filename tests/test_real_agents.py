@@ -9,21 +9,24 @@
   scripted Responses API server (`subagent.testing.responses_server`), with a ``[model_providers.stub]`` in
   its ``CODEX_HOME``;
 * GitHub Copilot CLI (npm ``@github/copilot``, ``copilot --acp``), against the chat-completions server (its
-  ``COPILOT_PROVIDER_*`` settings; its wire API defaults to chat completions).
+  ``COPILOT_PROVIDER_*`` settings; its wire API defaults to chat completions);
+* Mistral Vibe (PyPI ``mistral-vibe``, ``vibe-acp``, in a virtual environment of its own: it needs Python
+  3.12 or newer), against the chat-completions server (a ``generic`` provider in its ``config.toml``).
 
-`make interop` installs them, pinned, under ``.interop/``; without them (or without node) these tests are
-skipped, or fail when ``SUBAGENT_REQUIRE_INTEROP`` is set (CI sets it). Each test runs the real CLI as a
-subprocess, ``subagent run --json --events``, and asserts its exact outcome: the answer, a file write
-allowed (at the agent's own start mode) and a permission question allowed and denied (at its asking mode),
-and a turn cancelled by SIGINT, or torn down by SIGTERM, while the model's answer is mid-stream.
+`make interop` installs them, pinned, under ``.interop/``; without them (or without node, or for Vibe
+without a Python 3.12) these tests are skipped, or fail when ``SUBAGENT_REQUIRE_INTEROP`` is set (CI sets
+it). Each test runs the real CLI as a subprocess, ``subagent run --json --events``, and asserts its exact
+outcome: the answer, a file write allowed (at the agent's own start mode) and a permission question allowed
+and denied (at its asking mode), and a turn cancelled by SIGINT, or torn down by SIGTERM, while the model's
+answer is mid-stream.
 
-Each agent starts in its own mode: Claude Code (``auto``), Qwen Code (``auto``) and the ACP project's
-Codex adapter (``agent``) write without asking; Copilot (``...#agent``) asks; the Zed Codex adapter has no
-modes and asks here because its config says ``approval_policy = "untrusted"``. Under ``--permission allow``
-they stay there; under ``deny`` the CLI moves the first three to their asking mode and says so (see
-`subagent.acp.modes`). A test that needs the question chooses the asking mode with ``--mode``
-(``Turn.asking``; for the ACP Codex adapter, whose ``read-only`` mode asks only before a command leaves
-its sandbox, the fake model asks for that, as a model whose write the sandbox refused does).
+Each agent starts in its own mode: Claude Code (``auto``), Qwen Code (``auto``), the ACP project's Codex
+adapter (``agent``) and Vibe (``accept-edits``) write without asking; Copilot (``...#agent``) asks; the Zed
+Codex adapter has no modes and asks here because its config says ``approval_policy = "untrusted"``. Under
+``--permission allow`` they stay there; under ``deny`` the CLI moves the first four to their asking mode and
+says so (see `subagent.acp.modes`). A test that needs the question chooses the asking mode with ``--mode``
+(``Turn.asking``; for the ACP Codex adapter, whose ``read-only`` mode asks only before a command leaves its
+sandbox, the fake model asks for that, as a model whose write the sandbox refused does).
 
 Offline by construction: every model base URL points at the fake server, each run has its own empty HOME,
 telemetry, update checks and side traffic are switched off, and ``HTTPS_PROXY`` / ``HTTP_PROXY`` point
@@ -94,6 +97,7 @@ CODEX_ACP: Final = INTEROP / "codex-acp-2/node_modules/@agentclientprotocol/code
 QWEN_CODE: Final = INTEROP / "qwen-code" / "node_modules" / "@qwen-code" / "qwen-code" / "cli.js"
 COPILOT: Final = INTEROP / "copilot/node_modules/@github/copilot/npm-loader.js"
 COPILOT_CACHE: Final = INTEROP / "copilot" / "cache"  # unpacked by `make interop` (see the Makefile)
+VIBE_ACP: Final = INTEROP / "vibe" / "bin" / "vibe-acp"  # a console script of its own virtual environment
 NODE: Final = shutil.which("node")
 RUN_BOUND: Final = 90.0  # seconds for one CLI run, start to exit: a hang guard on a loaded machine
 MAX_STDERR_LINE: Final = 16 * 1024 * 1024
@@ -164,14 +168,16 @@ class ModelLog:
     started: int = 0
 
 
-def require(script: Path) -> list[str]:
-    """The agent's command line, or skip (fail under SUBAGENT_REQUIRE_INTEROP) when it is not installed."""
-    if NODE is None or not script.is_file():
+def require(script: Path, *, node: bool = True) -> list[str]:
+    """The agent's command line, or skip (fail under SUBAGENT_REQUIRE_INTEROP) when it is not installed.
+    ``node``: the script is run by node; else it is an executable of its own."""
+    interpreter = [NODE] if node and NODE is not None else []
+    if (node and not interpreter) or not script.is_file():
         reason = f"the real agent is not installed (run `make interop`): {script.relative_to(ROOT)}"
         if os.environ.get("SUBAGENT_REQUIRE_INTEROP"):
             pytest.fail(reason)
         pytest.skip(reason)
-    return [NODE, str(script)]
+    return [*interpreter, str(script)]
 
 
 def base_env(home: Path, server_url: str) -> dict[str, str]:
@@ -410,6 +416,48 @@ async def serve_copilot(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, d
         yield server, env, log
 
 
+# -- Mistral Vibe ----------------------------------------------------------------------------------------
+
+
+def vibe_config(base_url: str) -> str:
+    """Vibe's ``config.toml``: the fake server as a ``generic`` (OpenAI-style) provider and its only model,
+    no telemetry, no update check, and no session titles (a model call of its own after each turn).
+
+    Its other traffic (experiments, connectors, the model catalog, telemetry's endpoint) is tied to a
+    Mistral provider, which this config does not use.
+    """
+    return f"""active_model = "stub"
+enable_telemetry = false
+enable_update_checks = false
+
+[session_logging]
+generate_titles = false
+
+[[providers]]
+name = "stub"
+api_base = "{base_url}"
+api_key_env_var = "STUB_API_KEY"
+backend = "generic"
+
+[[models]]
+name = "stub-model"
+provider = "stub"
+alias = "stub"
+"""
+
+
+@asynccontextmanager
+async def serve_vibe(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict[str, str], ModelLog]]:
+    log = ModelLog()
+    respond = chat_responder(turn, log, "write_file", lambda path: {"path": str(path), "content": CONTENT})
+    async with serve_chat_completions(responder=respond) as server:
+        (home / ".vibe").mkdir(parents=True)
+        (home / ".vibe" / "config.toml").write_text(vibe_config(server.base_url))
+        env = base_env(home, server.base_url.removesuffix("/v1"))
+        env |= {"STUB_API_KEY": "sk-stub-not-a-key"}
+        yield server, env, log
+
+
 def _text_of(content: Any) -> str:
     """A tool result's text: a string, or the texts of a list of content parts, joined."""
     if isinstance(content, str):
@@ -419,7 +467,7 @@ def _text_of(content: Any) -> str:
     return repr(content)
 
 
-AGENTS: Final = ("claude", "qwen", "codex-zed", "codex-acp", "copilot")
+AGENTS: Final = ("claude", "qwen", "codex-zed", "codex-acp", "copilot", "vibe")
 
 
 COPILOT_MODE: Final = "https://agentclientprotocol.com/protocol/session-modes#"
@@ -439,6 +487,9 @@ def make_agent(name: str) -> Agent:
         return Agent(
             name, require(CODEX_ACP), serve_codex(name), False, "read-only", "workspace-write", "agent"
         )
+    if name == "vibe":
+        command = require(VIBE_ACP, node=False)
+        return Agent(name, command, serve_vibe, False, "ask", "auto-approve", "accept-edits")
     command = [*require(COPILOT), "--acp"]
     return Agent(name, command, serve_copilot, True, COPILOT_MODE + "agent", COPILOT_MODE + "plan")
 
@@ -656,6 +707,9 @@ def tool_result_written(agent: str, path: Path) -> str:
         return re.escape(f"Successfully created and wrote to new file: {path}.")
     if agent == "copilot":
         return re.escape(f"Created file {path} with {len(CONTENT)} characters")
+    if agent == "vibe":
+        written = {"bytes_written": len(CONTENT), "file_existed": False, "path": str(path)}
+        return re.escape(json.dumps(written, separators=(",", ":")))
     # Codex reports the command's run: an id and a wall time that change every run, then its exit status.
     return (
         r"Chunk ID: \w+\nWall time: [\d.]+ seconds\nProcess exited with code 0\n"
@@ -705,6 +759,12 @@ async def test_a_real_agent_at_its_asking_mode_writes_the_file_when_its_question
     assert permission_choices(finished) == [("allow_once", "--permission allow")]
 
 
+VIBE_DENIED: Final = (
+    '{"result":{"type":"error","error":{"name":"tool_denied",'
+    '"message":"Tool execution denied by approval callback","details":null}}}'
+)
+"""What Vibe tells the model when its question about a write is refused."""
+
 # What each agent at its asking mode tells the model when the write is refused, and how the turn ends:
 # (what the model is told, exit status, output, stop reason).
 DENIED: Final = {
@@ -719,6 +779,8 @@ DENIED: Final = {
     "codex-acp": ([], 1, "", "cancelled"),
     # Copilot ends the turn at once, the model told nothing; it tells the user in a message of its own.
     "copilot": ([], 0, "Info: Operation cancelled by user", "completed"),
+    # Vibe reports the tool call failed; the answer is the text after it.
+    "vibe": ([VIBE_DENIED], 0, NOT_WRITTEN, "completed"),
 }
 
 

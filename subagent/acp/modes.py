@@ -92,6 +92,14 @@ KNOWN_AGENT_MODES: Final[tuple[KnownAgentModes, ...]] = (
         asking="https://agentclientprotocol.com/protocol/session-modes#agent",
         approving=frozenset({"https://agentclientprotocol.com/protocol/session-modes#autopilot"}),
     ),
+    KnownAgentModes(
+        agent="@mistralai/mistral-vibe",
+        versions="mistral-vibe 3.0.2",
+        # Starts in `accept-edits` and writes files itself without asking (asks for other tools);
+        # `auto-approve` asks for nothing.
+        asking="ask",
+        approving=frozenset({"accept-edits", "auto-approve"}),
+    ),
 )
 """The agents whose asking mode is known. A client holding a ``deny`` or ``ask`` policy moves a session
 that starts in one of ``approving`` to ``asking``; the README lists this table."""
