@@ -485,7 +485,7 @@ class AcpSession:
         recent ``max_kept_updates`` of them."""
         self.early_updates: list[schema.SessionUpdate] = []
         """Updates the agent sent for this session before answering the request that opened it
-        (``session/new``: Copilot and vibe announce commands, mode and usage that way), in order, as
+        (``session/new``: Copilot announces its commands that way, mistral-vibe its usage), in order, as
         many as :data:`MAX_EARLY_UPDATES` kept. They are also delivered to the session like later
         ones, right after the answer is adopted, before :meth:`AcpClient.new_session` returns."""
         self._turn: _Turn | None = None
