@@ -453,3 +453,25 @@ async def test_a_mode_chosen_by_the_caller_always_wins_and_the_write_is_still_re
     assert (result.stop_reason, mode) == ("completed", "auto")
     assert not out.exists()
     assert "switched" not in caplog.text
+
+
+class _NodeServedFiles:
+    """A transport whose agents' files are served where they run (as ``RayTransport(fs_roots=...)``)."""
+
+    name = "ray://test"
+    local_files = False
+    stdin_close_timeout = 1.0
+    fs_roots = ("/srv/work",)
+
+    def open(self, argv: Any, *, env: Any = None, cwd: Any = None) -> Any:
+        raise NotImplementedError  # never opened: only the provider's construction is under test
+
+
+@pytest.mark.parametrize("permission", ["deny", "allow"])
+def test_a_transport_that_serves_writes_on_its_node_is_warned_about_unless_everything_is_allowed(
+    caplog: pytest.LogCaptureFixture, permission: Literal["allow", "deny"]
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        AcpProvider(["agent"], transport=_NodeServedFiles(), permission=permission)  # type: ignore[arg-type]
+    warned = "serves the agent's file writes on its node, inside its fs_roots, without asking the permission"
+    assert (warned in caplog.text) == (permission == "deny")
