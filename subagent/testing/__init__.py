@@ -18,45 +18,7 @@ from __future__ import annotations
 
 import os
 import sys
-
-from subagent.testing.anthropic_server import (
-    AnthropicMessagesServer,
-    MessagesError,
-    MessagesReply,
-    MessagesRequest,
-    ToolUse,
-    serve_anthropic_messages,
-)
-from subagent.testing.chat_server import (
-    ChatCompletionsServer,
-    ChatReply,
-    DropConnection,
-    ErrorReply,
-    JsonReply,
-    MalformedChunk,
-    RawStream,
-    ReceivedRequest,
-    StallReply,
-    StreamedReply,
-    ToolCallReply,
-    serve_chat_completions,
-)
-from subagent.testing.responses_server import (
-    FunctionCall,
-    ResponsesReply,
-    ResponsesRequest,
-    ResponsesServer,
-    serve_responses,
-)
-from subagent.testing.scenario import (
-    DEFAULT_SCENARIO_PATH,
-    Scenario,
-    ScenarioError,
-    Step,
-    dump_scenario,
-    load_scenario,
-    parse_scenario,
-)
+from typing import TYPE_CHECKING
 
 __all__ = [
     "DEFAULT_SCENARIO_PATH",
@@ -92,6 +54,95 @@ __all__ = [
     "serve_responses",
     "stub_agent_argv",
 ]
+
+if TYPE_CHECKING:
+    from subagent.testing.anthropic_server import (
+        AnthropicMessagesServer,
+        MessagesError,
+        MessagesReply,
+        MessagesRequest,
+        ToolUse,
+        serve_anthropic_messages,
+    )
+    from subagent.testing.chat_server import (
+        ChatCompletionsServer,
+        ChatReply,
+        DropConnection,
+        ErrorReply,
+        JsonReply,
+        MalformedChunk,
+        RawStream,
+        ReceivedRequest,
+        StallReply,
+        StreamedReply,
+        ToolCallReply,
+        serve_chat_completions,
+    )
+    from subagent.testing.responses_server import (
+        FunctionCall,
+        ResponsesReply,
+        ResponsesRequest,
+        ResponsesServer,
+        serve_responses,
+    )
+    from subagent.testing.scenario import (
+        DEFAULT_SCENARIO_PATH,
+        Scenario,
+        ScenarioError,
+        Step,
+        dump_scenario,
+        load_scenario,
+        parse_scenario,
+    )
+else:
+    from subagent._lazy import lazy_exports
+
+    # Loaded when first used: the stub agent, started hundreds of times by a test suite, imports this
+    # package for its scenario format only, and the fake model servers (h11 and all) cost ~60 ms a start.
+    __getattr__, __dir__ = lazy_exports(
+        __name__,
+        [name for name in __all__ if name not in ("STUB_AGENT_MODULE", "stub_agent_argv")],
+        {
+            "subagent.testing.anthropic_server": (
+                "AnthropicMessagesServer",
+                "MessagesError",
+                "MessagesReply",
+                "MessagesRequest",
+                "ToolUse",
+                "serve_anthropic_messages",
+            ),
+            "subagent.testing.chat_server": (
+                "ChatCompletionsServer",
+                "ChatReply",
+                "DropConnection",
+                "ErrorReply",
+                "JsonReply",
+                "MalformedChunk",
+                "RawStream",
+                "ReceivedRequest",
+                "StallReply",
+                "StreamedReply",
+                "ToolCallReply",
+                "serve_chat_completions",
+            ),
+            "subagent.testing.responses_server": (
+                "FunctionCall",
+                "ResponsesReply",
+                "ResponsesRequest",
+                "ResponsesServer",
+                "serve_responses",
+            ),
+            "subagent.testing.scenario": (
+                "DEFAULT_SCENARIO_PATH",
+                "Scenario",
+                "ScenarioError",
+                "Step",
+                "dump_scenario",
+                "load_scenario",
+                "parse_scenario",
+            ),
+        },
+    )
 
 STUB_AGENT_MODULE = "subagent.testing.stub_agent"
 """The module that runs the stub agent (``python -m``)."""
