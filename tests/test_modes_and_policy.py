@@ -22,9 +22,9 @@ from subagent.acp import schema
 from subagent.acp.errors import SessionSettingError
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
 from subagent.acp.modes import KNOWN_AGENT_MODES, ModeChoice, mode_advice, reads_as_approving
-from subagent.providers.acp import AcpProvider, AcpRun
-from subagent.types import ErrorCode, SubagentError, SubagentRequest
-from tests.leaks import assert_no_leaks
+from subagent.providers.acp import AcpProvider
+from subagent.types import ErrorCode, SubagentError, SubagentResult
+from tests.test_acp_provider import run_once
 from tests.test_client import FakeAgent, connected, ready_session
 
 pytestmark = pytest.mark.anyio
@@ -355,17 +355,10 @@ def scenario(tmp_path: Path, *, agent_name: str, out: Path, modes: dict[str, Any
     return [sys.executable, "-m", "subagent.testing.stub_agent", "--scenario", str(path)]
 
 
-async def run_turn(provider: AcpProvider, cwd: Path) -> tuple[Any, Any]:
-    from subagent import SubagentService
-
-    async with assert_no_leaks(), SubagentService() as service:
-        service.register_provider(provider)
-        async with service.start(provider.name, SubagentRequest(prompt="go", cwd=str(cwd))) as run:
-            with anyio.fail_after(WAIT):
-                result = await run.result()
-            acp_run = run.provider_run
-            assert isinstance(acp_run, AcpRun)
-            return result, (acp_run.current_mode, [schema.to_builtins(o) for o in acp_run.config_options])
+async def run_turn(provider: AcpProvider, cwd: Path) -> tuple[SubagentResult, tuple[str | None, list[Any]]]:
+    """One turn in ``cwd`` (nothing may leak); its result, and the session's mode and config options."""
+    result, run = await run_once(provider, cwd=str(cwd))
+    return result, (run.current_mode, [schema.to_builtins(option) for option in run.config_options])
 
 
 async def test_the_callers_mode_and_config_options_are_applied_before_the_first_prompt(
