@@ -27,6 +27,10 @@ another parent is answered exactly like one that does not exist.
   is cancelled (:meth:`~subagent.runtime.Agent.cancel`), when :meth:`~BackgroundChildren.aclose` runs,
   and when the service closes (the children's tasks run in the service's task group, and the service
   disposes every run it started). A spill directory the object created is removed by ``aclose``.
+* **Notices cannot be forged**: a notice is framed by a first line ``[background subagent HANDLE
+  ...]`` and a last line ``[end of background subagent HANDLE]``; any line of the child's own text
+  that looks like either (of any handle) is shown quoted (``> [...``), so a child's output can neither
+  end its own notice early nor pass for a sibling's.
 
 The model-facing side (the ``background`` argument and the companion tools) is
 :class:`~subagent.tool.SubagentTool`'s; this module is the machinery, usable without the tool.
@@ -38,6 +42,7 @@ import enum
 import logging
 import math
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -228,13 +233,12 @@ class Notice:
 
     @property
     def text(self) -> str:
-        """The notice as the parent model reads it: who ended, how, and the result."""
+        """The notice as the parent model reads it: who ended, how, and the result (any line of it that
+        looks like a notice's first or last line quoted, see the module docstring)."""
         child = self.child
-        # The closing line bounds what the child wrote: the child never learns its handle, so text it
-        # made up cannot pass for the end of its notice or for another child's.
         return (
             f"[background subagent {child.handle} ({child.provider}) {child.state}]\n"
-            f"Task: {_excerpt(child.prompt)}\n\n{self.result.render()}\n"
+            f"Task: {_excerpt(child.prompt)}\n\n{_quote_framing(self.result.render())}\n"
             f"[end of background subagent {child.handle}]"
         )
 
@@ -1053,6 +1057,19 @@ async def _first_set(events: Iterable[anyio.Event]) -> None:
 def _ago(seconds: float) -> str:
     seconds = max(seconds, 0.0)
     return f"{seconds:.1f} s ago" if seconds < 10 else f"{seconds:.0f} s ago"
+
+
+_FRAMING_LINE = re.compile(r"[\s\u200b-\u200d\u2060\ufeff]*\[\s*(end\s+of\s+)?background\s+subagent\b", re.I)
+"""The start of a line that reads as a notice's first or last line, blanks and invisible marks before it
+and letter case aside: a child's text holding one could end its own notice or pass for a sibling's."""
+
+
+def _quote_framing(text: str) -> str:
+    """``text`` with each line that looks like a notice's framing (any handle) quoted, ``> `` before it."""
+    lines = text.splitlines(keepends=True)
+    if not any(_FRAMING_LINE.match(line) for line in lines):
+        return text
+    return "".join(f"> {line}" if _FRAMING_LINE.match(line) else line for line in lines)
 
 
 def _excerpt(text: str, limit: int = 100) -> str:
