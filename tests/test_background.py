@@ -1020,7 +1020,8 @@ async def test_the_tool_offers_background_and_five_companions_only_with_backgrou
         assert definition.description.endswith(
             "Background: set `background` to true to start a subagent and get its handle at once; you keep "
             "working, and a notice with its result reaches you when it ends. At most 3 of yours run at "
-            "once; more are queued. `subagent_list` lists your background subagents, `subagent_wait` waits "
+            "once; more are queued, up to 64. `subagent_list` lists your background subagents, "
+            "`subagent_wait` waits "
             "for them, `subagent_send` messages one, `subagent_cancel` stops one, `subagent_result` reads "
             "one's result. A result longer than 1000 bytes is saved to a file: you get its start, its end "
             "and the file's path."
@@ -1057,6 +1058,7 @@ async def test_the_tool_offers_background_and_five_companions_only_with_backgrou
     ("options", "message"),
     [
         ({"max_running": 0}, "max_running must be >= 1, got 0"),
+        ({"max_queued": -1}, "max_queued must be >= 0, got -1"),
         ({"spill_bytes": 0}, "spill_bytes must be >= 1 (or None), got 0"),
         ({"head_chars": -1}, "head_chars and tail_chars must be >= 0"),
         ({"tail_chars": -1}, "head_chars and tail_chars must be >= 0"),

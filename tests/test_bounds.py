@@ -6,11 +6,14 @@
 - `subagent trace` answers any bad line (nested, non-finite numbers, huge, not UTF-8, not an object) with
   a usage error naming the line, and writes no page.
 - A child's output cannot forge or close another child's notice: the parent's log shows it quoted.
+- Queued background children are capped per parent (the tool and the library API refuse past it).
+- Closing a parent with queued children logs one summary line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tracemalloc
 from collections.abc import Iterator
@@ -21,8 +24,10 @@ import anyio
 import anyio.streams.buffered
 import pytest
 
+from subagent import SubagentRequest
+from subagent import background as background_module
 from subagent._acp_usage import COUNT_FIELDS
-from subagent.background import BackgroundOptions
+from subagent.background import DEFAULT_MAX_QUEUED, BackgroundError, BackgroundErrorKind, BackgroundOptions
 from subagent.cli import main
 from subagent.cli import tracing as tracing_module
 from subagent.cli.tracing import MAX_EVENT_LINE_BYTES, TraceRecorder
@@ -35,7 +40,7 @@ from subagent.trace_page import (
     MAX_TEXT_CHARS,
 )
 from subagent.types import RUN_META_KEY
-from tests.test_background import WAIT
+from tests.test_background import WAIT, open_host
 from tests.test_background_agents import delegate, open_family
 from tests.test_trace_page import event, tool_call, tool_update, trace_data
 
@@ -310,4 +315,70 @@ async def test_a_childs_output_holding_a_siblings_framing_lines_reaches_the_pare
             f"[background subagent {honest} (spawn) completed]\nTask: task honest\n\n"
             f"answer honest\n[end of background subagent {honest}]"
         ),
+    ]
+
+
+# -- the queue of a parent's background children is capped ---------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_past_max_queued_a_start_is_refused_by_the_tool_and_the_library_naming_the_cap() -> None:
+    assert BackgroundOptions().max_queued == DEFAULT_MAX_QUEUED == 64
+    async with open_host(BackgroundOptions(max_running=1, max_queued=2)) as host:
+        running, first, second = [await host.start(name) for name in ("a", "b", "c")]
+        refused = await host.tool.execute({"prompt": "task d", "provider": "spawn", "background": True})
+        reason = (
+            "no subagent was started: 1 of yours are running and 2 queued, the most you may have waiting; "
+            "wait for one to end, or cancel one, then start it again"
+        )
+        assert (refused.is_error, refused.render(), refused.handle, refused.provider) == (
+            True,
+            f"Error: {reason}",
+            None,
+            "spawn",
+        )
+        with pytest.raises(BackgroundError) as raised:
+            await host.background.start("host", "spawn", SubagentRequest(prompt="task d"))
+        assert (raised.value.kind, raised.value.reason) == (BackgroundErrorKind.QUEUE_FULL, reason)
+        assert [child.handle for child in host.background.children("host")] == [running, first, second]
+        assert host.starts.prompts == ["task a"]
+        # A cancelled queued child gives its place back.
+        await host.companion("cancel", handle=first)
+        third = await host.start("e")
+        assert [(child.handle, child.state) for child in host.background.children("host")] == [
+            (running, "running"),
+            (first, "cancelled"),
+            (second, "queued"),
+            (third, "queued"),
+        ]
+        host.model.release("a", "c", "e")
+        with anyio.fail_after(WAIT):
+            await host.background.wait("host", [second, third], mode="all", timeout=WAIT)
+
+
+# -- closing a parent: one line for all its children ------------------------------------------------------
+
+
+@pytest.mark.anyio
+async def test_closing_a_parent_with_queued_children_logs_one_summary_naming_the_counts(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With few ended children kept, each queued child ended by the close used to log that its result was
+    # dropped unread: one warning per child.
+    monkeypatch.setattr(background_module, "MAX_KEPT_ENDED", 5)
+    async with open_host(BackgroundOptions(max_running=1)) as host:
+        for name in ["a", *(f"q{index}" for index in range(40))]:
+            await host.start(name)
+        await host.model.held("a")
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="subagent"):
+            with anyio.fail_after(WAIT):
+                await host.background.close_parent("host")
+    assert [(record.name, record.levelname, record.getMessage()) for record in caplog.records] == [
+        (
+            "subagent.background",
+            "INFO",
+            "parent host closed with live background children: 40 queued (never started), 1 running "
+            "(cancelled)",
+        )
     ]
