@@ -8,13 +8,18 @@
 - A child's output cannot forge or close another child's notice: the parent's log shows it quoted.
 - Queued background children are capped per parent (the tool and the library API refuse past it).
 - Closing a parent with queued children logs one summary line.
+- `subagent serve` removes its spill directory on SIGTERM and SIGHUP, then dies of that signal (a SIGHUP
+  ignored when it started stays ignored).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import signal
+import sys
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +45,7 @@ from subagent.trace_page import (
     MAX_TEXT_CHARS,
 )
 from subagent.types import RUN_META_KEY
+from tests.leaks import assert_no_leaks
 from tests.test_background import WAIT, open_host
 from tests.test_background_agents import delegate, open_family
 from tests.test_trace_page import event, tool_call, tool_update, trace_data
@@ -382,3 +388,95 @@ async def test_closing_a_parent_with_queued_children_logs_one_summary_naming_the
             "(cancelled)",
         )
     ]
+
+
+# -- `subagent serve`: SIGTERM and SIGHUP remove the spill directory --------------------------------------
+
+
+def acp_line(message_id: int, method: str, params: dict[str, Any]) -> bytes:
+    return (
+        json.dumps({"jsonrpc": "2.0", "id": message_id, "method": method, "params": params}).encode() + b"\n"
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.subprocess
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the served process is what is tested
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+async def test_serve_removes_its_spill_directory_on_a_stopping_signal_and_dies_of_it(
+    anyio_backend: str, tmp_path: Path, signum: signal.Signals
+) -> None:
+    temporary = tmp_path / "tmp"  # where the private spill directory is made
+    temporary.mkdir()
+    command = [
+        sys.executable,
+        "-m",
+        "subagent",
+        "serve",
+        "--script",
+        str(DELEGATE_SCRIPT),
+        "--spill-bytes",
+        "1",
+    ]
+    async with assert_no_leaks():
+        process = await anyio.open_process(command, env={**os.environ, "TMPDIR": str(temporary)})
+        async with process:
+            assert process.stdin is not None
+            assert process.stdout is not None
+            assert process.stderr is not None
+            stdout = anyio.streams.buffered.BufferedByteReceiveStream(process.stdout)
+
+            async def answer(message_id: int) -> dict[str, Any]:
+                while True:
+                    line = json.loads(await stdout.receive_until(b"\n", 1 << 20))
+                    if line.get("id") == message_id:
+                        return dict(line)
+
+            with anyio.fail_after(PROCESS_WAIT):
+                await process.stdin.send(acp_line(0, "initialize", {"protocolVersion": 1}))
+                await answer(0)
+                await process.stdin.send(acp_line(1, "session/new", {"cwd": str(tmp_path), "mcpServers": []}))
+                session = (await answer(1))["result"]["sessionId"]
+                prompt = [{"type": "text", "text": "Ask a subagent what 6 times 7 is."}]
+                await process.stdin.send(
+                    acp_line(2, "session/prompt", {"sessionId": session, "prompt": prompt})
+                )
+                assert (await answer(2))["result"]["stopReason"] == "end_turn"
+                # The child's answer ("42", over the 1 byte allowed) was spilled to a private file.
+                [spill_dir] = temporary.iterdir()
+                assert [path.read_text() for path in spill_dir.iterdir()] == ["42"]
+                process.send_signal(signum)
+                assert await process.wait() == -signum  # ended by the signal itself, as without a handler
+                stderr = b""
+                with contextlib.suppress(anyio.EndOfStream):
+                    while True:
+                        stderr += await process.stderr.receive()
+    assert list(temporary.iterdir()) == []
+    assert b"Traceback" not in stderr
+
+
+@pytest.mark.anyio
+@pytest.mark.subprocess
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the served process is what is tested
+async def test_serve_started_with_sighup_ignored_keeps_ignoring_it(
+    anyio_backend: str, tmp_path: Path
+) -> None:
+    # As `nohup subagent serve ...` starts it: SIGHUP ignored, which exec keeps.
+    serve = [sys.executable, "-m", "subagent", "serve", "--script", str(DELEGATE_SCRIPT)]
+    nohup = (
+        f"import os, signal; signal.signal(signal.SIGHUP, signal.SIG_IGN); os.execv({serve[0]!r}, {serve!r})"
+    )
+    async with assert_no_leaks():
+        process = await anyio.open_process([sys.executable, "-c", nohup])
+        async with process:
+            assert process.stdin is not None
+            assert process.stdout is not None
+            stdout = anyio.streams.buffered.BufferedByteReceiveStream(process.stdout)
+            with anyio.fail_after(PROCESS_WAIT):
+                await process.stdin.send(acp_line(0, "initialize", {"protocolVersion": 1}))
+                await stdout.receive_until(b"\n", 1 << 20)  # it serves: its signal handling is set up
+                process.send_signal(signal.SIGHUP)
+                await process.stdin.send(acp_line(1, "initialize", {"protocolVersion": 1}))
+                assert json.loads(await stdout.receive_until(b"\n", 1 << 20))["id"] == 1  # still serving
+                await process.stdin.aclose()
+                assert await process.wait() == 0
