@@ -668,7 +668,8 @@ class SubagentTool:
         note = (
             "Background: set `background` to true to start a subagent and get its handle at once; "
             "you keep working, and a notice with its result reaches you when it ends. "
-            f"At most {options.max_running} of yours run at once; more are queued. "
+            f"At most {options.max_running} of yours run at once; more are queued, "
+            f"up to {options.max_queued}. "
             f"`{self._name}_list` lists your background subagents, `{self._name}_wait` waits for them, "
             f"`{self._name}_send` messages one, `{self._name}_cancel` stops one, `{self._name}_result` "
             "reads one's result."
