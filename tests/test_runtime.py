@@ -252,32 +252,28 @@ BAD_CALLS = [
     ),
     pytest.param(
         ToolCall("c1", "add", '{"a": 1,'),
-        "error: the arguments are not valid JSON (Expecting property name enclosed in double quotes: "
-        "line 1 column 9 (char 8)); nothing was run",
+        "error: invalid arguments, nothing was run:\n- the arguments are not valid JSON: Expecting property "
+        "name enclosed in double quotes: line 1 column 9 (char 8)",
         id="invalid-json",
     ),
     pytest.param(
         ToolCall("c1", "add", '{"a": "2", "b": 3}'),
-        "error: the arguments do not match the tool's schema at a: '2' is not of type 'integer'; "
-        "nothing was run",
+        'error: invalid arguments, nothing was run:\n- a: expected an integer, got "2"',
         id="wrong-type",
     ),
     pytest.param(
         ToolCall("c1", "add", '{"a": 2}'),
-        "error: the arguments do not match the tool's schema at the top level: 'b' is a required property; "
-        "nothing was run",
+        'error: invalid arguments, nothing was run:\n- missing argument "b" (an integer)',
         id="missing-property",
     ),
     pytest.param(
         ToolCall("c1", "add", '{"a": 2, "b": 3, "c": 4}'),
-        "error: the arguments do not match the tool's schema at the top level: Additional properties are "
-        "not allowed ('c' was unexpected); nothing was run",
+        'error: invalid arguments, nothing was run:\n- unknown argument "c"; the tool takes "a", "b"',
         id="extra-property",
     ),
     pytest.param(
         ToolCall("c1", "add", "[2, 3]"),
-        "error: the arguments do not match the tool's schema at the top level: [2, 3] is not of type "
-        "'object'; nothing was run",
+        "error: invalid arguments, nothing was run:\n- the arguments: expected an object, got an array",
         id="not-an-object",
     ),
 ]
