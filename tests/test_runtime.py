@@ -1763,27 +1763,3 @@ async def test_scripted_replies_may_be_given_in_the_json_scripts_object_form() -
 def test_a_scripted_reply_of_the_wrong_shape_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="reply 1: unknown keys txt"):
         ScriptedLlm(["fine", {"txt": "typo"}])
-
-
-async def test_a_tools_argument_schema_is_checked_once_however_often_it_is_called(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import jsonschema
-
-    checked: list[object] = []
-    original = jsonschema.Draft202012Validator.check_schema
-
-    def counting(schema: Any, *args: Any, **kwargs: Any) -> None:
-        checked.append(schema)
-        original(schema, *args, **kwargs)
-
-    monkeypatch.setattr(jsonschema.Draft202012Validator, "check_schema", staticmethod(counting))
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "type": "object"}
-    tool = FunctionTool("count", "Count.", schema, lambda arguments: "counted")
-    llm = ScriptedLlm([Reply(tool_calls=[call("count", id=f"c{n}") for n in range(3)]), "Done."])
-    agent = Agent(llm=llm, tools=[tool])
-    with anyio.fail_after(WAIT):
-        result = await agent.run_turn("Count thrice.")
-    assert result == SubagentResult("Done.", "completed")
-    assert [m.content for m in agent.messages if m.role == "tool"] == ["counted"] * 3
-    assert len(checked) == 1
