@@ -278,6 +278,18 @@ def test_the_demo_takes_the_turn_options_the_table_gives_it(root: Path, specs: l
     )
 
 
+@pytest.mark.parametrize(
+    "flag", ["--cwd", "--auth-method", "--mode", "--ssh-config", "--events-file", "--trace"]
+)
+def test_an_empty_value_for_a_flag_that_names_something_is_bad_usage(
+    flag: str, root: Path, specs: list[TurnSpec], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It was taken as no value (the config's, or the default) or, for --trace, failed after the run.
+    assert main(["run", "-p", "hi", flag, "", "--", "agent-command"]) == 2
+    assert f"subagent run: error: argument {flag}: must not be empty\n" in capsys.readouterr().err
+    assert specs == []
+
+
 def test_a_bad_command_line_value_is_refused_naming_its_flag_before_the_prompt_is_read(
     root: Path, specs: list[TurnSpec], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -164,6 +164,14 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _non_blank(text: str) -> str:
+    # An empty name or path names nothing (an empty --trace, the current directory's parent): refused, as
+    # the config refuses a blank value for the same keys.
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def _settings(given: list[str], flag: str) -> dict[str, str]:
     """``--set ID=VALUE`` words as a table; a later one for the same id wins."""
     settings: dict[str, str] = {}
@@ -221,6 +229,7 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
         "the session's working directory, the only place the agent may read and write through us "
         "(default: the agent's configured cwd, else the current directory)",
         metavar="DIR",
+        parse=_non_blank,
         config=ConfigKey(Program, _STRING, paths="agent"),
     ),
     Option(
@@ -272,6 +281,7 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
         ("--auth-method",),
         "the auth method to use if the agent demands authentication",
         metavar="ID",
+        parse=_non_blank,
         config=ConfigKey(NonBlank, _STRING),
     ),
     Option(
@@ -293,6 +303,7 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
         "session that starts in a mode that approves tool calls by itself is moved to the agent's "
         "asking mode where known, else warned about (default: the agent's `mode` in the config)",
         metavar="ID",
+        parse=_non_blank,
         config=ConfigKey(NonBlank, "a mode id (a string)"),
     ),
     Option(
@@ -326,6 +337,7 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
         "for an agent on ssh://: the ssh client's config file, read instead of ~/.ssh/config "
         "(ssh -F; default: the agent's `ssh_config` in the config)",
         metavar="FILE",
+        parse=_non_blank,
         config=ConfigKey(Program, _STRING, paths="local", ssh_only=True),
     ),
     Option(
@@ -365,6 +377,7 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
         ("--events-file",),
         "also write the --events lines (and the prompt first) to FILE; stderr shows what it would",
         metavar="FILE",
+        parse=_non_blank,
         convert=_writable_file,
         demo=True,
     ),
@@ -374,6 +387,7 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
         "write the run's trace page (a timeline of its runs, one self-contained HTML file) to "
         "FILE.html when it ends",
         metavar="FILE.html",
+        parse=_non_blank,
         convert=_writable_file,
         demo=True,
     ),
