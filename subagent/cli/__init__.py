@@ -21,6 +21,7 @@ The package, one job per module::
     main.py          the table of commands, the parser, main(): argv to a command, failures to exit statuses
     usage.py         a command's row (Command), exit statuses, the usage error and the parser that raises it
     commands.py      the commands run, demo and agents: options to a turn, its outcome printed
+    options.py       every option of `subagent run`, declared once: flags, config key, type, help, merge
     serve.py         the command-line half of `subagent serve`: its row and flags, the LLM built from them
     turn.py          one turn through the seam: the driver, the start gate, how each ending reads
     interrupts.py    Ctrl-C, SIGTERM and SIGHUP during a turn: cancel, then tear down at once
@@ -29,7 +30,7 @@ The package, one job per module::
     permission.py    answering permission questions: allow, deny, or ask a person on a terminal
     console.py       the two streams: stderr for people (sanitized, coloured on a terminal), stdout
     logs.py          log records to the current view, else stderr; -v and -vv
-    config.py        named agents from a TOML file, its schema as typed structs
+    config.py        named agents from a TOML file, its schema as typed structs made from the options
     demo.py          the demo's second half: an in-process agent delegating to fork, spawn and acp
 """
 
