@@ -1,10 +1,10 @@
 """The Ray transport against a real two-node Ray cluster on this machine (tests/raycluster.py).
 
 Each test runs real processes (on asyncio; those marked `both_backends` on trio too): the actor's worker
-on a node (the second, unless a test says otherwise), the supervisor and the agent under it. "Nothing left" is asserted by
-`assert_no_leaks_over_ray` (the agent carries the leak tag, passed by `LeakTaggedRayTransport`: it is
-no descendant of ours) and, where the point is teardown, on the reported pids themselves. Waits are for
-events, under ``anyio.fail_after`` as hang guards only.
+on a node (the second, unless a test says otherwise), the supervisor and the agent under it. "Nothing
+left" is asserted by `assert_no_leaks_over_ray` (the agent carries the leak tag, passed by
+`LeakTaggedRayTransport`: it is no descendant of ours) and, where the point is teardown, on the reported
+pids themselves. Waits are for events, under ``anyio.fail_after`` as hang guards only.
 """
 
 from __future__ import annotations
