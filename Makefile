@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help install interop test fuzz lint format demo bench schema trace-screenshot
+.PHONY: help install interop test test-fast fuzz lint format demo bench schema trace-screenshot
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-17s %s\n", $$1, $$2}'
@@ -95,6 +95,11 @@ PYTEST_PARALLEL := -n $(TEST_WORKERS)
 
 test: $(STAMP) interop ## run the whole test suite (what CI runs), spread over worker processes
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
+
+# The edit loop's tier: the in-process and protocol core, over memory streams and loopback sockets. Left
+# out: tests that start child processes (agents, the CLI, sshd, Ray, chromium), real agents, fuzzing.
+test-fast: $(STAMP) ## the in-process and protocol core only, for the edit loop (about a minute)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not subprocess and not real_agent and not fuzz"
 
 fuzz: $(STAMP) ## the fuzz tests at length (HYPOTHESIS_PROFILE=fuzz: thousands of inputs per property)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -m fuzz

@@ -7,8 +7,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.test_cli import run_cli, scenario, stub_agent_toml, write_config
 from tests.test_modes_and_policy import CONFIG_OPTIONS
+
+pytestmark = pytest.mark.subprocess
 
 MODES: dict[str, Any] = {
     "currentModeId": "auto",

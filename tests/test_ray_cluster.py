@@ -20,6 +20,8 @@ from tests.raycluster import (
     wait_until,
 )
 
+pytestmark = pytest.mark.subprocess
+
 GET_TIMEOUT = 60.0
 """A hang guard on one pinned task's result (it takes milliseconds once a worker is up)."""
 MIB = 1024 * 1024
