@@ -23,6 +23,7 @@ import pytest
 
 import subagent
 import subagent.acp
+import subagent.acp.transports
 import subagent.providers
 from subagent._lazy import lazy_exports
 from subagent.acp import errors
@@ -49,17 +50,30 @@ ACP_CLIENT_MODULES = (
     "subagent.acp.connection",
     "subagent.acp.errors",
     "subagent.acp.handlers",
-    "subagent.acp.process",
+    "subagent.acp.transports._local",
     "subagent.acp.schema",
 )
 """What using the ACP client (``from subagent.acp import AcpClient``) has to load."""
 
 ACP_MODULES = tuple(
-    f"subagent.acp.{info.name}"
-    for info in pkgutil.iter_modules(subagent.acp.__path__)
-    if info.name != "_supervisor"  # run by a child Python, never imported here
+    info.name
+    for info in pkgutil.walk_packages(subagent.acp.__path__, "subagent.acp.")
+    if info.name != "subagent.acp.transports._supervisor"  # run by a child Python, never imported here
 )
-"""Every module of the ACP package."""
+"""Every module of the ACP package, its subpackages' included."""
+
+TRANSPORT_MODULES = tuple(name for name in ACP_MODULES if name.startswith("subagent.acp.transports."))
+"""Every module of the transports package."""
+
+CLIENT_LAYERS = (
+    "subagent.acp.connection",
+    "subagent.acp.client",
+    "subagent.acp.handlers",
+    "subagent.acp.terminals",
+    "subagent.acp._file_router",
+    "subagent.acp.agent",
+)
+"""The layers of the ACP package above the transports, which move bytes and own processes only."""
 
 
 def modules_loaded_by(code: str) -> set[str]:
@@ -109,6 +123,15 @@ def test_no_module_of_the_acp_package_loads_the_seam() -> None:
     assert seam_modules_in(loaded) == []
 
 
+def test_the_transports_load_none_of_the_clients_layers() -> None:
+    assert {"subagent.acp.transports._local", "subagent.acp.transports._ray"} <= set(TRANSPORT_MODULES)
+    loaded = modules_loaded_by("; ".join(f"import {name}" for name in TRANSPORT_MODULES))
+
+    assert set(TRANSPORT_MODULES) <= loaded
+    assert sorted(loaded & set(CLIENT_LAYERS)) == []
+    assert seam_modules_in(loaded) == []
+
+
 def test_the_seam_vocabulary_does_not_load_the_acp_client() -> None:
     # subagent.types takes freeze_json/thaw_json from a small module of the ACP package, not the client.
     loaded = modules_loaded_by("import subagent.types")
@@ -126,7 +149,11 @@ def test_importing_the_spawn_provider_does_not_load_the_acp_provider() -> None:
     assert "subagent.acp.client" not in loaded
 
 
-@pytest.mark.parametrize("package", [subagent, subagent.acp, subagent.providers], ids=lambda p: p.__name__)
+@pytest.mark.parametrize(
+    "package",
+    [subagent, subagent.acp, subagent.acp.transports, subagent.providers],
+    ids=lambda p: p.__name__,
+)
 def test_every_public_name_of_a_package_resolves_and_is_listed(package: ModuleType) -> None:
     names = list(package.__all__)
 
@@ -138,6 +165,9 @@ def test_every_public_name_of_a_package_resolves_and_is_listed(package: ModuleTy
 @pytest.mark.parametrize(
     ("package", "name", "module"),
     [
+        ("subagent.acp.transports", "LocalTransport", "subagent.acp.transports._local"),
+        ("subagent.acp.transports", "Channel", "subagent.acp.transports._channel"),
+        ("subagent.acp.transports", "SshTransport", "subagent.acp.transports._ssh"),
         ("subagent", "SubagentService", "subagent.service"),
         ("subagent", "SubagentRequest", "subagent.types"),
         ("subagent", "EventHub", "subagent.events"),

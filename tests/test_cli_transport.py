@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from subagent.acp.transport import TRANSPORT_SCHEMES, Transport
+from subagent.acp.transports import TRANSPORT_SCHEMES, Transport
 from subagent.cli.main import main
 from tests.transports import InProcessChannel, InProcessTransport, ScriptedHandler
 

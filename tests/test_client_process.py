@@ -17,7 +17,7 @@ from subagent.acp import schema
 from subagent.acp.client import AcpClient, AcpSession, TurnResult, spawn_agent
 from subagent.acp.errors import AgentExitedError, MalformedMessageError, MessageTooLargeError, ProtocolError
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
-from subagent.acp.process import AgentProcess, TeardownStep
+from subagent.acp.transports import AgentProcess, TeardownStep
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks, process_is_gone
 

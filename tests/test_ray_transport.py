@@ -28,17 +28,18 @@ from subagent import SubagentRequest, SubagentResult, SubagentService
 from subagent.acp import schema
 from subagent.acp.client import spawn_agent
 from subagent.acp.errors import AgentExitedError, AgentSpawnError
-from subagent.acp.process import UNKNOWN_RETURNCODE, TeardownReport, TeardownStep, supervision_available
-from subagent.acp.ray import (
-    CHUNK_BYTES,
-    STDIN_BUFFER_BYTES,
-    STDIN_WINDOW,
+from subagent.acp.transports import (
+    UNKNOWN_RETURNCODE,
+    Channel,
     RayChannel,
     RayTransport,
-    transport_from_url,
+    TeardownReport,
+    TeardownStep,
+    Transport,
+    supervision_available,
 )
-from subagent.acp.transport import Channel, Transport
-from subagent.acp.transport import transport_from_url as any_transport_from_url
+from subagent.acp.transports import transport_from_url as any_transport_from_url
+from subagent.acp.transports._ray import CHUNK_BYTES, STDIN_BUFFER_BYTES, STDIN_WINDOW, transport_from_url
 from subagent.providers.acp import AcpProvider
 from subagent.testing import stub_agent_argv
 from subagent.testing.leaks import (
@@ -555,7 +556,7 @@ def test_an_unreachable_cluster_is_a_spawn_error_at_once_in_a_process_of_its_own
     script = (
         "import anyio, sys\n"
         "from subagent.acp.errors import AgentSpawnError\n"
-        "from subagent.acp.ray import RayTransport\n"
+        "from subagent.acp.transports._ray import RayTransport\n"
         "async def main():\n"
         "    try:\n"
         "        async with RayTransport('127.0.0.1:1').open(['true']):\n"

@@ -29,7 +29,7 @@ from subagent.acp.errors import (
     RequestError,
     UnexpectedResponseError,
 )
-from subagent.acp.process import AgentProcess, TeardownStep, open_agent_process
+from subagent.acp.transports import AgentProcess, TeardownStep, open_agent_process
 from subagent.testing import DEFAULT_SCENARIO_PATH, load_scenario, stub_agent_argv
 from subagent.testing.scenario import ScenarioError, dump_scenario, parse_scenario
 from tests.leaks import assert_no_leaks, process_info, process_is_gone

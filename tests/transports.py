@@ -27,8 +27,7 @@ from subagent.acp.agent import (
     negotiate_protocol_version,
 )
 from subagent.acp.errors import RequestError
-from subagent.acp.process import ExitInfo, TeardownReport, TeardownStep
-from subagent.acp.transport import Channel, Transport
+from subagent.acp.transports import Channel, ExitInfo, TeardownReport, TeardownStep, Transport
 
 STREAM_BUFFER = 64
 """Chunks a memory stream holds before its sender waits: small, so back-pressure is exercised."""

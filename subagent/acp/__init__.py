@@ -5,9 +5,9 @@ Layers, each usable without the ones above it:
 * :mod:`subagent.acp.schema`: the wire types, generated from the ACP JSON Schema;
 * :mod:`subagent.acp.errors`: every exception of this package, in one tree;
 * :mod:`subagent.acp.connection`: JSON-RPC 2.0 over any anyio byte-stream pair, knowing no ACP method;
-* :mod:`subagent.acp.process`: a child agent process we own, from spawn to reaped process group;
-* :mod:`subagent.acp.transport`: where an agent runs: a transport opens a channel to it (locally,
-  the process above; ``transport_from_url`` names others, such as ``ssh://host``);
+* :mod:`subagent.acp.transports`: where an agent runs: a transport opens a channel to it (a child
+  process we own, from spawn to reaped process group, by default; ``transport_from_url`` names others,
+  such as ``ssh://host``);
 * :mod:`subagent.acp.client`: the typed client session (:class:`AcpClient`, :func:`spawn_agent`);
 * :mod:`subagent.acp.handlers`: what the client serves to the agent (fs sandbox, permission policies);
 * :mod:`subagent.acp.elicitation`: the agent's questions for structured input (``elicitation/create``);
@@ -87,8 +87,9 @@ if TYPE_CHECKING:
         PermissionPolicy,
         PermissionQuestion,
     )
-    from subagent.acp.process import AgentProcess, ExitInfo, open_agent_process
-    from subagent.acp.transport import Channel, LocalTransport, Transport, transport_from_url
+    from subagent.acp.transports._channel import Channel, ExitInfo, Transport
+    from subagent.acp.transports._local import AgentProcess, LocalTransport, open_agent_process
+    from subagent.acp.transports._schemes import transport_from_url
 else:
     from subagent._lazy import lazy_exports
 
@@ -108,8 +109,9 @@ else:
                 "PermissionPolicy",
                 "PermissionQuestion",
             ),
-            "subagent.acp.process": ("AgentProcess", "ExitInfo", "open_agent_process"),
-            "subagent.acp.transport": ("Channel", "LocalTransport", "Transport", "transport_from_url"),
+            "subagent.acp.transports._channel": ("Channel", "ExitInfo", "Transport"),
+            "subagent.acp.transports._local": ("AgentProcess", "LocalTransport", "open_agent_process"),
+            "subagent.acp.transports._schemes": ("transport_from_url",),
         },
         default="subagent.acp.errors",
     )

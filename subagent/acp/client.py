@@ -2,7 +2,7 @@
 
 Layers: :class:`AcpClient` speaks ACP over any pair of anyio byte streams (so it is tested in
 memory); :func:`spawn_agent` runs an agent command as a child process we own (or, through another
-:mod:`~subagent.acp.transport`, on another host) and connects a client to its stdin/stdout.
+:mod:`~subagent.acp.transports._channel`, on another host) and connects a client to its stdin/stdout.
 Neither knows about the seam; the ACP provider builds on them.
 
 What the client guarantees:
@@ -84,7 +84,8 @@ from subagent.acp.handlers import (
     policy_name,
 )
 from subagent.acp.modes import ModeChoice, current_mode, offered_modes, select_values
-from subagent.acp.transport import Channel, LocalTransport, Transport, check_command
+from subagent.acp.transports._channel import Channel, Transport, check_command
+from subagent.acp.transports._local import LocalTransport
 
 if TYPE_CHECKING:
     from subagent.acp.terminals import TerminalHost
@@ -1054,7 +1055,7 @@ class AcpClient:
         self._abandoned_requests = False
         self.process: Channel | None = None
         """The running agent, when :func:`spawn_agent` started it: its channel (locally, the
-        :class:`~subagent.acp.process.AgentProcess`)."""
+        :class:`~subagent.acp.transports.AgentProcess`)."""
 
     async def __aenter__(self) -> Self:
         await self.connection.__aenter__()
@@ -1527,11 +1528,11 @@ async def spawn_agent(
     ``client_options`` (:class:`ClientOptions`: ``permission``, ``fs``, ``terminals``, the limits...)
     go to the :class:`AcpClient`, with its defaults.
 
-    ``transport`` says where the agent runs (:mod:`subagent.acp.transport`); by default a local
-    child process, :class:`~subagent.acp.transport.LocalTransport` with ``process_options`` (the
-    options of :func:`~subagent.acp.process.open_agent_process`), which only that default takes.
+    ``transport`` says where the agent runs (:mod:`subagent.acp.transports._channel`); by default a local
+    child process, :class:`~subagent.acp.transports.LocalTransport` with ``process_options`` (the
+    options of :func:`~subagent.acp.transports.open_agent_process`), which only that default takes.
     The client's ``process`` attribute is the transport's channel (locally, the
-    :class:`~subagent.acp.process.AgentProcess`). ``fs`` and ``terminals`` serve the agent on this
+    :class:`~subagent.acp.transports.AgentProcess`). ``fs`` and ``terminals`` serve the agent on this
     host, so a transport whose ``local_files`` is False takes neither.
     Leaving the block closes the connection and tears the agent's tree down (close stdin, wait,
     SIGTERM, wait, SIGKILL, reap), whatever the exit path. The wait after stdin closes is
@@ -1542,7 +1543,7 @@ async def spawn_agent(
 
     Raises:
         AgentSpawnError: the command cannot be started (missing, not executable, bad cwd), or
-            holds what exec cannot carry (:func:`~subagent.acp.transport.check_command`).
+            holds what exec cannot carry (:func:`~subagent.acp.transports.check_command`).
         TypeError: ``argv`` is a single string.
         ValueError: ``argv`` is empty, ``process_options`` with a ``transport``, or
             ``fs``/``terminals`` with a transport whose children do not see this host's files.

@@ -17,7 +17,7 @@ their message text::
     │   ├── AuthenticationRequiredError  the agent wants `authenticate` first; its offers attached
     │   ├── AgentCapabilityError     the call needs a capability the agent did not advertise
     │   └── SessionSettingError      a mode, config option or value the agent does not offer
-    └── AgentProcessError            owning a child agent process failed (raised by `subagent.acp.process`)
+    └── AgentProcessError            owning a child agent process failed (raised by the local transport)
         └── AgentSpawnError          the program could not be started; nothing was left behind
 
 `RequestError` is both directions of the same thing: `Connection.request()` raises it when the peer answers
@@ -35,8 +35,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from subagent.acp.process import ExitInfo
     from subagent.acp.schema import AuthMethod
+    from subagent.acp.transports._channel import ExitInfo
 
 __all__ = [
     "AcpError",

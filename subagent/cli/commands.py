@@ -23,8 +23,9 @@ import anyio
 
 from subagent._acp_usage import usage_to_acp
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
-from subagent.acp.ssh import SshTransport
-from subagent.acp.transport import Transport, transport_from_url
+from subagent.acp.transports._channel import Transport
+from subagent.acp.transports._schemes import transport_from_url
+from subagent.acp.transports._ssh import SshTransport
 from subagent.cli.config import SSH_OPTION, AgentConfig, config_search_path, find_config, load_config
 from subagent.cli.console import Console, is_terminal, print_json, print_stdout, use_color
 from subagent.cli.logs import LOG_HANDLER

@@ -37,7 +37,7 @@ A file that is not TOML, is nested too deeply to parse (hundreds of levels), or 
 1 MiB is a :class:`ConfigError` too. Options given on the command line override the file's
 defaults.
 
-``transport`` is a URL for :func:`subagent.acp.transport.transport_from_url` (``local``,
+``transport`` is a URL for :func:`subagent.acp.transports.transport_from_url` (``local``,
 ``ssh://[user@]host[:port]``): the agent then runs there, ``command`` and ``cwd`` name a program
 and a directory on that host (``cwd`` then absolute, and taken as written), and a remote agent is
 offered no fs and no terminals (it reads and writes files itself). A URL that names no available
@@ -366,7 +366,7 @@ def _is_remote(location: Path, agent: str, table: AgentTable) -> bool:
         _check_ssh_keys(location, agent, table, "local")
         return False
     # Imported only for a file that names a transport: the process layer is not needed to read one.
-    from subagent.acp.transport import transport_from_url
+    from subagent.acp.transports._schemes import transport_from_url
 
     try:
         transport = transport_from_url(table.transport)

@@ -21,7 +21,7 @@ from subagent._text import one_line
 from subagent.acp import schema
 from subagent.acp.elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
-from subagent.acp.transport import Transport
+from subagent.acp.transports._channel import Transport
 from subagent.cli.console import sanitize
 from subagent.cli.interrupts import Interrupts
 from subagent.cli.permission import AnswerSource, PermissionMode, permission_policy

@@ -46,7 +46,7 @@ so code that awaits every result before disposing any run cannot wait on itself;
 queues for a slot again before its turn. A run cancelled or disposed while it waits never spawns a
 child. ``ready_timeout`` starts at the spawn, so time spent queued never counts against it.
 
-Where children run: the provider's ``transport`` (:mod:`subagent.acp.transport`; a local child
+Where children run: the provider's ``transport`` (:mod:`subagent.acp.transports._channel`; a local child
 process by default) opens each one; its exit diagnosis, ``run.pid`` and ``run.kill()`` go through
 the transport's channel. A transport whose children do not see this host's files
 (``local_files`` False) gets no fs and no terminals offered to its agents.
@@ -108,8 +108,9 @@ from subagent.acp.handlers import (
     policy_name,
 )
 from subagent.acp.modes import ModeChoice, mode_advice
-from subagent.acp.process import ExitInfo
-from subagent.acp.transport import LocalTransport, Transport, transport_from_url
+from subagent.acp.transports._channel import ExitInfo, Transport
+from subagent.acp.transports._local import LocalTransport
+from subagent.acp.transports._schemes import transport_from_url
 from subagent.types import (
     LINEAGE_META_KEY,
     ErrorCode,
@@ -234,9 +235,9 @@ class AcpProvider:
         on_stderr_line: called with each line the agent writes to stderr, as it arrives (the last
             64 KiB are kept for error messages either way).
         process_options: teardown timings and other options of
-            :func:`~subagent.acp.process.open_agent_process`, for the local transport only.
-        transport: where each child runs: a :class:`~subagent.acp.transport.Transport`, or a URL
-            for :func:`~subagent.acp.transport.transport_from_url` (``"local"``,
+            :func:`~subagent.acp.transports.open_agent_process`, for the local transport only.
+        transport: where each child runs: a :class:`~subagent.acp.transports.Transport`, or a URL
+            for :func:`~subagent.acp.transports.transport_from_url` (``"local"``,
             ``"ssh://[user@]host[:port]"``...). Default: a local child process. ``cwd`` (default:
             ours) is a path on the host the child runs on. A transport whose ``local_files`` is
             False runs the child where this host's files are not: its agent is offered no fs and
@@ -337,7 +338,7 @@ class AcpProvider:
         self.on_stderr_line = on_stderr_line
         self.process_options = dict(process_options or {})
         self.transport = _resolve_transport(transport, self.process_options)
-        """Where each child runs (see :mod:`subagent.acp.transport`)."""
+        """Where each child runs (see :mod:`subagent.acp.transports._channel`)."""
         self.idle_close_grace = idle_close_grace
         self.mode = mode
         self.config_options: dict[str, str | bool] = dict(config_options or {})

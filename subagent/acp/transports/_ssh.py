@@ -1,7 +1,7 @@
 """The SSH transport: a child agent on another host, reached with the system ``ssh`` client.
 
 `SshTransport` runs ``ssh -T -o BatchMode=yes HOST <command>`` (never a password prompt: keys or an
-ssh-agent only) as a local child of ours, spawned by `subagent.acp.process.open_agent_process`, so the
+ssh-agent only) as a local child of ours, spawned by `subagent.acp.transports.open_agent_process`, so the
 local side has every guarantee of a local agent: supervised, torn down with its tree, stderr drained into
 a bounded tail. The agent's stdin and stdout are ssh's.
 
@@ -12,7 +12,7 @@ What runs on the remote host
     loader reads exactly (never a byte of the agent's): first the working directory and the environment
     (stage 1 changes directory and re-executes the interpreter with the environment merged over the
     remote login's), then the agent's argv and the source of our supervisor
-    (`subagent.acp._supervisor`, standard library only), which stage 2 runs in-process. So the agent's
+    (``_supervisor``, standard library only), which stage 2 runs in-process. So the agent's
     argv, environment values and working directory never appear on a command line (``ps`` on either
     host) nor in a log of ours.
 
@@ -80,15 +80,13 @@ import anyio
 import anyio.abc
 
 from subagent.acp.errors import AgentSpawnError
-from subagent.acp.process import (
+from subagent.acp.transports._channel import BaseTransport, ExitInfo, Launch, TeardownReport
+from subagent.acp.transports._local import (
     STDERR_TAIL_BYTES,
     STDIN_CLOSE_TIMEOUT,
     AgentProcess,
-    ExitInfo,
-    TeardownReport,
     open_agent_process,
 )
-from subagent.acp.transport import BaseTransport, Launch
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -441,7 +439,7 @@ class _ReportedEndStream(anyio.abc.ByteReceiveStream):
 
 
 class SshChannel:
-    """One agent on a remote host, as `SshTransport.open` yields it (a `subagent.acp.transport.Channel`).
+    """One agent on a remote host, as `SshTransport.open` yields it (a `subagent.acp.transports.Channel`).
 
     Its streams are the local ssh client's; `pid` is that client's pid, `remote_pid` the agent's own.
     """

@@ -1,10 +1,10 @@
 """The supervisor between our process and one child agent: no descendant of the agent outlives it (Linux).
 
-Usage: ``python -I -S _supervisor.py --status-fd FD --parent-pid PID -- ARGV...``; `subagent.acp.process`
-imports it by the same arguments from its directory (``-c "...from _supervisor import main..."``), so its
-bytecode is cached. It imports only the standard library, never the ``subagent`` package, so it starts in
-about 10 ms and stays small (9 MiB resident, 4 MiB proportional). It inherits the agent's
-stdin/stdout/stderr pipes, environment and working directory, and leads its own session.
+Usage: ``python -I -S _supervisor.py --status-fd FD --parent-pid PID -- ARGV...``; the local transport
+(``_local``) imports it by the same arguments from its directory (``-c "...from _supervisor import
+main..."``), so its bytecode is cached. It imports only the standard library, never the ``subagent``
+package, so it starts in about 10 ms and stays small (9 MiB resident, 4 MiB proportional). It inherits
+the agent's stdin/stdout/stderr pipes, environment and working directory, and leads its own session.
 
 What it does
     It makes itself a *child subreaper* (``PR_SET_CHILD_SUBREAPER``), so every orphaned descendant of the

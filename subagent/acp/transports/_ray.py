@@ -2,7 +2,7 @@
 
 `RayTransport` starts one actor per child (`_AgentActor`, an async actor) wherever Ray places it (a
 node pinned with ``node_id``, resources, ``runtime_env``, any other ``.options(...)``), and that actor
-runs the agent with `subagent.acp.process.open_agent_process` on its node: supervised, torn down with
+runs the agent with `subagent.acp.transports.open_agent_process` on its node: supervised, torn down with
 its whole tree, its stderr drained into a bounded tail, exactly as a local child. The channel here
 relays the agent's stdio over Ray.
 
@@ -34,7 +34,7 @@ stdin: sequence numbers
 Why the agent's tree survives its worker's death by only a moment
     When an actor ends abnormally, its worker dies: SIGKILLed (by Ray, the kernel, a user), or exiting by
     itself (its raylet gone, ``ray.kill``), when Ray would also SIGKILL the worker's child processes. The
-    agent's supervisor (`subagent.acp._supervisor`) leads a session of its own, so a signal to the
+    agent's supervisor (`subagent.acp.transports._supervisor`) leads a session of its own, so a signal to the
     worker's process group misses it; and every actor's ``runtime_env`` sets
     ``RAY_kill_child_processes_on_worker_exit=false`` (over the given ``env_vars``), so that Ray leaves
     it alone too: a SIGKILLed supervisor would leave the agent's tree, in that session, running. The
@@ -101,19 +101,16 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from subagent.acp.errors import AgentSpawnError
-from subagent.acp.process import (
+from subagent.acp.transports._channel import BaseTransport, ExitInfo, Launch, TeardownReport, TeardownStep
+from subagent.acp.transports._local import (
     SIGKILL_TIMEOUT,
     SIGTERM_TIMEOUT,
     STDERR_SETTLE_TIMEOUT,
     STDERR_TAIL_BYTES,
     STDIN_CLOSE_TIMEOUT,
     AgentProcess,
-    ExitInfo,
-    TeardownReport,
-    TeardownStep,
     open_agent_process,
 )
-from subagent.acp.transport import BaseTransport, Launch
 
 __all__ = [
     "CHUNK_BYTES",
@@ -772,7 +769,7 @@ class RayTransport(BaseTransport["RayChannel"]):
 
 
 class RayChannel:
-    """One agent in a Ray actor, as `RayTransport.open` yields it (a `subagent.acp.transport.Channel`).
+    """One agent in a Ray actor, as `RayTransport.open` yields it (a `subagent.acp.transports.Channel`).
 
     `pid` is None (no local process is ours); `remote_pid` is the agent's pid on its node, `node_id`
     that node, `worker_pid` the actor's worker process there.

@@ -1,4 +1,5 @@
-"""Own one child agent process completely: spawn it, drain its stderr, tear its whole process tree down.
+"""The local transport: a child agent process of ours, owned completely: spawned under a supervisor, its
+stderr drained, its whole process tree torn down (`open_agent_process`, `AgentProcess`, `LocalTransport`).
 
 Spawn policy
     `open_agent_process` runs ``argv`` with no shell, as the leader of a process group of its own, so
@@ -10,7 +11,7 @@ Spawn policy
     a variable name that is empty or holds ``=``), raises `AgentSpawnError` before anything starts.
 
 The supervisor (Linux; ``supervise=False`` or elsewhere: the agent is spawned directly, in a new session)
-    The agent is started by a small supervisor (`subagent.acp._supervisor`, run as ``python -I -S`` with
+    The agent is started by a small supervisor (``_supervisor`` here, run as ``python -I -S`` with
     the standard library only: it adds about 14 ms to a spawn, and 9 MiB resident, 4 MiB proportional),
     which leads its own session, sits between us and the agent, and is a *child subreaper*: descendants
     that leave the agent's group (``setsid``, double fork, ``setpgid``) are re-parented to it, not init.
@@ -60,7 +61,6 @@ Limits
 from __future__ import annotations
 
 import contextlib
-import enum
 import fcntl
 import logging
 import os
@@ -70,13 +70,23 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from typing import Any
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
 from subagent.acp.errors import AgentSpawnError
+from subagent.acp.transports._channel import (
+    UNKNOWN_RETURNCODE,
+    BaseTransport,
+    Channel,
+    ExitInfo,
+    Launch,
+    TeardownReport,
+    TeardownStep,
+    check_command,
+)
 
 __all__ = [
     "SIGKILL_TIMEOUT",
@@ -86,12 +96,8 @@ __all__ = [
     "STDIN_CLOSE_TIMEOUT",
     "SUPERVISOR_DIED",
     "SUPERVISOR_START_TIMEOUT",
-    "UNKNOWN_RETURNCODE",
     "AgentProcess",
-    "ExitInfo",
-    "TeardownReport",
-    "TeardownStep",
-    "check_command",
+    "LocalTransport",
     "open_agent_process",
     "supervision_available",
 ]
@@ -126,14 +132,8 @@ _READ_SIZE = 64 * 1024
 """One pipe buffer's worth per read."""
 _STDERR_LINE_LIMIT = 8 * 1024
 """Longer stderr lines are forwarded to on_stderr_line in pieces, so a newline-free flood stays bounded."""
-_DIAGNOSIS_STDERR_CHARS = 600
-"""How much of the stderr tail ExitInfo.__str__ quotes; the full tail stays on ExitInfo.stderr_tail."""
 SUPERVISOR_START_TIMEOUT = 30.0
 """A hang guard only: the supervisor reports the agent's pid about 14 ms after it was spawned."""
-UNKNOWN_RETURNCODE = 255
-"""The returncode of an agent whose exit status never reached us: its supervisor died before reporting
-it, or the connection to it was lost (asyncio's choice for a child whose status was lost);
-ExitInfo.status_known is False then."""
 SUPERVISOR_DIED = "via a supervisor that died before reporting its exit"
 """`ExitInfo.via` of a local agent whose status is unknown because its supervisor died first."""
 _SUPERVISOR_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -154,121 +154,6 @@ _STATUS_LINE_LIMIT = 1024
 """The supervisor's status lines are a few dozen bytes; anything longer is not from it."""
 
 
-class TeardownStep(enum.Enum):
-    """One step of the teardown sequence, in the order they are taken."""
-
-    CLOSE_STDIN = "close stdin"
-    SIGTERM = "SIGTERM to the process group"
-    SIGKILL = "SIGKILL to the process group"
-
-
-@dataclass(frozen=True, slots=True)
-class TeardownReport:
-    """What teardown had to do.
-
-    ``steps`` always starts with `TeardownStep.CLOSE_STDIN`; a later step was taken only because the process
-    group was still alive when the previous step's timeout ran out.
-    """
-
-    steps: tuple[TeardownStep, ...]
-    """The steps taken, in order."""
-    exited_before_teardown: bool
-    """The child had already exited (crashed, or finished) when teardown began."""
-    group_gone: bool
-    """The child was reaped and no live process remained in its group. False only if even SIGKILL did not
-    clear it in time, or the group could not be signalled (EPERM)."""
-
-    @property
-    def ended_by(self) -> TeardownStep:
-        """The last step taken: the one the process group finally yielded to (if ``group_gone``)."""
-        return self.steps[-1]
-
-    @property
-    def graceful(self) -> bool:
-        """The group was gone after closing stdin, without any signal."""
-        return self.group_gone and self.steps == (TeardownStep.CLOSE_STDIN,)
-
-
-@dataclass(frozen=True, slots=True)
-class ExitInfo:
-    """How a child agent ended, for any error reporting its death; ``str()`` is a one-paragraph diagnosis."""
-
-    command: tuple[str, ...]
-    """The argv the agent was started with."""
-    pid: int | None
-    """The agent's pid (on the host it ran on); None if a remote transport lost it before learning it."""
-    returncode: int
-    """The exit status; negative means killed by signal ``-returncode`` (the subprocess convention)."""
-    stderr_tail: str
-    """The last bytes of stderr (at most the configured tail size), decoded as UTF-8 with replacement."""
-    stderr_bytes_total: int
-    """How many bytes the agent wrote to stderr in all."""
-    teardown_signal: signal.Signals | None = None
-    """The last signal teardown sent to the group while this child was still alive, if any."""
-    status_known: bool = True
-    """False if the exit status never reached us (the agent's supervisor died before reporting it, or
-    the connection to a remote agent was lost): ``returncode`` is then `UNKNOWN_RETURNCODE`, a
-    placeholder, and `via` says why."""
-    via: str | None = None
-    """How the agent was reached, when that needs saying: a remote transport's route (``"via ssh to
-    build-1"``, plus ``", connection lost: ..."`` when that is why the status is unknown), or a local
-    supervisor that died before reporting the exit (`SUPERVISOR_DIED`); None for a local child whose
-    status is known."""
-
-    @classmethod
-    def lost(
-        cls, command: tuple[str, ...], pid: int | None, stderr_tail: str, stderr_bytes_total: int, via: str
-    ) -> ExitInfo:
-        """The end of an agent elsewhere whose route here was lost before its status arrived: an unknown
-        status, ``via`` saying where it ran and why (``"via ssh to build-1, connection lost: ..."``)."""
-        return cls(
-            command, pid, UNKNOWN_RETURNCODE, stderr_tail, stderr_bytes_total, status_known=False, via=via
-        )
-
-    @property
-    def killed_by(self) -> signal.Signals | None:
-        """The signal that killed the child; None if it exited (or the number is unknown here)."""
-        if self.returncode >= 0 or not self.status_known:
-            return None
-        try:
-            return signal.Signals(-self.returncode)
-        except ValueError:
-            return None
-
-    @property
-    def status(self) -> str:
-        """The exit status in words: ``"exited with status 3"``, ``"was killed by SIGSEGV (signal 11)"``,
-        or ``"ended with an unknown status"`` (`via` says why)."""
-        if not self.status_known:
-            return "ended with an unknown status"
-        if self.returncode >= 0:
-            return f"exited with status {self.returncode}"
-        killer = self.killed_by
-        name = killer.name if killer is not None else "an unknown signal"
-        return f"was killed by {name} (signal {-self.returncode})"
-
-    def __str__(self) -> str:
-        where = "pid unknown" if self.pid is None else f"pid {self.pid}"
-        if self.via:
-            where += f" {self.via}"
-        text = f"agent `{shlex.join(self.command)}` ({where}) {self.status}"
-        if self.teardown_signal is not None:
-            if self.killed_by is self.teardown_signal:
-                text += ", sent by teardown"
-            else:
-                text += f" after teardown sent {self.teardown_signal.name}"
-        return f"{text}; {self._stderr_excerpt()}"
-
-    def _stderr_excerpt(self) -> str:
-        lines = [line.strip() for line in self.stderr_tail.splitlines() if line.strip()]
-        if not lines:
-            return "stderr was empty" if self.stderr_bytes_total == 0 else "stderr held only blank lines"
-        excerpt = " | ".join(lines)
-        if len(excerpt) > _DIAGNOSIS_STDERR_CHARS:
-            excerpt = "…" + excerpt[-_DIAGNOSIS_STDERR_CHARS:]
-        return f"last stderr: {excerpt}"
-
-
 class _SerializedReceiveStream(anyio.abc.ByteReceiveStream):
     """stdout, read by one task at a time, so teardown can drain it while a caller's reader is active."""
 
@@ -287,7 +172,7 @@ class _SerializedReceiveStream(anyio.abc.ByteReceiveStream):
 
 
 class _StatusPipe:
-    """Our end of a supervisor's status pipe (see `subagent.acp._supervisor`), parsed as lines arrive."""
+    """Our end of a supervisor's status pipe (see ``_supervisor``), parsed as lines arrive."""
 
     def __init__(self, fd: int) -> None:
         os.set_blocking(fd, False)
@@ -513,7 +398,7 @@ class AgentProcess:
         return self._describe_exit(returncode)
 
     def describe(self) -> str:
-        """``"pid 123"``: the agent, for messages (`subagent.acp.transport.Channel.describe`)."""
+        """``"pid 123"``: the agent, for messages (`subagent.acp.transports.Channel.describe`)."""
         return f"pid {self.pid}"
 
     def kill(self) -> None:
@@ -842,54 +727,6 @@ def _process_is_running(pid: int, pgid: int) -> bool:
     return len(fields) >= 3 and fields[0] not in (b"Z", b"X") and int(fields[2]) == pgid
 
 
-def _exec_cannot_carry(text: str) -> str | None:
-    """Why exec cannot pass ``text`` on (it becomes a C string in the file system encoding), or None."""
-    if "\0" in text:
-        return "contains a NUL character"
-    try:
-        os.fsencode(text)
-    except UnicodeEncodeError:
-        return "cannot be encoded (it holds a lone surrogate)"
-    return None
-
-
-def check_command(
-    argv: Sequence[str | os.PathLike[str]], env: Mapping[str, str] | None, cwd: str | None
-) -> tuple[str, ...]:
-    """``argv`` as a tuple of strings, once it is known that exec can carry it, ``env`` and ``cwd``:
-    the check every transport applies before it starts anything (`subagent.acp.transport`).
-
-    Raises:
-        TypeError: ``argv`` is a single string (no shell is used, so it would not be split).
-        ValueError: ``argv`` is empty.
-        AgentSpawnError: A NUL or an unencodable character anywhere, or a variable name that is
-            empty or holds ``=``. The reason names the argument or the variable, never a value
-            (values may be secrets), so subprocess never gets to raise ValueError.
-    """
-    if isinstance(argv, (str, bytes)):
-        raise TypeError("argv must be a sequence of arguments, not a string: no shell is used")
-    command = tuple(os.fspath(arg) for arg in argv)
-    if not command:
-        raise ValueError("argv must name a program")
-    for index, arg in enumerate(command):
-        if problem := _exec_cannot_carry(arg):
-            what = "the program name" if index == 0 else f"argument {index}"
-            raise AgentSpawnError(command, f"{what} {problem}")
-    if cwd is not None and (problem := _exec_cannot_carry(cwd)):
-        raise AgentSpawnError(command, f"the working directory {problem}")
-    for name, value in (env or {}).items():
-        if not name:
-            raise AgentSpawnError(command, "an environment variable name is empty")
-        if problem := _exec_cannot_carry(name):
-            raise AgentSpawnError(command, f"an environment variable name {problem}")
-        if "=" in name:
-            shown = name[: name.index("=") + 1]
-            raise AgentSpawnError(command, f"environment variable name {shown + '…'!r} contains '='")
-        if problem := _exec_cannot_carry(value):
-            raise AgentSpawnError(command, f"the value of environment variable {name!r} {problem}")
-    return command
-
-
 def _spawn_environment(env: Mapping[str, str] | None, *, inherit_env: bool) -> dict[str, str] | None:
     if inherit_env:
         return None if env is None else {**os.environ, **env}
@@ -1117,3 +954,43 @@ async def open_agent_process(
         raise body_error
     # A cancellation that arrived during the shielded teardown is delivered here, on every backend.
     await anyio.lowlevel.checkpoint_if_cancelled()
+
+
+class LocalTransport(BaseTransport[Channel]):
+    """A child process of ours, supervised, torn down with its whole tree: the default transport.
+
+    ``process_options`` are the keyword options of `subagent.acp.transports.open_agent_process` (teardown
+    timings, ``inherit_env``, ``stderr_tail_bytes``, ``supervise``...); they are checked when a
+    channel is opened, as ``open_agent_process`` checks them.
+    """
+
+    name = "local"
+    local_files = True
+
+    def __init__(self, **process_options: Any) -> None:
+        for reserved in ("argv", "env", "cwd", "on_stderr_line"):
+            if reserved in process_options:
+                raise TypeError(f"{reserved!r} is given to LocalTransport.open, not to LocalTransport")
+        self.process_options: Mapping[str, Any] = dict(process_options)
+        """The options given to every `open_agent_process` call."""
+
+    def __repr__(self) -> str:
+        options = ", ".join(f"{key}={value!r}" for key, value in self.process_options.items())
+        return f"LocalTransport({options})"
+
+    @property
+    def stdin_close_timeout(self) -> float:
+        """The ``stdin_close_timeout`` process option (`STDIN_CLOSE_TIMEOUT` by default)."""
+        return float(self.process_options.get("stdin_close_timeout", STDIN_CLOSE_TIMEOUT))
+
+    @contextlib.asynccontextmanager
+    async def launch(self, launch: Launch) -> AsyncIterator[Channel]:
+        """`open_agent_process` with this transport's options; the channel is its `AgentProcess`."""
+        async with open_agent_process(
+            launch.argv,
+            env=launch.env,
+            cwd=launch.cwd,
+            on_stderr_line=launch.on_stderr_line,
+            **self.process_options,
+        ) as process:
+            yield process
