@@ -34,14 +34,14 @@ SEAM_MODULES = (
     "subagent.events",
     "subagent.tool",
     "subagent.serve",
+    "subagent.delegation",
+    "subagent.observability",
     "subagent.runtime",
     "subagent.providers",
     "subagent.cli",
-    "subagent.config",
     "subagent.testing",
     "subagent._structured",
-    "subagent._cli_progress",
-    "subagent._demo",
+    "subagent._usage_codec",
 )
 """Every module (or package, with all below it) of the seam, which the ACP package must not load."""
 

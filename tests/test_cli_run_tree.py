@@ -33,9 +33,9 @@ from hypothesis import strategies as st
 from subagent.acp import schema
 from subagent.acp.handlers import PermissionOption, PermissionQuestion
 from subagent.cli import views
+from subagent.cli._tool_call_tracker import ToolCalls
 from subagent.cli.console import Console, advance_column, fit_width, text_width
 from subagent.cli.run_tree import MAX_BLOCK_ROWS, MAX_TRACKED_RUNS, RunTree
-from subagent.cli.tool_calls import ToolCalls
 from subagent.cli.views import HumanView
 from subagent.types import RUN_META_KEY, SubagentResult
 from tests.leaks import leaked_processes

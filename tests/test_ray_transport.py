@@ -556,7 +556,7 @@ def test_an_unreachable_cluster_is_a_spawn_error_at_once_in_a_process_of_its_own
     script = (
         "import anyio, sys\n"
         "from subagent.acp.errors import AgentSpawnError\n"
-        "from subagent.acp.transports._ray import RayTransport\n"
+        "from subagent.acp.transports import RayTransport\n"
         "async def main():\n"
         "    try:\n"
         "        async with RayTransport('127.0.0.1:1').open(['true']):\n"

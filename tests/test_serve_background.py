@@ -18,7 +18,7 @@ import anyio
 import pytest
 
 from subagent.acp import schema
-from subagent.background import WAKE_PROMPT, BackgroundOptions
+from subagent.delegation import WAKE_PROMPT, BackgroundOptions
 from subagent.runtime import FunctionTool, Reply, ScriptedLlm, call
 from subagent.runtime.messages import CompletionRequest
 from subagent.serve import ServedAgent

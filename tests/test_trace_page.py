@@ -23,10 +23,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from subagent.cli._recording import FanOut
 from subagent.cli.commands import DEMO_PROMPT
-from subagent.cli.tracing import FanOut
 from subagent.cli.views import RunView
-from subagent.trace_page import (
+from subagent.observability import (
     MAX_KEPT_CHARS,
     MAX_KEPT_MARKS,
     MAX_MARKS,

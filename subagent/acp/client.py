@@ -54,7 +54,7 @@ from subagent._version import __version__
 from subagent.acp import schema
 from subagent.acp._file_router import serve_file_request
 from subagent.acp._frozen import freeze_json
-from subagent.acp._usage import TurnUsage
+from subagent.acp._turn_usage import TurnUsage
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
 from subagent.acp.elicitation import (
     ElicitationAnswer,

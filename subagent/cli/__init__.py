@@ -19,13 +19,13 @@ the summary:
 The package, one job per module::
 
     main.py          the table of commands, the parser, main(): argv to a command, failures to exit statuses
-    usage.py         a command's row (Command), exit statuses, the usage error and the parser that raises it
+    _exits.py        a command's row (Command), exit statuses, the usage error and the parser that raises it
     commands.py      the commands run, demo and agents: options to a turn, its outcome printed
-    serve.py         the command-line half of `subagent serve`: its row and flags, the LLM built from them
+    _serve_command.py  the command-line half of `subagent serve`: its row and flags, the LLM built from them
     turn.py          one turn through the seam: the driver, the start gate, how each ending reads
     interrupts.py    Ctrl-C, SIGTERM and SIGHUP during a turn: cancel, then tear down at once
     views.py         what a run shows on stderr: live progress for a person, or JSON events
-    tool_calls.py    the turn's tool calls, merged from session updates (a bounded number)
+    _tool_call_tracker.py  the turn's tool calls, merged from session updates (a bounded number)
     permission.py    answering permission questions: allow, deny, or ask a person on a terminal
     console.py       the two streams: stderr for people (sanitized, coloured on a terminal), stdout
     logs.py          log records to the current view, else stderr; -v and -vv

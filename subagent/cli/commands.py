@@ -3,7 +3,7 @@
 ``run`` and the first half of ``demo`` merge options, config and defaults into a
 :class:`~subagent.cli.turn.TurnSpec`, drive the turn on the view the options ask for, and print its
 outcome: the answer (or one JSON object) on stdout, diagnostics on stderr, and an exit status.
-``serve`` lives in :mod:`subagent.cli.serve`.
+``serve`` lives in :mod:`subagent.cli._serve_command`.
 """
 
 from __future__ import annotations
@@ -21,18 +21,12 @@ from typing import Any, Final, Literal
 
 import anyio
 
-from subagent._acp_usage import usage_to_acp
+from subagent._usage_codec import usage_to_acp
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.acp.transports._channel import Transport
 from subagent.acp.transports._schemes import transport_from_url
 from subagent.acp.transports._ssh import SshTransport
-from subagent.cli.config import SSH_OPTION, AgentConfig, config_search_path, find_config, load_config
-from subagent.cli.console import Console, is_terminal, print_json, print_stdout, use_color
-from subagent.cli.logs import LOG_HANDLER
-from subagent.cli.permission import AnswerSource, PermissionMode, answer_source, default_permission
-from subagent.cli.tracing import FanOut, TraceRecorder, emit_prompt, write_page
-from subagent.cli.turn import TurnOutcome, TurnSpec, drive
-from subagent.cli.usage import (
+from subagent.cli._exits import (
     EXIT_COMPLETED,
     EXIT_NOT_COMPLETED,
     EXIT_USAGE,
@@ -40,6 +34,12 @@ from subagent.cli.usage import (
     PromptTooLarge,
     UsageError,
 )
+from subagent.cli._recording import FanOut, TraceRecorder, emit_prompt, write_page
+from subagent.cli.config import SSH_OPTION, AgentConfig, config_search_path, find_config, load_config
+from subagent.cli.console import Console, is_terminal, print_json, print_stdout, use_color
+from subagent.cli.logs import LOG_HANDLER
+from subagent.cli.permission import AnswerSource, PermissionMode, answer_source, default_permission
+from subagent.cli.turn import TurnOutcome, TurnSpec, drive
 from subagent.cli.views import EventView, HumanView, RunView
 from subagent.providers.acp import prompt_size_error
 

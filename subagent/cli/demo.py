@@ -18,6 +18,7 @@ from typing import Final
 import anyio
 
 from subagent.cli.console import Console, sanitize
+from subagent.delegation._subagent_tool import SubagentTool
 from subagent.providers.acp import AcpProvider
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
@@ -34,7 +35,6 @@ from subagent.runtime import (
     call,
 )
 from subagent.service import SubagentService
-from subagent.tool import SubagentTool
 from subagent.types import SubagentResult, SubagentRunEndInfo, SubagentRunInfo
 
 __all__ = ["DEMO_DELEGATION_PROMPT", "DEMO_PLAN_PROMPT", "run_delegation_demo"]

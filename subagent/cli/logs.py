@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import Final
 
-from subagent.cli.usage import PROG
+from subagent.cli._exits import PROG
 from subagent.cli.views import RunView
 
 __all__ = ["LOG_HANDLER", "ViewLogHandler", "configure_logging"]

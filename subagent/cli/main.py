@@ -13,13 +13,7 @@ from typing import Final
 
 from subagent._version import __version__
 from subagent.acp.handlers import DEFAULT_PERMISSION_CALLBACK_TIMEOUT
-from subagent.cli.commands import MAX_PROMPT_MIB, agents_command, demo_command, run_command
-from subagent.cli.config import ConfigError
-from subagent.cli.describe import DESCRIBE_COMMAND
-from subagent.cli.logs import configure_logging
-from subagent.cli.serve import SERVE_COMMAND
-from subagent.cli.tracing import TRACE_COMMAND
-from subagent.cli.usage import (
+from subagent.cli._exits import (
     EXIT_NOT_COMPLETED,
     EXIT_USAGE,
     PROG,
@@ -29,7 +23,13 @@ from subagent.cli.usage import (
     UsageError,
     add_verbose,
 )
-from subagent.trace_page import MAX_TEXT_CHARS
+from subagent.cli._recording import TRACE_COMMAND
+from subagent.cli._serve_command import SERVE_COMMAND
+from subagent.cli.commands import MAX_PROMPT_MIB, agents_command, demo_command, run_command
+from subagent.cli.config import ConfigError
+from subagent.cli.describe import DESCRIBE_COMMAND
+from subagent.cli.logs import configure_logging
+from subagent.observability._trace_page import MAX_TEXT_CHARS
 
 __all__ = ["main"]
 

@@ -33,8 +33,8 @@ from subagent.acp.handlers import (
     PermissionPolicy,
     PermissionQuestion,
 )
+from subagent.cli._tool_call_tracker import ToolCalls, ToolCallState
 from subagent.cli.console import is_terminal
-from subagent.cli.tool_calls import ToolCalls, ToolCallState
 from subagent.cli.views import RunView
 
 __all__ = [

@@ -16,17 +16,17 @@ from typing import Final, Literal
 
 import anyio
 
-from subagent._acp_usage import usage_from_acp
 from subagent._text import one_line
+from subagent._usage_codec import usage_from_acp
 from subagent.acp import schema
 from subagent.acp.elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.acp.transports._channel import Transport
+from subagent.cli._exits import UsageError
+from subagent.cli._tool_call_tracker import ToolCalls, ToolCallState
 from subagent.cli.console import sanitize
 from subagent.cli.interrupts import Interrupts
 from subagent.cli.permission import AnswerSource, PermissionMode, permission_policy
-from subagent.cli.tool_calls import ToolCalls, ToolCallState
-from subagent.cli.usage import UsageError
 from subagent.cli.views import RunView, StartInfo, run_meta
 from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
 from subagent.service import ServiceRun, SubagentService

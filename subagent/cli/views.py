@@ -47,14 +47,14 @@ from typing import Any, Final, TextIO
 
 import anyio
 
-from subagent._acp_usage import usage_to_acp
 from subagent._text import one_line
+from subagent._usage_codec import usage_to_acp
 from subagent.acp import schema
 from subagent.acp.elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionOption, PermissionOutcome, PermissionQuestion
+from subagent.cli._tool_call_tracker import ToolCallState
 from subagent.cli.console import Console, is_terminal, sanitize
 from subagent.cli.run_tree import RunTree
-from subagent.cli.tool_calls import ToolCallState
 from subagent.types import RUN_META_KEY, SubagentResult
 
 __all__ = ["EventView", "HumanView", "RunView", "StartInfo", "run_meta"]

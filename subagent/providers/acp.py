@@ -68,9 +68,9 @@ import anyio
 import anyio.abc
 import msgspec
 
-from subagent import _structured, telemetry
-from subagent._acp_usage import usage_from_acp
+from subagent import _structured
 from subagent._outcome import DisposeOnExit, Outcome
+from subagent._usage_codec import usage_from_acp
 from subagent.acp import schema
 from subagent.acp.client import (
     DEFAULT_IDLE_CLOSE_GRACE,
@@ -111,6 +111,7 @@ from subagent.acp.modes import ModeChoice, mode_advice
 from subagent.acp.transports._channel import ExitInfo, Transport
 from subagent.acp.transports._local import LocalTransport
 from subagent.acp.transports._schemes import transport_from_url
+from subagent.observability import _telemetry as telemetry
 from subagent.types import (
     LINEAGE_META_KEY,
     ErrorCode,

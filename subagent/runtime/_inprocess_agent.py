@@ -11,7 +11,7 @@ never dropped.
 Turn results are :class:`~subagent.types.SubagentResult` values: the seam's vocabulary, so a
 provider hands them on unchanged.
 
-Tracing (:mod:`subagent.telemetry`, when a tracer provider is configured): each model call is a
+Tracing (:mod:`subagent.observability`, when a tracer provider is configured): each model call is a
 ``chat`` span with the completion's token counts and finish reason, each tool call an
 ``execute_tool`` span (current while the tool runs, so what it starts nests below it), and each
 wait for the approver a ``permission_wait`` span inside it; all below the span current when the
@@ -35,9 +35,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
-from subagent import _structured, telemetry
+from subagent import _structured
 from subagent._outcome import Outcome, raise_sole_error
 from subagent.events import Listeners
+from subagent.observability import _telemetry as telemetry
+from subagent.runtime._tools import Approver, Tool, ToolContext, ToolError, ToolInvocation
 from subagent.runtime.llm import LlmAdapter, LlmError, LlmErrorKind
 from subagent.runtime.messages import (
     Completion,
@@ -49,7 +51,6 @@ from subagent.runtime.messages import (
     ToolCallDelta,
     ToolSpec,
 )
-from subagent.runtime.tools import Approver, Tool, ToolContext, ToolError, ToolInvocation
 from subagent.types import _TOKEN_FIELDS, Disposer, StopReason, SubagentResult, Usage, freeze_json, thaw_json
 
 if TYPE_CHECKING:
@@ -224,7 +225,7 @@ children."""
 
 
 class _AgentContext:
-    """An agent as its tools see it (a :class:`~subagent.runtime.tools.ToolContext`): its id and cwd,
+    """An agent as its tools see it (a :class:`~subagent.runtime.ToolContext`): its id and cwd,
     and its activity clock. Nothing here leads back to the agent by a public attribute, so a tool
     cannot close it or run a turn on it; the reference is weak, so a kept invocation does not keep
     a dropped agent alive (nor make a cycle that only the garbage collector breaks)."""

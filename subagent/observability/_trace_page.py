@@ -6,7 +6,8 @@ so recording a long run holds a bounded amount: at most :data:`MAX_RUNS` runs, :
 per run (:data:`MAX_KEPT_MARKS` in all), and :data:`MAX_TEXT_CHARS` characters of each prompt, output
 and error (:data:`MAX_KEPT_CHARS` in all); the page says when it shows less than there was.
 :meth:`TraceBuilder.page` (or :func:`render_trace_page` on a whole stream) lays it out as a page with
-its CSS, script and data inline: no network, no external URL.
+its CSS, script and data inline: no network, no external URL. The CSS and the script are this package's
+data files ``trace_page.css`` and ``trace_page.js``.
 
 What the page shows: one row per run, in tree order (each child below its parent, indented by its
 depth; a subtree folds away), on one time axis. The command line's own run is the root (from its
@@ -30,6 +31,7 @@ with ``<``, ``>`` and ``&`` escaped, and the page's script inserts it with ``tex
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -536,13 +538,22 @@ def _html_text(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
+@functools.cache
+def _asset(name: str) -> str:
+    """A file of the page (its style, its script), read once from this package's data files."""
+    # Imported here, as only a page being written needs it: it costs the command line's start ~25 ms.
+    import importlib.resources
+
+    return importlib.resources.files("subagent.observability").joinpath(name).read_text(encoding="utf-8")
+
+
 def _page(data: Mapping[str, Any], title: str) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f"<title>{_html_text(title)}</title>\n"
-        f"<style>{_STYLE}</style>\n</head>\n<body>\n{_BODY}\n"
+        f"<style>\n{_asset('trace_page.css')}</style>\n</head>\n<body>\n{_BODY}\n"
         f'<script type="application/json" id="trace-data">{_script_json(data)}</script>\n'
-        f"<script>{_SCRIPT}</script>\n</body>\n</html>\n"
+        f"<script>\n{_asset('trace_page.js')}</script>\n</body>\n</html>\n"
     )
 
 
@@ -567,272 +578,3 @@ _BODY: Final = """\
   </section>
   <aside id="details"><p class="hint">Click a bar to see its run: prompt, output, usage, times.</p></aside>
 </main>"""
-
-_STYLE: Final = """
-*{box-sizing:border-box}
-body{margin:0;font:13px/1.35 system-ui,-apple-system,"Segoe UI",sans-serif;color:#1d2330;background:#f7f8fa;
-  height:100vh;display:flex;flex-direction:column;overflow:hidden}
-button{font:inherit;font-size:11px;cursor:pointer}
-header{display:flex;flex-wrap:wrap;align-items:baseline;gap:12px;padding:8px 12px;background:#1d2330;
-  color:#eef1f6}
-header h1{font-size:15px;margin:0}
-#summary{color:#b9c1cf}
-.legend{display:flex;gap:7px;flex-wrap:wrap;flex-basis:100%}
-.key{display:inline-flex;align-items:center;gap:3px;font-size:10px;color:#d5dbe6}
-.key::before{content:"";display:inline-block;width:12px;height:10px;border-radius:2px;background:var(--c)}
-main{flex:1;display:flex;min-height:0}
-#timeline{flex:1;overflow:auto;min-width:0}
-aside{width:380px;flex:none;overflow:auto;border-left:1px solid #d4d8df;background:#fff;padding:10px 14px}
-.row{display:flex;height:22px;border-bottom:1px solid #eceef2;cursor:pointer;content-visibility:auto;
-  contain-intrinsic-size:auto 22px}
-.row:hover{background:#eef3fb}
-.row.selected{background:#dfe9fa}
-.row.hidden{display:none}
-.axis{position:sticky;top:0;z-index:2;background:#f7f8fa;cursor:default;font-size:11px;color:#5b6475}
-.label{width:300px;flex:none;display:flex;align-items:center;gap:5px;overflow:hidden;white-space:nowrap;
-  border-right:1px solid #d4d8df;padding-right:6px}
-.toggle{width:16px;flex:none;border:0;background:none;padding:0;font-size:11px;color:#5b6475;cursor:pointer}
-.provider{font-weight:600;color:#3459a8}
-.title{overflow:hidden;text-overflow:ellipsis}
-.lane{position:relative;flex:1;min-width:120px;margin:0 10px;overflow:hidden}
-.tick{position:absolute;top:0;bottom:0;border-left:1px solid #d4d8df;padding-left:3px;line-height:22px}
-.bar{position:absolute;top:4px;height:14px;min-width:3px;border-radius:3px;background:var(--c);opacity:.85}
-.mark{position:absolute;min-width:2px;border-radius:1px;background:var(--c);pointer-events:auto}
-.mark.mark-tool,.mark.mark-text,.mark.mark-permission{top:11px;height:6px;opacity:.9}
-.mark.mark-error,.mark.mark-interrupt,.mark.mark-log,.mark.mark-retry{top:2px;height:18px;width:3px;
-  min-width:3px}
-.mark.mark-turn{top:1px;height:3px;opacity:.9;border-left:2px solid #333}
-.state-completed{--c:#3a9a5b}.state-failed{--c:#d0453b}.state-stopped{--c:#e08a1e}
-.state-cancelled{--c:#8a8f98}
-.state-running{--c:#e0b526}
-.bar.state-running{background:repeating-linear-gradient(45deg,#e0b526 0 6px,#f3d97a 6px 12px)}
-.mark-tool{--c:#2f6fd6}.mark-permission{--c:#8c4fd1}.mark-text{--c:#1c8c99}.mark-turn{--c:#333}
-.mark-error{--c:#b3121f}.mark-interrupt{--c:#e0701e}.mark-log{--c:#c99a12}.mark-retry{--c:#d4478f}
-aside h2{font-size:14px;margin:4px 0 6px;word-break:break-word}
-aside h3{font-size:12px;margin:12px 0 4px;color:#5b6475;text-transform:uppercase;letter-spacing:.04em}
-aside dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 10px;margin:0}
-aside dt{color:#5b6475}
-aside dd{margin:0;word-break:break-word}
-aside pre{white-space:pre-wrap;word-break:break-word;background:#f3f5f8;border:1px solid #e1e4ea;
-  border-radius:4px;padding:6px 8px;margin:0;max-height:260px;overflow:auto;font-size:12px}
-.note{color:#8a5a00;font-size:11px;margin:3px 0 0}
-.hint{color:#5b6475}
-aside ul{margin:0;padding-left:16px}
-#zoom-in{margin-bottom:8px}
-"""
-
-_SCRIPT: Final = r"""
-(function () {
-  "use strict";
-  // Everything the agent wrote is data: it reaches the page through textContent only, never as markup.
-  const data = JSON.parse(document.getElementById("trace-data").textContent);
-  const runs = data.runs;
-  const span = Math.max(data.duration, 0.001);
-  const rowsBox = document.getElementById("rows");
-  const details = document.getElementById("details");
-  const rows = [];
-  const collapsed = new Set();
-  let selected = null;
-
-  function el(tag, cls, text) {
-    const node = document.createElement(tag);
-    if (cls) node.className = cls;
-    if (text !== undefined && text !== null) node.textContent = String(text);
-    return node;
-  }
-  // The time window shown (zoomed in on a run, or the whole trace).
-  let shownFrom = 0;
-  let shownTo = span;
-  const at = (t) => ((t - shownFrom) / (shownTo - shownFrom)) * 100;
-  function place(node, from, to) {
-    node.style.left = at(from) + "%";
-    node.style.width = Math.max(0, at(to) - at(from)) + "%";
-  }
-  const seconds = (t) => (t === null || t === undefined ? "-" : t.toFixed(3) + " s");
-  const endOf = (run) => (run.end === null ? data.duration : run.end);
-  const stateClass = (run) => "state-" + (
-    ["completed", "failed", "stopped", "cancelled"].includes(run.state) ? run.state : "running");
-
-  function ticks() {
-    const lane = document.getElementById("ticks");
-    lane.replaceChildren();
-    const width = shownTo - shownFrom;
-    const rough = width / 8;
-    const power = Math.pow(10, Math.floor(Math.log10(rough)));
-    const step = [1, 2, 5, 10].map((f) => f * power).find((s) => s >= rough) || rough;
-    for (let t = Math.ceil(shownFrom / step) * step; t <= shownTo + 1e-9; t += step) {
-      const tick = el("div", "tick", t < 1 ? +(t * 1000).toFixed(3) + " ms" : +t.toFixed(3) + " s");
-      tick.style.left = at(t) + "%";
-      lane.append(tick);
-    }
-  }
-
-  function layout() {
-    ticks();
-    runs.forEach((run, index) => {
-      const shapes = rows[index].shapes;
-      const start = run.start === null ? 0 : run.start;
-      place(shapes[0], start, endOf(run));
-      run.marks.forEach(([, from, to], mark) => place(shapes[mark + 1], from, to === null ? endOf(run) : to));
-    });
-    document.getElementById("zoom-out").hidden = shownFrom === 0 && shownTo === span;
-  }
-
-  function zoom(from, to) {
-    const margin = Math.max((to - from) * 0.15, 0.0005);
-    shownFrom = Math.max(0, from - margin);
-    shownTo = Math.min(span, to + margin);
-    if (shownTo <= shownFrom) [shownFrom, shownTo] = [0, span];
-    layout();
-  }
-
-  function hover(run) {
-    const parts = [(run.provider || "run") + ": " + run.title, "state: " + run.state];
-    if (run.stopReason) parts.push("stop reason: " + run.stopReason);
-    parts.push(seconds(run.start) + " to " + (run.end === null ? "(not ended)" : seconds(run.end)));
-    const excerpt = (text) => (text.length > 160 ? text.slice(0, 159) + "\u2026" : text);
-    if (run.prompt) parts.push("prompt: " + excerpt(run.prompt));
-    if (run.output) parts.push("output: " + excerpt(run.output));
-    if (run.error) parts.push("error: " + excerpt(run.error));
-    if (run.usage) parts.push("usage: " + excerpt(JSON.stringify(run.usage)));
-    parts.push("(click for the details)");
-    return parts.join("\n");
-  }
-
-  function buildRow(run, index) {
-    const row = el("div", "row");
-    row.dataset.index = String(index);
-    row.dataset.depth = String(run.depth);
-    const label = el("div", "label");
-    label.style.paddingLeft = 4 + 14 * Math.min(run.depth, 16) + "px";
-    const hasChildren = index + 1 < runs.length && runs[index + 1].depth > run.depth;
-    const toggle = el("button", "toggle", hasChildren ? "\u25be" : "");
-    toggle.type = "button";
-    if (hasChildren) {
-      toggle.title = "fold or unfold the runs below this one";
-      toggle.addEventListener("click", (event) => {
-        event.stopPropagation();
-        if (collapsed.has(index)) collapsed.delete(index); else collapsed.add(index);
-        toggle.textContent = collapsed.has(index) ? "\u25b8" : "\u25be";
-        applyFolds();
-      });
-    }
-    // "spawn subagent: do this" under provider "spawn" reads "spawn  do this"; the full title is on hover.
-    const provider = run.provider || "run";
-    const prefix = provider + " subagent: ";
-    const shortTitle = run.title.startsWith(prefix) ? run.title.slice(prefix.length) : run.title;
-    label.append(toggle, el("span", "provider", provider), el("span", "title", shortTitle));
-    label.title = run.title;
-    const lane = el("div", "lane");
-    const bar = el("div", "bar " + stateClass(run));
-    bar.title = hover(run);
-    lane.append(bar);
-    row.shapes = [bar];
-    for (const [kind, from, , text, status] of run.marks) {
-      const mark = el("div", "mark mark-" + kind);
-      mark.title = kind + ": " + text + (status ? " (" + status + ")" : "") + "\n" + seconds(from);
-      lane.append(mark);
-      row.shapes.push(mark);
-    }
-    row.append(label, lane);
-    row.addEventListener("click", () => select(index));
-    row.tabIndex = 0;
-    row.addEventListener("keydown", (event) => {
-      if (event.key === "Enter" || event.key === " ") {
-        event.preventDefault();
-        select(index);
-      }
-    });
-    return row;
-  }
-
-  function applyFolds() {
-    let hideBelow = Infinity;
-    rows.forEach((row, index) => {
-      const depth = runs[index].depth;
-      if (depth <= hideBelow) hideBelow = Infinity;
-      row.classList.toggle("hidden", depth > hideBelow);
-      if (hideBelow === Infinity && collapsed.has(index)) hideBelow = depth;
-    });
-  }
-
-  function field(list, name, value) {
-    if (value === null || value === undefined || value === "") return;
-    list.append(el("dt", null, name), el("dd", null, value));
-  }
-
-  function textSection(title, text, total, id) {
-    const box = el("section");
-    box.id = id;
-    box.append(el("h3", null, title));
-    box.append(el("pre", null, text || "(none)"));
-    if (total > text.length) {
-      box.append(el("p", "note", "truncated: the first " + text.length + " of " + total + " characters"));
-    }
-    details.append(box);
-  }
-
-  function select(index) {
-    const run = runs[index];
-    if (selected !== null) rows[selected].classList.remove("selected");
-    selected = index;
-    rows[index].classList.add("selected");
-    details.replaceChildren();
-    details.dataset.runId = run.id;
-    details.append(el("h2", null, (run.provider || "run") + ": " + run.title));
-    const zoomIn = el("button", null, "zoom in on this run");
-    zoomIn.type = "button";
-    zoomIn.id = "zoom-in";
-    zoomIn.addEventListener("click", () => zoom(run.start === null ? 0 : run.start, endOf(run)));
-    details.append(zoomIn);
-    const list = el("dl");
-    field(list, "run", run.id);
-    field(list, "parent", run.parent);
-    field(list, "depth", run.depth);
-    field(list, "state", run.state);
-    field(list, "stop reason", run.stopReason);
-    field(list, "started", seconds(run.start));
-    field(list, "ended", run.end === null ? "(not ended)" : seconds(run.end));
-    if (run.end !== null && run.start !== null) field(list, "duration", seconds(run.end - run.start));
-    if (run.elapsed !== null) field(list, "elapsed (reported)", seconds(run.elapsed));
-    details.append(list);
-    if (run.error) textSection("error", run.error, run.error.length, "detail-error");
-    textSection("prompt", run.prompt, run.promptChars, "detail-prompt");
-    textSection("output", run.output, run.outputChars, "detail-output");
-    details.append(el("h3", null, "usage"));
-    if (run.usage && Object.keys(run.usage).length) {
-      const usage = el("dl");
-      usage.id = "detail-usage";
-      for (const [key, value] of Object.entries(run.usage)) field(usage, key, JSON.stringify(value));
-      details.append(usage);
-    } else {
-      details.append(el("p", "hint", "(not reported)"));
-    }
-    details.append(el("h3", null, "marks (" + run.marks.length + ")"));
-    const marks = el("ul");
-    for (const [kind, from, to, text, status] of run.marks.slice(0, 200)) {
-      const until = to === null ? "" : " to " + seconds(to);
-      const said = status ? " (" + status + ")" : "";
-      marks.append(el("li", null, seconds(from) + until + "  " + kind + ": " + text + said));
-    }
-    details.append(marks);
-    const hidden = run.marksDropped + Math.max(0, run.marks.length - 200);
-    if (hidden) details.append(el("p", "note", hidden + " more not shown"));
-  }
-
-  document.getElementById("heading").textContent = document.title;
-  let summary = runs.length + " runs, " + seconds(data.duration) + ", " + data.events + " events";
-  if (data.runsDropped) summary += " (" + data.runsDropped + " more runs not kept)";
-  document.getElementById("summary").textContent = summary;
-  document.getElementById("zoom-out").addEventListener("click", () => zoom(0, span));
-  const fragment = document.createDocumentFragment();
-  runs.forEach((run, index) => {
-    const row = buildRow(run, index);
-    rows.push(row);
-    fragment.append(row);
-  });
-  rowsBox.append(fragment);
-  layout();
-  document.documentElement.dataset.ready = "1";
-})();
-"""

@@ -2,9 +2,9 @@
 
 Both record the same lines ``--events`` writes (an :class:`~subagent.cli.views.EventView` each), next
 to the view on stderr (:class:`FanOut`), with one more event first: ``prompt`` (``text``, the prompt's
-first :data:`~subagent.trace_page.MAX_TEXT_CHARS` characters, and ``chars``, its length), which the
+first :data:`~subagent.observability.MAX_TEXT_CHARS` characters, and ``chars``, its length), which the
 trace page shows as the root run's prompt. ``--trace`` feeds its lines to a
-:class:`~subagent.trace_page.TraceBuilder` as they come (:class:`TraceRecorder`), which keeps a bounded
+:class:`~subagent.observability.TraceBuilder` as they come (:class:`TraceRecorder`), which keeps a bounded
 amount whatever the run's length, and the page is written when the run ends, however it ends.
 
 ``subagent trace EVENTS.jsonl -o FILE.html`` makes the page of a recorded stream, read line by line.
@@ -30,10 +30,10 @@ import anyio
 from subagent.acp import schema
 from subagent.acp.elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionQuestion
-from subagent.cli.tool_calls import ToolCallState
-from subagent.cli.usage import EXIT_COMPLETED, PROG, Command, Parser, UsageError
+from subagent.cli._exits import EXIT_COMPLETED, PROG, Command, Parser, UsageError
+from subagent.cli._tool_call_tracker import ToolCallState
 from subagent.cli.views import EventView, RunView, StartInfo
-from subagent.trace_page import MAX_TEXT_CHARS, TraceBuilder
+from subagent.observability._trace_page import MAX_TEXT_CHARS, TraceBuilder
 from subagent.types import SubagentResult
 
 __all__ = ["TRACE_COMMAND", "FanOut", "TraceRecorder", "emit_prompt", "read_events", "write_page"]
@@ -124,7 +124,7 @@ class _LineSink(io.StringIO):
 
 
 class TraceRecorder(EventView):
-    """The events of a run, recorded into a :class:`~subagent.trace_page.TraceBuilder` (bounded)."""
+    """The events of a run, recorded into a :class:`~subagent.observability.TraceBuilder` (bounded)."""
 
     def __init__(self) -> None:
         self.builder = TraceBuilder()

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Final
 
 import anyio
 
-from subagent.cli.usage import PROG, Command, Parser, UsageError
+from subagent.cli._exits import PROG, Command, Parser, UsageError
 
 if TYPE_CHECKING:
-    from subagent.background import BackgroundOptions
+    from subagent.delegation._background import BackgroundOptions
     from subagent.runtime.llm import LlmAdapter
 
 __all__ = ["DEFAULT_API_KEY_ENV", "SERVE_COMMAND", "ServeConfigError", "build_llm", "serve_command"]
@@ -180,7 +180,7 @@ async def _build_and_serve(args: argparse.Namespace, api_key_env: str) -> None:
     """Build the LLM the flags describe (checked before stdin or stdout is touched), serve on it, and
     close it at the end."""
     # Imported here: the other commands do not need the in-process runtime.
-    from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS
+    from subagent.runtime._inprocess_agent import DEFAULT_MAX_MODEL_CALLS
     from subagent.serve import serve
 
     llm = build_llm(script=args.script, base_url=args.base_url, model=args.model, api_key_env=api_key_env)
@@ -200,7 +200,7 @@ async def _build_and_serve(args: argparse.Namespace, api_key_env: str) -> None:
 
 def _background_options(args: argparse.Namespace) -> BackgroundOptions:
     """The background options the flags ask for, the library's defaults for the rest."""
-    from subagent.background import BackgroundOptions
+    from subagent.delegation._background import BackgroundOptions
 
     options = BackgroundOptions()
     if args.max_background is not None:

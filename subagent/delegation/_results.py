@@ -1,7 +1,7 @@
 """What one call of the ``subagent`` tool came to: the record, how a run's outcome maps onto it, and
 how an output too large for the parent's context is shown (:class:`Spill`).
 
-Shared by the tool (:mod:`subagent.tool`) and its background side (:mod:`subagent.background`), which
+Shared by the tool (:mod:`subagent.tool`) and its background side (:mod:`subagent.delegation`), which
 maps the result of a child that ended long after the call that started it.
 """
 

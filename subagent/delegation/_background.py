@@ -10,7 +10,7 @@ another parent is answered exactly like one that does not exist.
   ``max_running`` children live at once for one parent, a child is queued (no run exists for it
   yet) and started when a slot frees, in order.
 * **Hear back**: when a child ends, its run is disposed, its result kept (a long output spilled to a
-  file: :class:`~subagent._tool_result.Spill`) and a :class:`Notice` goes out: to every
+  file: :class:`~subagent.delegation.Spill`) and a :class:`Notice` goes out: to every
   :meth:`~BackgroundChildren.on_notice` listener, and, when the parent is an in-process
   :class:`~subagent.runtime.Agent` bound with :meth:`~BackgroundChildren.bind_agent`, into its log
   at its next idle point (:meth:`~subagent.runtime.Agent.send_message`: between model calls while a
@@ -51,9 +51,9 @@ from typing import Literal
 import anyio
 
 from subagent._text import one_line
-from subagent._tool_result import Spill, SubagentToolResult, map_result, seam_failure
+from subagent.delegation._results import Spill, SubagentToolResult, map_result, seam_failure
 from subagent.events import Listeners
-from subagent.runtime.agent import (
+from subagent.runtime._inprocess_agent import (
     Agent,
     AgentClosed,
     AgentClosedError,

@@ -4,7 +4,7 @@ ACP reports a turn's token counts in the ``usage`` of the ``session/prompt`` res
 (``inputTokens``, ``outputTokens``, ``totalTokens``, ``thoughtTokens``, ``cachedReadTokens``,
 ``cachedWriteTokens``) and how full the context window is, and what the session cost, in a
 ``usage_update`` (``used``, ``size``, ``cost: {amount, currency}``). The ACP client gathers both
-into one mapping (:class:`subagent.acp._usage.TurnUsage`), whose context keys are ``contextUsed``
+into one mapping (:class:`subagent.acp._turn_usage.TurnUsage`), whose context keys are ``contextUsed``
 and ``contextSize``. This module turns that mapping into a :class:`Usage` (the ACP provider), a
 :class:`Usage` back into it (``subagent run --json``), and a :class:`Usage` into the prompt
 response's ``usage`` (``subagent serve``), from one table of names.
@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
-from subagent.acp._usage import read_cost, read_count
+from subagent.acp._turn_usage import read_cost, read_count
 from subagent.types import Usage
 
 __all__ = ["prompt_response_usage", "usage_from_acp", "usage_to_acp"]
