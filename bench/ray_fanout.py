@@ -49,7 +49,7 @@ from subagent import SubagentRequest, SubagentService
 from subagent.acp.transports import LocalTransport, Transport
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.service import ServiceRun
-from subagent.testing.leaks import LEAK_TAG_VARIABLE
+from subagent.testing import LEAK_TAG_VARIABLE
 
 FAN_OUT_LIMIT = 600.0
 """Seconds one fan-out may take before it counts as broken (not as slow)."""

@@ -74,7 +74,7 @@ from subagent.acp.transports import RayTransport, SshTransport, Transport, super
 from subagent.acp.transports._ray import START_TIMEOUT
 from subagent.providers.acp import AcpProvider
 from subagent.service import SubagentService
-from subagent.testing.leaks import LEAK_TAG_VARIABLE, ProcessInfo, leak_tag, leaked_processes
+from subagent.testing import LEAK_TAG_VARIABLE, ProcessInfo, leak_tag, leaked_processes
 from subagent.types import ResumableRun, SubagentRequest
 
 T = TypeVar("T")

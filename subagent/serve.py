@@ -107,6 +107,7 @@ from subagent._text import cut, one_line
 from subagent._usage_codec import prompt_response_usage, usage_to_acp
 from subagent._version import __version__
 from subagent.acp import schema
+from subagent.acp._errors import AcpError, MessageTooLargeError, RequestError, RpcErrorCode
 from subagent.acp.agent import (
     AgentHandler,
     ClientPeer,
@@ -114,7 +115,6 @@ from subagent.acp.agent import (
     negotiate_protocol_version,
     serve_stdio,
 )
-from subagent.acp.errors import AcpError, MessageTooLargeError, RequestError, RpcErrorCode
 from subagent.delegation._background import BackgroundOptions
 from subagent.delegation._subagent_tool import COMPANION_ACTIONS, DEFAULT_TOOL_NAME, SubagentTool
 from subagent.events import EventHub
@@ -131,9 +131,9 @@ from subagent.runtime._inprocess_agent import (
     ToolCallStarted,
     _UsageSum,
 )
+from subagent.runtime._llm import LlmAdapter
+from subagent.runtime._messages import Retrying, TextDelta, ToolSpec
 from subagent.runtime._tools import Tool, ToolError, ToolInvocation
-from subagent.runtime.llm import LlmAdapter
-from subagent.runtime.messages import Retrying, TextDelta, ToolSpec
 from subagent.service import SubagentService
 from subagent.types import (
     LINEAGE_META_KEY,

@@ -4,7 +4,7 @@
 it must not load the seam (service, run types, events, providers, runtime, command line). The
 package roots (`subagent`, `subagent.acp`, `subagent.providers`) load a name's module when the name is
 first used (PEP 562), and every public name still resolves and is listed by ``dir()``. Every exception
-of the ACP package is defined in `subagent.acp.errors`, derives from `AcpError`, and is drawn in the
+of the ACP package is defined in `subagent.acp._errors`, derives from `AcpError`, and is drawn in the
 module's tree.
 """
 
@@ -26,7 +26,7 @@ import subagent.acp
 import subagent.acp.transports
 import subagent.providers
 from subagent._lazy import lazy_exports
-from subagent.acp import errors
+from subagent.acp import _errors as errors
 
 SEAM_MODULES = (
     "subagent.service",
@@ -48,7 +48,7 @@ SEAM_MODULES = (
 ACP_CLIENT_MODULES = (
     "subagent.acp.client",
     "subagent.acp.connection",
-    "subagent.acp.errors",
+    "subagent.acp._errors",
     "subagent.acp.handlers",
     "subagent.acp.transports._local",
     "subagent.acp.schema",
@@ -116,7 +116,7 @@ def test_using_the_acp_client_loads_the_client_and_nothing_of_the_seam() -> None
 
 
 def test_no_module_of_the_acp_package_loads_the_seam() -> None:
-    assert {"subagent.acp.agent", "subagent.acp.stdio", "subagent.acp._frozen"} <= set(ACP_MODULES)
+    assert {"subagent.acp.agent", "subagent.acp._stdio", "subagent.acp._frozen"} <= set(ACP_MODULES)
     loaded = modules_loaded_by("; ".join(f"import {name}" for name in ACP_MODULES))
 
     assert set(ACP_MODULES) <= loaded
@@ -172,7 +172,7 @@ def test_every_public_name_of_a_package_resolves_and_is_listed(package: ModuleTy
         ("subagent", "SubagentRequest", "subagent.types"),
         ("subagent", "EventHub", "subagent.events"),
         ("subagent.acp", "AcpClient", "subagent.acp.client"),
-        ("subagent.acp", "AgentSpawnError", "subagent.acp.errors"),
+        ("subagent.acp", "AgentSpawnError", "subagent.acp._errors"),
         ("subagent.providers", "AcpProvider", "subagent.providers.acp"),
         ("subagent.providers", "SpawnProvider", "subagent.providers.spawn"),
         ("subagent.providers", "ForkProvider", "subagent.providers.fork"),
@@ -239,7 +239,7 @@ def test_every_public_exception_of_the_acp_package_is_in_errors_and_derives_from
     elsewhere = [
         f"{module}.{name}"
         for module in ACP_MODULES
-        if module != "subagent.acp.errors"
+        if module != "subagent.acp._errors"
         for name in exceptions_defined_in(importlib.import_module(module))
         if not name.startswith("_")  # an internal signal, caught where it is raised
     ]

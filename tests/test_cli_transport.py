@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from subagent.acp.transports import TRANSPORT_SCHEMES, Transport
-from subagent.cli.main import main
+from subagent.cli._main import main
 from tests.transports import InProcessChannel, InProcessTransport, ScriptedHandler
 
 EXPECTED = "expected 'local', 'ssh://…', 'ray://…' or 'inproc://…'"

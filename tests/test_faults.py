@@ -43,17 +43,17 @@ from subagent import (
     SubagentRunInfo,
     SubagentService,
 )
-from subagent.acp import schema
-from subagent.acp.client import TurnResult, spawn_agent
-from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
-from subagent.acp.errors import (
+from subagent.acp import (
     AgentExitedError,
     MalformedMessageError,
     MessageTooLargeError,
     ProtocolError,
     RequestError,
     UnexpectedResponseError,
+    schema,
 )
+from subagent.acp.client import TurnResult, spawn_agent
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.acp.handlers import PermissionQuestion
 from subagent.acp.transports import AgentProcess, TeardownStep
 from subagent.providers.acp import AcpProvider, AcpRun

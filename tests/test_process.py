@@ -23,7 +23,7 @@ import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 import subagent.acp.transports._local
-from subagent.acp.errors import AgentSpawnError
+from subagent.acp import AgentSpawnError
 from subagent.acp.transports import AgentProcess, ExitInfo, TeardownReport, TeardownStep, open_agent_process
 from tests.leaks import assert_no_leaks, live_group_members, process_is_gone
 

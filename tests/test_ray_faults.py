@@ -44,7 +44,7 @@ from subagent.acp.transports import (
     supervision_available,
 )
 from subagent.acp.transports._ray import CHUNK_BYTES, STREAM_WINDOW
-from subagent.testing.leaks import process_is_gone
+from subagent.testing import process_is_gone
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.raycluster import RayCluster, RayNode, assert_no_leaks_over_ray
 from tests.remote_faults import (

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, SubagentService, Usage
-from subagent.acp import schema
+from subagent.acp import RequestError, schema
 from subagent.acp.client import (
     DEFAULT_IDLE_CLOSE_GRACE,
     MAX_ERROR_QUOTE_CHARS,
@@ -23,7 +23,6 @@ from subagent.acp.client import (
     describe_request_error,
     spawn_agent,
 )
-from subagent.acp.errors import RequestError
 from subagent.acp.handlers import PermissionQuestion
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand

@@ -15,8 +15,15 @@ import anyio
 import pytest
 
 from subagent.observability import TraceBuilder
-from subagent.runtime import Agent, AgentEvent, ScriptedLlm
-from subagent.runtime.messages import CompletionEvent, CompletionRequest, Retrying, TextDelta
+from subagent.runtime import (
+    Agent,
+    AgentEvent,
+    CompletionEvent,
+    CompletionRequest,
+    Retrying,
+    ScriptedLlm,
+    TextDelta,
+)
 from subagent.runtime.openai import OpenAiChatAdapter
 from subagent.testing import ErrorReply, StreamedReply, serve_chat_completions
 from subagent.types import RETRY_META_KEY, TURN_META_KEY, SubagentResult

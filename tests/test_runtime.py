@@ -588,7 +588,7 @@ def test_the_tools_module_does_not_import_the_agent_module_even_indirectly() -> 
         if module not in seen:
             seen.add(module)
             pending.extend(_subagent_modules_imported_by(module))
-    assert {"subagent.runtime._tools", "subagent.runtime.messages", "subagent.types"} <= seen
+    assert {"subagent.runtime._tools", "subagent.runtime._messages", "subagent.types"} <= seen
     assert "subagent.runtime._inprocess_agent" not in seen
 
 

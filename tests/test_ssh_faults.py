@@ -26,7 +26,7 @@ from subagent.acp.transports import (
     TeardownStep,
     supervision_available,
 )
-from subagent.testing.leaks import process_is_gone
+from subagent.testing import process_is_gone
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.remote_faults import BEFORE_THE_SPAWN, REMOTE_FAULT_CASES, Bench, FaultCase, Remote
 from tests.sshd import SshServer, assert_no_leaks_over_ssh, running_sshd

@@ -26,9 +26,8 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagent.acp import schema
+from subagent.acp import AgentSpawnError, schema
 from subagent.acp.client import TurnResult, spawn_agent
-from subagent.acp.errors import AgentSpawnError
 from subagent.acp.transports import (
     UNKNOWN_RETURNCODE,
     Channel,
@@ -40,8 +39,7 @@ from subagent.acp.transports import (
 from subagent.acp.transports import transport_from_url as any_transport_from_url
 from subagent.acp.transports._ssh import _ReportedEndStream, transport_from_url
 from subagent.acp.transports._supervisor import Supervisor
-from subagent.testing import stub_agent_argv
-from subagent.testing.leaks import LEAK_TAG_VARIABLE, process_info, process_is_gone
+from subagent.testing import LEAK_TAG_VARIABLE, process_info, process_is_gone, stub_agent_argv
 from tests.sshd import REQUIRE_SSH_VARIABLE, SshServer, assert_no_leaks_over_ssh, running_sshd, sshd_or_skip
 
 pytestmark = [

@@ -24,8 +24,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagent.acp import schema
-from subagent.acp.errors import AgentSpawnError
+from subagent.acp import AgentSpawnError, schema
 from subagent.acp.terminals import TerminalHost
 from subagent.acp.transports import (
     UNKNOWN_RETURNCODE,

@@ -23,8 +23,18 @@ from subagent.acp import schema
 from subagent.observability import _telemetry as telemetry
 from subagent.providers.acp import AcpProvider
 from subagent.providers.spawn import SpawnProvider
-from subagent.runtime import AgentRegistry, Approver, FunctionTool, Reply, ScriptedLlm, Tool, When, call
-from subagent.runtime.llm import LlmError, LlmErrorKind
+from subagent.runtime import (
+    AgentRegistry,
+    Approver,
+    FunctionTool,
+    LlmError,
+    LlmErrorKind,
+    Reply,
+    ScriptedLlm,
+    Tool,
+    When,
+    call,
+)
 from subagent.testing import stub_agent_argv
 from subagent.tool import SubagentTool
 from subagent.types import SubagentResult, Usage

@@ -22,8 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagent.acp import schema
-from subagent.acp.errors import AgentSpawnError, RequestError
+from subagent.acp import AgentSpawnError, RequestError, schema
 from subagent.acp.handlers import FsSandbox
 from subagent.acp.terminals import (
     DEFAULT_OUTPUT_BYTE_LIMIT,

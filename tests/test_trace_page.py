@@ -23,9 +23,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from subagent.cli._commands import DEMO_PROMPT
 from subagent.cli._recording import FanOut
-from subagent.cli.commands import DEMO_PROMPT
-from subagent.cli.views import RunView
+from subagent.cli._views import RunView
 from subagent.observability import (
     MAX_KEPT_CHARS,
     MAX_KEPT_MARKS,

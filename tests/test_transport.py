@@ -15,9 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentService
-from subagent.acp import AgentProcess, ExitInfo
+from subagent.acp import AgentProcess, AgentSpawnError, ExitInfo
 from subagent.acp.client import spawn_agent
-from subagent.acp.errors import AgentSpawnError
 from subagent.acp.handlers import FsSandbox
 from subagent.acp.transports import (
     TRANSPORT_SCHEMES,

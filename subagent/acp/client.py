@@ -2,7 +2,7 @@
 
 Layers: :class:`AcpClient` speaks ACP over any pair of anyio byte streams (so it is tested in
 memory); :func:`spawn_agent` runs an agent command as a child process we own (or, through another
-:mod:`~subagent.acp.transports._channel`, on another host) and connects a client to its stdin/stdout.
+:mod:`subagent.acp.transports`, on another host) and connects a client to its stdin/stdout.
 Neither knows about the seam; the ACP provider builds on them.
 
 What the client guarantees:
@@ -20,7 +20,7 @@ What the client guarantees:
   answered ``cancelled`` the moment the turn is cancelled; nothing ever waits on a human who
   is not there.
 * An elicitation (``elicitation/create``, form mode) is answered by the permission policy's ``elicit``
-  (see :mod:`~subagent.acp.elicitation`), checked against the requested schema before it goes out;
+  (see :mod:`subagent.acp`), checked against the requested schema before it goes out;
   a policy without it declines, and a cancelled turn's questions are answered ``cancel``.
 * The agent's file-system requests are served only inside the sandbox roots (see
   :class:`~subagent.acp.handlers.FsSandbox`); terminals only when enabled; any other method is
@@ -52,17 +52,13 @@ import msgspec
 
 from subagent._version import __version__
 from subagent.acp import schema
-from subagent.acp._file_router import serve_file_request
-from subagent.acp._frozen import freeze_json
-from subagent.acp._turn_usage import TurnUsage
-from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
-from subagent.acp.elicitation import (
+from subagent.acp._elicitation import (
     ElicitationAnswer,
     ElicitationQuestion,
     check_content,
     question_from_request,
 )
-from subagent.acp.errors import (
+from subagent.acp._errors import (
     AgentCapabilityError,
     AgentExitedError,
     AuthenticationRequiredError,
@@ -72,6 +68,11 @@ from subagent.acp.errors import (
     RequestError,
     SessionSettingError,
 )
+from subagent.acp._file_router import serve_file_request
+from subagent.acp._frozen import freeze_json
+from subagent.acp._modes import ModeChoice, current_mode, offered_modes, select_values
+from subagent.acp._turn_usage import TurnUsage
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
 from subagent.acp.handlers import (
     FsSandbox,
     PermissionCallback,
@@ -83,7 +84,6 @@ from subagent.acp.handlers import (
     permission_policy,
     policy_name,
 )
-from subagent.acp.modes import ModeChoice, current_mode, offered_modes, select_values
 from subagent.acp.transports._channel import Channel, Transport, check_command
 from subagent.acp.transports._local import LocalTransport
 
@@ -626,7 +626,7 @@ class AcpSession:
 
     @property
     def offered_modes(self) -> list[ModeChoice]:
-        """Every mode the agent offers for this session (see :func:`~subagent.acp.modes.offered_modes`)."""
+        """Every mode the agent offers for this session (see :func:`~subagent.acp._modes.offered_modes`)."""
         return offered_modes(self.modes, self.config_options)
 
     @property
@@ -1528,7 +1528,7 @@ async def spawn_agent(
     ``client_options`` (:class:`ClientOptions`: ``permission``, ``fs``, ``terminals``, the limits...)
     go to the :class:`AcpClient`, with its defaults.
 
-    ``transport`` says where the agent runs (:mod:`subagent.acp.transports._channel`); by default a local
+    ``transport`` says where the agent runs (:mod:`subagent.acp.transports`); by default a local
     child process, :class:`~subagent.acp.transports.LocalTransport` with ``process_options`` (the
     options of :func:`~subagent.acp.transports.open_agent_process`), which only that default takes.
     The client's ``process`` attribute is the transport's channel (locally, the

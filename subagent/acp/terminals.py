@@ -63,7 +63,7 @@ Errors (JSON-RPC codes; ``data`` carries ``reason`` and the offending value)
     * -32603 internal error: the live-terminal cap (`DEFAULT_MAX_TERMINALS`) is reached (message "Too many
       open terminals"; a released terminal counts until its kill has finished, so releasing and cancelling
       the release cannot outrun the kills), the host is closed, or the spawn failed for a reason we did not
-      foresee (`~subagent.acp.errors.AgentSpawnError`: its reason is in ``data``).
+      foresee (`~subagent.acp.AgentSpawnError`: its reason is in ``data``).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ import anyio.lowlevel
 import msgspec
 
 from subagent.acp import schema
-from subagent.acp.errors import AgentSpawnError, RequestError, RpcErrorCode
+from subagent.acp._errors import AgentSpawnError, RequestError, RpcErrorCode
 from subagent.acp.handlers import FsSandbox, _clip
 from subagent.acp.transports._local import AgentProcess, open_agent_process
 

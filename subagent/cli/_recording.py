@@ -1,6 +1,6 @@
 """Recording a run: ``subagent run --events-file FILE`` and ``--trace FILE.html``, and ``subagent trace``.
 
-Both record the same lines ``--events`` writes (an :class:`~subagent.cli.views.EventView` each), next
+Both record the same lines ``--events`` writes (an :class:`~subagent.cli._views.EventView` each), next
 to the view on stderr (:class:`FanOut`), with one more event first: ``prompt`` (``text``, the prompt's
 first :data:`~subagent.observability.MAX_TEXT_CHARS` characters, and ``chars``, its length), which the
 trace page shows as the root run's prompt. ``--trace`` feeds its lines to a
@@ -28,11 +28,11 @@ from typing import Final
 import anyio
 
 from subagent.acp import schema
-from subagent.acp.elicitation import ElicitationField, ElicitationQuestion
+from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionQuestion
 from subagent.cli._exits import EXIT_COMPLETED, PROG, Command, Parser, UsageError
 from subagent.cli._tool_call_tracker import ToolCallState
-from subagent.cli.views import EventView, RunView, StartInfo
+from subagent.cli._views import EventView, RunView, StartInfo
 from subagent.observability._trace_page import MAX_TEXT_CHARS, TraceBuilder
 from subagent.types import SubagentResult
 

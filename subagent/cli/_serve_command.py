@@ -24,7 +24,7 @@ from subagent.cli._exits import PROG, Command, Parser, UsageError
 
 if TYPE_CHECKING:
     from subagent.delegation._background import BackgroundOptions
-    from subagent.runtime.llm import LlmAdapter
+    from subagent.runtime._llm import LlmAdapter
 
 __all__ = ["DEFAULT_API_KEY_ENV", "SERVE_COMMAND", "ServeConfigError", "build_llm", "serve_command"]
 
@@ -53,7 +53,7 @@ scripts (--script):
   {{"text", "tool_calls": [{{"name", "arguments", "id"?}}], "finish_reason", "usage", "error",
   "when": {{"last_user_contains", "system_contains", "has_tool", "after_tool_result"}}}}.
   Each reply is used once, the first unused one whose `when` matches; the session's agent
-  and its subagents share the script. Details: python -m pydoc subagent.runtime.scripted
+  and its subagents share the script. Details: python -m pydoc subagent.runtime.ScriptedLlm
 
 output:
   stdout carries only the protocol; logs go to stderr (-v, -vv for more).
@@ -246,7 +246,7 @@ def build_llm(
     if (script is None) == (base_url is None):
         raise ServeConfigError("give either a script file or a base URL and a model name")
     if script is not None:
-        from subagent.runtime.scripted import ScriptedLlm
+        from subagent.runtime._scripted import ScriptedLlm
 
         path = Path(script)
         try:

@@ -43,8 +43,8 @@ from subagent.delegation._background import (
 )
 from subagent.delegation._results import Spill, SubagentToolResult, invalid, map_result, seam_failure
 from subagent.runtime._inprocess_agent import Agent, _calling_agent
+from subagent.runtime._messages import ToolSpec
 from subagent.runtime._tools import ToolError, ToolInvocation
-from subagent.runtime.messages import ToolSpec
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import (
     START_TIME_FEATURES,

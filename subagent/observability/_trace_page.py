@@ -1,7 +1,7 @@
 """The trace page: a recorded ``subagent run`` event stream in, one self-contained HTML page out.
 
 :class:`TraceBuilder` reads the events of ``subagent run --events`` one at a time (``add``, each a
-parsed JSON line, see :mod:`subagent.cli.views`) and keeps only what the page shows, each part capped,
+parsed JSON line, see :mod:`subagent.cli._views`) and keeps only what the page shows, each part capped,
 so recording a long run holds a bounded amount: at most :data:`MAX_RUNS` runs, :data:`MAX_MARKS` marks
 per run (:data:`MAX_KEPT_MARKS` in all), and :data:`MAX_TEXT_CHARS` characters of each prompt, output
 and error (:data:`MAX_KEPT_CHARS` in all); the page says when it shows less than there was.

@@ -46,7 +46,7 @@ so code that awaits every result before disposing any run cannot wait on itself;
 queues for a slot again before its turn. A run cancelled or disposed while it waits never spawns a
 child. ``ready_timeout`` starts at the spawn, so time spent queued never counts against it.
 
-Where children run: the provider's ``transport`` (:mod:`subagent.acp.transports._channel`; a local child
+Where children run: the provider's ``transport`` (:mod:`subagent.acp.transports`; a local child
 process by default) opens each one; its exit diagnosis, ``run.pid`` and ``run.kill()`` go through
 the transport's channel. A transport whose children do not see this host's files
 (``local_files`` False) gets no fs and no terminals offered to its agents.
@@ -72,6 +72,18 @@ from subagent import _structured
 from subagent._outcome import DisposeOnExit, Outcome
 from subagent._usage_codec import usage_from_acp
 from subagent.acp import schema
+from subagent.acp._elicitation import ElicitationAnswer, ElicitationQuestion
+from subagent.acp._errors import (
+    AcpError,
+    AgentExitedError,
+    AgentSpawnError,
+    AuthenticationRequiredError,
+    MessageTooLargeError,
+    ProtocolError,
+    RequestError,
+    SessionSettingError,
+)
+from subagent.acp._modes import ModeChoice, mode_advice
 from subagent.acp.client import (
     DEFAULT_IDLE_CLOSE_GRACE,
     DEFAULT_MAX_KEPT_UPDATES,
@@ -85,17 +97,6 @@ from subagent.acp.client import (
     spawn_agent,
 )
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
-from subagent.acp.elicitation import ElicitationAnswer, ElicitationQuestion
-from subagent.acp.errors import (
-    AcpError,
-    AgentExitedError,
-    AgentSpawnError,
-    AuthenticationRequiredError,
-    MessageTooLargeError,
-    ProtocolError,
-    RequestError,
-    SessionSettingError,
-)
 from subagent.acp.handlers import (
     FsSandbox,
     PermissionCallback,
@@ -107,7 +108,6 @@ from subagent.acp.handlers import (
     permission_policy,
     policy_name,
 )
-from subagent.acp.modes import ModeChoice, mode_advice
 from subagent.acp.transports._channel import ExitInfo, Transport
 from subagent.acp.transports._local import LocalTransport
 from subagent.acp.transports._schemes import transport_from_url
@@ -261,7 +261,7 @@ class AcpProvider:
             offer fails the start (``START_FAILED``, listing the modes it does offer). None (default):
             the agent's own, except that a session that starts in a mode which approves tool calls by
             itself, under any policy but ``allow``, is moved to the agent's asking mode where
-            :data:`~subagent.acp.modes.KNOWN_AGENT_MODES` knows it, and warned about otherwise.
+            :data:`~subagent.acp._modes.KNOWN_AGENT_MODES` knows it, and warned about otherwise.
         config_options: config options to set, by id, after the mode and before the first prompt
             (``session/set_config_option``): a select option's value id, or a boolean. An id or a
             value the agent does not offer fails the start, listing what it offers.
@@ -339,7 +339,7 @@ class AcpProvider:
         self.on_stderr_line = on_stderr_line
         self.process_options = dict(process_options or {})
         self.transport = _resolve_transport(transport, self.process_options)
-        """Where each child runs (see :mod:`subagent.acp.transports._channel`)."""
+        """Where each child runs (see :mod:`subagent.acp.transports`)."""
         self.idle_close_grace = idle_close_grace
         self.mode = mode
         self.config_options: dict[str, str | bool] = dict(config_options or {})

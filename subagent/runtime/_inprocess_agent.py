@@ -39,9 +39,8 @@ from subagent import _structured
 from subagent._outcome import Outcome, raise_sole_error
 from subagent.events import Listeners
 from subagent.observability import _telemetry as telemetry
-from subagent.runtime._tools import Approver, Tool, ToolContext, ToolError, ToolInvocation
-from subagent.runtime.llm import LlmAdapter, LlmError, LlmErrorKind
-from subagent.runtime.messages import (
+from subagent.runtime._llm import LlmAdapter, LlmError, LlmErrorKind
+from subagent.runtime._messages import (
     Completion,
     CompletionRequest,
     Message,
@@ -51,6 +50,7 @@ from subagent.runtime.messages import (
     ToolCallDelta,
     ToolSpec,
 )
+from subagent.runtime._tools import Approver, Tool, ToolContext, ToolError, ToolInvocation
 from subagent.types import _TOKEN_FIELDS, Disposer, StopReason, SubagentResult, Usage, freeze_json, thaw_json
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from subagent.runtime.messages import ToolSpec
+from subagent.runtime._messages import ToolSpec
 
 __all__ = ["Approver", "FunctionTool", "Tool", "ToolContext", "ToolError", "ToolInvocation"]
 

@@ -30,7 +30,7 @@ from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import anyio.abc
 
-from subagent.acp.errors import AgentSpawnError
+from subagent.acp._errors import AgentSpawnError
 
 __all__ = [
     "UNKNOWN_RETURNCODE",

@@ -76,7 +76,7 @@ import anyio
 import anyio.abc
 import anyio.lowlevel
 
-from subagent.acp.errors import AgentSpawnError
+from subagent.acp._errors import AgentSpawnError
 from subagent.acp.transports._channel import (
     UNKNOWN_RETURNCODE,
     BaseTransport,

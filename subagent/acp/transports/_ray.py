@@ -100,7 +100,7 @@ import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
-from subagent.acp.errors import AgentSpawnError
+from subagent.acp._errors import AgentSpawnError
 from subagent.acp.transports._channel import BaseTransport, ExitInfo, Launch, TeardownReport, TeardownStep
 from subagent.acp.transports._local import (
     SIGKILL_TIMEOUT,

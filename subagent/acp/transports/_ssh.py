@@ -79,7 +79,7 @@ from urllib.parse import unquote, urlsplit
 import anyio
 import anyio.abc
 
-from subagent.acp.errors import AgentSpawnError
+from subagent.acp._errors import AgentSpawnError
 from subagent.acp.transports._channel import BaseTransport, ExitInfo, Launch, TeardownReport
 from subagent.acp.transports._local import (
     STDERR_TAIL_BYTES,

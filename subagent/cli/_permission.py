@@ -23,7 +23,7 @@ from typing import Final, Literal
 import anyio
 import anyio.to_thread
 
-from subagent.acp.elicitation import ElicitationAnswer, ElicitationQuestion, FieldValue, parse_value
+from subagent.acp._elicitation import ElicitationAnswer, ElicitationQuestion, FieldValue, parse_value
 from subagent.acp.handlers import (
     AllowPolicy,
     DenyPolicy,
@@ -33,9 +33,9 @@ from subagent.acp.handlers import (
     PermissionPolicy,
     PermissionQuestion,
 )
+from subagent.cli._console import is_terminal
 from subagent.cli._tool_call_tracker import ToolCalls, ToolCallState
-from subagent.cli.console import is_terminal
-from subagent.cli.views import RunView
+from subagent.cli._views import RunView
 
 __all__ = [
     "AnswerSource",

@@ -30,8 +30,8 @@ from typing import Any, Final, Literal, Protocol, runtime_checkable
 import msgspec
 
 from subagent.acp import schema
+from subagent.acp._errors import RequestError
 from subagent.acp._frozen import freeze_json
-from subagent.acp.errors import RequestError
 
 __all__ = [
     "MAX_ANSWER_CHARS",

@@ -1,7 +1,7 @@
 """The commands ``run``, ``demo`` and ``agents``: from parsed options to a turn, a report, or a list.
 
 ``run`` and the first half of ``demo`` merge options, config and defaults into a
-:class:`~subagent.cli.turn.TurnSpec`, drive the turn on the view the options ask for, and print its
+:class:`~subagent.cli._turn.TurnSpec`, drive the turn on the view the options ask for, and print its
 outcome: the answer (or one JSON object) on stdout, diagnostics on stderr, and an exit status.
 ``serve`` lives in :mod:`subagent.cli._serve_command`.
 """
@@ -26,6 +26,8 @@ from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.acp.transports._channel import Transport
 from subagent.acp.transports._schemes import transport_from_url
 from subagent.acp.transports._ssh import SshTransport
+from subagent.cli._config import SSH_OPTION, AgentConfig, config_search_path, find_config, load_config
+from subagent.cli._console import Console, is_terminal, print_json, print_stdout, use_color
 from subagent.cli._exits import (
     EXIT_COMPLETED,
     EXIT_NOT_COMPLETED,
@@ -34,13 +36,11 @@ from subagent.cli._exits import (
     PromptTooLarge,
     UsageError,
 )
+from subagent.cli._logs import LOG_HANDLER
+from subagent.cli._permission import AnswerSource, PermissionMode, answer_source, default_permission
 from subagent.cli._recording import FanOut, TraceRecorder, emit_prompt, write_page
-from subagent.cli.config import SSH_OPTION, AgentConfig, config_search_path, find_config, load_config
-from subagent.cli.console import Console, is_terminal, print_json, print_stdout, use_color
-from subagent.cli.logs import LOG_HANDLER
-from subagent.cli.permission import AnswerSource, PermissionMode, answer_source, default_permission
-from subagent.cli.turn import TurnOutcome, TurnSpec, drive
-from subagent.cli.views import EventView, HumanView, RunView
+from subagent.cli._turn import TurnOutcome, TurnSpec, drive
+from subagent.cli._views import EventView, HumanView, RunView
 from subagent.providers.acp import prompt_size_error
 
 __all__ = [
@@ -271,7 +271,7 @@ def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
 def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
     """The in-process half of the demo: an agent delegates to fork, spawn and acp at once."""
     # Imported here: the rest of the command line does not need the in-process runtime.
-    from subagent.cli.demo import run_delegation_demo
+    from subagent.cli._demo import run_delegation_demo
 
     # Not narrating (--events, --quiet): the narration goes nowhere.
     console = Console(sys.stderr if narrate else io.StringIO(), color=narrate and use_color(sys.stderr))

@@ -11,8 +11,8 @@
   agent's subagent tree (``subagent serve`` marks them, see below) reads ``run <title>: <status>``,
   indented one step per level below the session.
 
-  Live, on a UTF-8 terminal with colour (see :func:`~subagent.cli.console.use_color`), those runs
-  are shown instead as a block kept below the rest (:class:`~subagent.cli.run_tree.RunTree`, drawn as the
+  Live, on a UTF-8 terminal with colour (see :func:`~subagent.cli._console.use_color`), those runs
+  are shown instead as a block kept below the rest (:class:`~subagent.cli._run_tree.RunTree`, drawn as the
   console's footer): one row per run, indented by depth, with its state and last activity, redrawn
   at each change and, while :meth:`RunView.tick` runs, each second for the ages. A run that fails
   or is cancelled also gets its ``run`` line above the block. When the turn ends the block gives
@@ -50,11 +50,11 @@ import anyio
 from subagent._text import one_line
 from subagent._usage_codec import usage_to_acp
 from subagent.acp import schema
-from subagent.acp.elicitation import ElicitationField, ElicitationQuestion
+from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionOption, PermissionOutcome, PermissionQuestion
+from subagent.cli._console import Console, is_terminal, sanitize
+from subagent.cli._run_tree import RunTree
 from subagent.cli._tool_call_tracker import ToolCallState
-from subagent.cli.console import Console, is_terminal, sanitize
-from subagent.cli.run_tree import RunTree
 from subagent.types import RUN_META_KEY, SubagentResult
 
 __all__ = ["EventView", "HumanView", "RunView", "StartInfo", "run_meta"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from subagent.acp import schema
-from subagent.cli.console import fit_width, sanitize, text_width
+from subagent.cli._console import fit_width, sanitize, text_width
 
 __all__ = ["MAX_BLOCK_ROWS", "MAX_TRACKED_RUNS", "RunRow", "RunTree"]
 
@@ -46,7 +46,7 @@ _IDLE: Final = re.compile(r"last update (\d{1,9}(?:\.\d{1,3})?) s ago")
 _WAITING_PREFIX: Final = "waiting on a permission answer"
 
 Paint = Callable[..., str]
-""":meth:`~subagent.cli.console.Console.paint`: text and SGR codes in, text (maybe coloured) out."""
+""":meth:`~subagent.cli._console.Console.paint`: text and SGR codes in, text (maybe coloured) out."""
 
 
 @dataclass(slots=True)

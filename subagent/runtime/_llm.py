@@ -1,8 +1,8 @@
 """Language-model adapters: the protocol, the registry of named adapters, typed errors.
 
-An adapter turns a :class:`~subagent.runtime.messages.CompletionRequest` into a stream of
+An adapter turns a :class:`~subagent.runtime.CompletionRequest` into a stream of
 completion events: text and tool-call deltas as they arrive, then exactly one
-:class:`~subagent.runtime.messages.Completion`. It raises :class:`LlmError` for anything that
+:class:`~subagent.runtime.Completion`. It raises :class:`LlmError` for anything that
 keeps it from finishing (after whatever retries it does itself). Consumers close the stream (its
 ``aclose()``, when it has one: async generators do) so that an abandoned completion releases its
 connection at once.
@@ -14,7 +14,7 @@ import enum
 from collections.abc import AsyncIterator
 from typing import Protocol, runtime_checkable
 
-from subagent.runtime.messages import CompletionEvent, CompletionRequest
+from subagent.runtime._messages import CompletionEvent, CompletionRequest
 from subagent.types import Disposer
 
 __all__ = ["LlmAdapter", "LlmError", "LlmErrorKind", "LlmService"]
@@ -76,7 +76,7 @@ class LlmError(Exception):
 
 @runtime_checkable
 class LlmAdapter(Protocol):
-    """Streams a completion. Implementations: :class:`~subagent.runtime.scripted.ScriptedLlm`,
+    """Streams a completion. Implementations: :class:`~subagent.runtime.ScriptedLlm`,
     :class:`~subagent.runtime.openai.OpenAiChatAdapter`."""
 
     def stream(self, request: CompletionRequest) -> AsyncIterator[CompletionEvent]:

@@ -29,8 +29,8 @@ from typing import Any, cast, get_args
 import anyio
 import msgspec
 
-from subagent.runtime.llm import LlmError, LlmErrorKind
-from subagent.runtime.messages import (
+from subagent.runtime._llm import LlmError, LlmErrorKind
+from subagent.runtime._messages import (
     Completion,
     CompletionEvent,
     CompletionRequest,
@@ -116,7 +116,7 @@ Responder = Callable[[CompletionRequest], "Answer | Awaitable[Answer]"]
 
 
 class ScriptedLlm:
-    """A deterministic :class:`~subagent.runtime.llm.LlmAdapter`.
+    """A deterministic :class:`~subagent.runtime.LlmAdapter`.
 
     Args:
         script: replies used once each (a ``str`` is a plain text reply, a mapping a reply in the

@@ -61,7 +61,7 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from subagent.cli.permission import PermissionMode
+from subagent.cli._permission import PermissionMode
 
 __all__ = [
     "AGENT_KEYS",

@@ -13,6 +13,9 @@ from typing import Final
 
 from subagent._version import __version__
 from subagent.acp.handlers import DEFAULT_PERMISSION_CALLBACK_TIMEOUT
+from subagent.cli._commands import MAX_PROMPT_MIB, agents_command, demo_command, run_command
+from subagent.cli._config import ConfigError
+from subagent.cli._describe import DESCRIBE_COMMAND
 from subagent.cli._exits import (
     EXIT_NOT_COMPLETED,
     EXIT_USAGE,
@@ -23,12 +26,9 @@ from subagent.cli._exits import (
     UsageError,
     add_verbose,
 )
+from subagent.cli._logs import configure_logging
 from subagent.cli._recording import TRACE_COMMAND
 from subagent.cli._serve_command import SERVE_COMMAND
-from subagent.cli.commands import MAX_PROMPT_MIB, agents_command, demo_command, run_command
-from subagent.cli.config import ConfigError
-from subagent.cli.describe import DESCRIBE_COMMAND
-from subagent.cli.logs import configure_logging
 from subagent.observability._trace_page import MAX_TEXT_CHARS
 
 __all__ = ["main"]
@@ -262,7 +262,7 @@ def _add_demo_arguments(demo: Parser) -> None:
         "--scenario",
         metavar="FILE",
         help="give the stub agent this scenario file instead of its default "
-        "(the format: python -m pydoc subagent.testing.scenario)",
+        "(the format: python -m pydoc subagent.testing._scenario)",
     )
     demo.add_argument(
         "--only",

@@ -17,7 +17,7 @@ from typing import Final
 
 import anyio
 
-from subagent.cli.console import Console, sanitize
+from subagent.cli._console import Console, sanitize
 from subagent.delegation._subagent_tool import SubagentTool
 from subagent.providers.acp import AcpProvider
 from subagent.providers.fork import ForkProvider

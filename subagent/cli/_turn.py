@@ -19,15 +19,15 @@ import anyio
 from subagent._text import one_line
 from subagent._usage_codec import usage_from_acp
 from subagent.acp import schema
-from subagent.acp.elicitation import ElicitationField, ElicitationQuestion
+from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.acp.transports._channel import Transport
+from subagent.cli._console import sanitize
 from subagent.cli._exits import UsageError
+from subagent.cli._interrupts import Interrupts
+from subagent.cli._permission import AnswerSource, PermissionMode, permission_policy
 from subagent.cli._tool_call_tracker import ToolCalls, ToolCallState
-from subagent.cli.console import sanitize
-from subagent.cli.interrupts import Interrupts
-from subagent.cli.permission import AnswerSource, PermissionMode, permission_policy
-from subagent.cli.views import RunView, StartInfo, run_meta
+from subagent.cli._views import RunView, StartInfo, run_meta
 from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import SubagentError, SubagentRequest, SubagentResult, Usage, sum_usage

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Final
 
 from subagent.cli._exits import PROG
-from subagent.cli.views import RunView
+from subagent.cli._views import RunView
 
 __all__ = ["LOG_HANDLER", "ViewLogHandler", "configure_logging"]
 

@@ -10,7 +10,7 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from subagent.cli.views import RunView
+from subagent.cli._views import RunView
 from subagent.providers.acp import AcpRun
 from subagent.service import ServiceRun
 

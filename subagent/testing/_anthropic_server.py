@@ -33,7 +33,7 @@ The server is also a proxy that goes nowhere: point ``HTTPS_PROXY`` / ``HTTP_PRO
 itself is opened (requests then arrive through it, as plain HTTP), any other target is refused with
 403. No other target in that list shows the client tried to reach nothing else.
 
-HTTP/1.1 is read and written with h11, as in `subagent.testing.chat_server` (bounded head and body, a 400
+HTTP/1.1 is read and written with h11, as in `subagent.testing._chat_server` (bounded head and body, a 400
 for a malformed request); every response closes its connection.
 """
 

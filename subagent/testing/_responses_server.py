@@ -1,6 +1,6 @@
 """A scripted stub of the OpenAI Responses API, on loopback, to run real agents (Codex) offline.
 
-It works as `subagent.testing.anthropic_server` does: inside the caller's event loop, a *responder*
+It works as `subagent.testing._anthropic_server` does: inside the caller's event loop, a *responder*
 decides each answer from the request (an agent's side calls make positions unpredictable)::
 
     def respond(request: ResponsesRequest) -> ResponsesReply:
@@ -27,8 +27,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from subagent.testing._chat_server import openai_error_body
 from subagent.testing._http import Exchange, RecordedRequest, RecordingServer, StreamedText, serve_stub
-from subagent.testing.chat_server import openai_error_body
 
 __all__ = [
     "FunctionCall",

@@ -19,13 +19,13 @@ import anyio
 
 from subagent._text import one_line
 from subagent.acp import schema
+from subagent.acp._errors import AcpError
+from subagent.acp._modes import ModeChoice, known_agent_modes, mode_advice, reads_as_approving, select_values
 from subagent.acp.client import AcpSession, spawn_agent
-from subagent.acp.errors import AcpError
 from subagent.acp.handlers import FsSandbox
-from subagent.acp.modes import ModeChoice, known_agent_modes, mode_advice, reads_as_approving, select_values
+from subagent.cli._commands import configured_agent
+from subagent.cli._console import print_json, print_stdout, sanitize
 from subagent.cli._exits import EXIT_USAGE, PROG, Command, Parser, UsageError
-from subagent.cli.commands import configured_agent
-from subagent.cli.console import print_json, print_stdout, sanitize
 from subagent.providers.acp import DEFAULT_READY_TIMEOUT
 
 __all__ = ["DESCRIBE_COMMAND", "describe_agent"]
