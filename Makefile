@@ -88,8 +88,13 @@ $(VIBE_ACP):
 
 interop: $(INTEROP_AGENT) $(CLAUDE_ACP) $(QWEN_CODE) $(CODEX_ACP) $(CODEX_ACP_2) $(COPILOT) $(VIBE_ACP) ## install the third-party ACP agents the interop and real-agent tests drive
 
-test: $(STAMP) interop ## run the test suite on asyncio and trio
-	$(BIN)/python -m pytest
+# The suite mostly waits on child processes, so it is spread over twice as many workers as cores;
+# --dist loadgroup keeps each xdist group on one worker (tests/conftest.py gives the Ray tests their own).
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
+PYTEST_PARALLEL := -n $(TEST_WORKERS) --dist loadgroup
+
+test: $(STAMP) interop ## run the whole test suite (what CI runs), spread over worker processes
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 fuzz: $(STAMP) ## the fuzz tests at length (HYPOTHESIS_PROFILE=fuzz: thousands of inputs per property)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -m fuzz

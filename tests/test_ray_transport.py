@@ -1,10 +1,10 @@
 """The Ray transport against a real two-node Ray cluster on this machine (tests/raycluster.py).
 
-Each test runs real processes on asyncio and trio: the actor's worker on a node (the second, unless a
-test says otherwise), the supervisor and the agent under it. "Nothing left" is asserted by
-`assert_no_leaks_over_ray` (the agent carries the leak tag, passed by `LeakTaggedRayTransport`: it is
-no descendant of ours) and, where the point is teardown, on the reported pids themselves. Waits are for
-events, under ``anyio.fail_after`` as hang guards only.
+Each test runs real processes (on asyncio; those marked `both_backends` on trio too): the actor's worker
+on a node (the second, unless a test says otherwise), the supervisor and the agent under it. "Nothing
+left" is asserted by `assert_no_leaks_over_ray` (the agent carries the leak tag, passed by
+`LeakTaggedRayTransport`: it is no descendant of ours) and, where the point is teardown, on the reported
+pids themselves. Waits are for events, under ``anyio.fail_after`` as hang guards only.
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ async def wait_lost(channel: RayChannel, node_id: str, why: str) -> None:
 # -- whole turns ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.both_backends  # the actor's stdio relay through threads and portals
 async def test_a_stub_agent_turn_on_the_second_node_streams_the_reply_and_asks_the_local_permission_policy(
     ray_cluster: RayCluster, transport: RayTransport, tmp_path: Path
 ) -> None:
@@ -242,6 +243,7 @@ async def test_a_message_of_several_mebibytes_on_stdin_arrives_intact_and_in_ord
     assert (info.returncode, info.status_known) == (0, True)
 
 
+@pytest.mark.both_backends  # the actor's stdio relay through threads and portals
 async def test_a_writer_to_an_agent_that_reads_nothing_is_held_once_the_bounded_buffers_are_full(
     transport: RayTransport,
 ) -> None:
@@ -392,6 +394,7 @@ def actor_workers(node: RayNode) -> list[int]:
     return [info.pid for info in node.processes() if info.comm.startswith("ray::_AgentAct")]
 
 
+@pytest.mark.both_backends  # the actor's stdio relay through threads and portals
 async def test_a_start_cancelled_at_any_moment_leaves_no_actor_and_no_agent(
     ray_cluster: RayCluster, transport: RayTransport
 ) -> None:
@@ -657,6 +660,7 @@ async def test_ray_kill_of_the_actor_ends_the_run_and_the_supervisor_ends_the_tr
         assert await wait_gone(tree) == []
 
 
+@pytest.mark.both_backends  # the actor's stdio relay through threads and portals
 async def test_kill_ends_the_whole_tree_at_once_and_the_exit_says_sigkill(transport: RayTransport) -> None:
     async with assert_no_leaks_over_ray():
         async with transport.open(STUBBORN_TREE) as channel:

@@ -27,7 +27,6 @@ from subagent.cli._commands import DEMO_PROMPT
 from subagent.cli._recording import FanOut
 from subagent.cli._views import RunView
 from subagent.observability import (
-    MAX_KEPT_CHARS,
     MAX_KEPT_MARKS,
     MAX_MARKS,
     MAX_RUNS,
@@ -35,6 +34,7 @@ from subagent.observability import (
     TraceBuilder,
     render_trace_page,
 )
+from subagent.observability._trace_page import MAX_KEPT_TEXT_BYTES
 from subagent.types import TURN_META_KEY
 from tests.chromium import open_page
 from tests.leaks import assert_no_leaks
@@ -479,7 +479,7 @@ def test_recording_keeps_a_bounded_amount_of_a_run_of_any_length() -> None:
         for index in range(MAX_RUNS + 50):  # each with 30 tool calls and a 100 KB answer
             builder.add(run_event(2.0, f"run-{index}", "cli", "running"))
             for call in range(30):
-                builder.add(tool_call(3.0, f"run-{index}/{call}", title=title))
+                builder.add(tool_call(3.0, f"run-{index}/{call}", title=f"read file {call}"))
             builder.add(tool_update(4.0, f"run/run-{index}", status="completed", content=content))
             builder.add(run_event(4.0, f"run-{index}", "cli", "completed", "completed"))
         _, peak = tracemalloc.get_traced_memory()
@@ -498,7 +498,8 @@ def test_recording_keeps_a_bounded_amount_of_a_run_of_any_length() -> None:
     assert len(runs) == MAX_RUNS
     assert data["runsDropped"] == 51
     assert sum(len(run["marks"]) for run in runs) == MAX_KEPT_MARKS
-    assert sum(len(run["prompt"]) + len(run["output"]) for run in runs) == MAX_KEPT_CHARS
+    # The texts are ASCII without escapes: a byte each.
+    assert sum(len(run["prompt"]) + len(run["output"]) for run in runs) == MAX_KEPT_TEXT_BYTES
     assert all(run["outputChars"] == len(chunk) for run in runs[1:])
 
 

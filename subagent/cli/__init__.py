@@ -21,6 +21,7 @@ The package, one job per module::
     _main.py               the table of commands, the parser, main(): argv to a command, failures to statuses
     _exits.py              a command's row (Command), exit statuses, the usage error, the parser raising it
     _commands.py           the commands run, demo and agents: options to a turn, its outcome printed
+    _options.py            every option of `subagent run`, declared once: flags, config key, type, help, merge
     _describe.py           the command describe: what an agent offers, without a turn
     _serve_command.py      the command-line half of `subagent serve`: its flags, the LLM built from them
     _recording.py          a run recorded (--events-file, --trace) and the command trace: events to a page
@@ -32,7 +33,7 @@ The package, one job per module::
     _permission.py         answering permission questions: allow, deny, or ask a person on a terminal
     _console.py            the two streams: stderr for people (sanitized, coloured on a terminal), stdout
     _logs.py               log records to the current view, else stderr; -v and -vv
-    _config.py             named agents from a TOML file, its schema as typed structs
+    _config.py             named agents from a TOML file, its schema as typed structs made from the options
     _demo.py               the demo's second half: an in-process agent delegating to fork, spawn and acp
 """
 

@@ -1,21 +1,22 @@
 """The commands ``run``, ``demo`` and ``agents``: from parsed options to a turn, a report, or a list.
 
 ``run`` and the first half of ``demo`` merge options, config and defaults into a
-:class:`~subagent.cli._turn.TurnSpec`, drive the turn on the view the options ask for, and print its
-outcome: the answer (or one JSON object) on stdout, diagnostics on stderr, and an exit status.
-``serve`` lives in :mod:`subagent.cli._serve_command`.
+:class:`~subagent.cli._turn.TurnSpec` (as :data:`~subagent.cli._options.RUN_OPTIONS` declares), drive the
+turn on the view the options ask for, and print its outcome: the answer (or one JSON object) on stdout,
+diagnostics on stderr, and an exit status. ``serve`` lives in :mod:`subagent.cli._serve_command`.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import logging
 import os
 import shlex
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -26,7 +27,7 @@ from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.acp.transports._channel import Transport
 from subagent.acp.transports._schemes import transport_from_url
 from subagent.acp.transports._ssh import SshTransport
-from subagent.cli._config import SSH_OPTION, AgentConfig, config_search_path, find_config, load_config
+from subagent.cli._config import AgentConfig, config_search_path, find_config, load_config
 from subagent.cli._console import Console, is_terminal, print_json, print_stdout, use_color
 from subagent.cli._exits import (
     EXIT_COMPLETED,
@@ -37,6 +38,7 @@ from subagent.cli._exits import (
     UsageError,
 )
 from subagent.cli._logs import LOG_HANDLER
+from subagent.cli._options import DEMO_OPTIONS, RUN_OPTIONS, merge
 from subagent.cli._permission import AnswerSource, PermissionMode, answer_source, default_permission
 from subagent.cli._recording import FanOut, TraceRecorder, emit_prompt, write_page
 from subagent.cli._turn import TurnOutcome, TurnSpec, drive
@@ -102,97 +104,81 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         agent = configured_agent(args.agent, args.config)
         command = list(agent.command)
     assert command
-    transport = _with_ssh_options(_transport(args.on, agent), args, agent)
-    cwd = args.cwd or (agent.cwd if agent else None)
+    values = merge(RUN_OPTIONS, args, agent.options if agent else {})
+    transport = _with_ssh_options(
+        _transport(values["transport"]), values["ssh_config"], values["ssh_options"]
+    )
+    cwd = values["cwd"]
     if cwd is not None:
-        where = f"the cwd of agent {agent.name!r} in {agent.source}" if agent and not args.cwd else "--cwd"
-        if not transport.local_files:
-            # A directory on the agent's host: it cannot be checked, nor resolved, from here.
-            if not os.path.isabs(cwd):
-                raise UsageError(f"{where}: {cwd!r} must be an absolute path on {transport.name}")
-        elif not os.path.isdir(cwd):
-            raise UsageError(f"{where}: {cwd!r} is not a directory")
+        cwd = _agent_directory(cwd, "--cwd" if args.cwd is not None else _configured("cwd", agent), transport)
     if args.fs and not transport.local_files:
         raise UsageError(f"--fs: an agent on {transport.name} cannot be offered this host's files")
-    additional_directories = _additional_directories(args, agent, transport)
-    prompt = args.prompt if args.prompt is not None else _read_prompt_from_stdin()
+    # The config's directories come first (the option's merge): the rest are --add-dir's.
+    configured = len(agent.options.get("additional_directories", ())) if agent else 0
+    additional_directories = tuple(
+        _agent_directory(
+            path,
+            _configured("additional_directories", agent) if index < configured else "--add-dir",
+            transport,
+        )
+        for index, path in enumerate(values["additional_directories"])
+    )
+    prompt = values["prompt"] if values["prompt"] is not None else _read_prompt_from_stdin()
     if not prompt.strip():
         raise UsageError("the prompt is empty: pass -p TEXT or pipe the prompt on stdin")
     too_large = prompt_size_error(prompt)
     if too_large is not None:
         # Refused before an agent is spawned: it could not be sent to one.
         raise PromptTooLarge(too_large)
-    answers = answer_source(prompt_from_stdin=args.prompt is None)
-    permission: PermissionMode = (
-        args.permission
-        or (agent.permission if agent and agent.permission else None)
-        or (default_permission(answers))
-    )
+    answers = answer_source(prompt_from_stdin=values["prompt"] is None)
+    permission: PermissionMode = values["permission"] or default_permission(answers)
     if permission != "ask" and answers is not None:
         answers.close()
         answers = None
-    spec = TurnSpec(
+    spec = _spec(
+        values,
         command=command,
         prompt=prompt,
-        mode=args.mode or (agent.mode if agent else None),
-        config_options={**(agent.config_options if agent else {}), **_settings(args.config_options)},
-        # A directory elsewhere is taken as written: its symlinks are there, not here.
-        cwd=cwd if cwd and not transport.local_files else os.path.abspath(cwd or os.getcwd()),
+        cwd=cwd or os.getcwd(),
         additional_directories=additional_directories,
-        env=dict(agent.env) if agent and agent.env else None,
         permission=permission,
-        permission_timeout=args.permission_timeout,
         answers=answers,
-        timeout=args.timeout if args.timeout is not None else (agent.timeout if agent else None),
-        ready_timeout=agent.ready_timeout if agent else None,
-        auth_method=args.auth_method or (agent.auth_method if agent else None),
-        fs=args.fs if args.fs is not None else (agent.fs if agent else True),
         transport=transport,
-        json_output=args.json,
-        events=args.events,
-        progress=_progress_wanted(args, default=is_terminal(sys.stderr)),
+        progress=_progress_wanted(values, default=is_terminal(sys.stderr)),
     )
-    return _execute(spec, _Recording.from_args(args))
+    return _execute(spec)
 
 
-def _settings(given: list[str] | None) -> dict[str, str]:
-    """``--set ID=VALUE`` options as a table; a later one for the same id wins."""
-    settings: dict[str, str] = {}
-    for item in given or ():
-        config_id, equals, value = item.partition("=")
-        if not equals or not config_id.strip() or not value:
-            raise UsageError(f"--set: expected ID=VALUE, e.g. model=fast, not {item!r}")
-        settings[config_id.strip()] = value
-    return settings
+_SPEC_FIELDS: Final = frozenset(field.name for field in dataclasses.fields(TurnSpec))
 
 
-def _additional_directories(
-    args: argparse.Namespace, agent: AgentConfig | None, transport: Transport
-) -> tuple[str, ...]:
-    """The agent's configured ``additional_directories`` then ``--add-dir``'s, each an existing directory
-    made absolute (relative ones from the current directory); on another host, absolute and as written."""
-    configured: list[tuple[str, str]] = []
-    if agent is not None:
-        where = f"additional_directories of agent {agent.name!r} in {agent.source}"
-        configured = [(path, where) for path in agent.additional_directories]
-    given = [(path, "--add-dir") for path in args.add_dir or ()]
-    directories: list[str] = []
-    for path, where in [*configured, *given]:
-        if not transport.local_files:
-            # A directory on the agent's host: it cannot be checked, nor resolved, from here.
-            if not os.path.isabs(path):
-                raise UsageError(f"{where}: {path!r} must be an absolute path on {transport.name}")
-            directories.append(path)
-        elif not os.path.isdir(path):
-            raise UsageError(f"{where}: {path!r} is not a directory")
-        else:
-            directories.append(os.path.abspath(path))
-    return tuple(directories)
+def _spec(values: Mapping[str, Any], **computed: Any) -> TurnSpec:
+    """The turn's spec: each option's merged value where a field is named after it, but for the fields
+    the command made of them (a checked cwd, a transport) or of nothing of the command line's."""
+    return TurnSpec(**{name: value for name, value in values.items() if name in _SPEC_FIELDS} | computed)
 
 
-def _transport(on: str | None, agent: AgentConfig | None) -> Transport:
+def _configured(key: str, agent: AgentConfig | None) -> str:
+    """How an error names the config key ``key`` of ``agent``."""
+    assert agent is not None
+    return f"{key} of agent {agent.name!r} in {agent.source}"
+
+
+def _agent_directory(path: str, where: str, transport: Transport) -> str:
+    """``path``, a directory the agent works in: here, an existing one made absolute (relative to the
+    current directory); on another host, absolute and as written. ``where`` names it in a usage error."""
+    if not transport.local_files:
+        # A directory on the agent's host: it cannot be checked, nor resolved, from here.
+        if not os.path.isabs(path):
+            raise UsageError(f"{where}: {path!r} must be an absolute path on {transport.name}")
+        return path
+    if not os.path.isdir(path):
+        raise UsageError(f"{where}: {path!r} is not a directory")
+    return os.path.abspath(path)
+
+
+def _transport(url: str | None) -> Transport:
     """Where the agent runs: ``--on URL``, else the configured agent's ``transport``, else here."""
-    url = on if on is not None else (agent.transport if agent else None)
     try:
         return transport_from_url(url)
     except ValueError as exc:
@@ -200,18 +186,13 @@ def _transport(on: str | None, agent: AgentConfig | None) -> Transport:
         raise UsageError(f"--on: {exc}") from None
 
 
-def _with_ssh_options(transport: Transport, args: argparse.Namespace, agent: AgentConfig | None) -> Transport:
+def _with_ssh_options(transport: Transport, config_file: str | None, options: Sequence[str]) -> Transport:
     """The transport with ``--ssh-config``/``--ssh-option`` (over the agent's ``ssh_config`` and
     ``ssh_options``) applied, when it is SSH; a usage error when it is not and they were given."""
-    options = [*(args.ssh_option or ()), *(agent.ssh_options if agent else ())]
-    config_file = args.ssh_config or (agent.ssh_config if agent else None)
     if not options and config_file is None:
         return transport
     if not isinstance(transport, SshTransport):
         raise UsageError(f"--ssh-config, --ssh-option: for an agent on ssh://HOST, not {transport.name}")
-    for option in options:
-        if not SSH_OPTION.fullmatch(option):
-            raise UsageError(f"--ssh-option: expected NAME=VALUE, e.g. ConnectTimeout=20, not {option!r}")
     # A URL gives host, user and port only: the rest is the transport's defaults.
     return SshTransport(
         transport.host,
@@ -222,10 +203,10 @@ def _with_ssh_options(transport: Transport, args: argparse.Namespace, agent: Age
     )
 
 
-def _progress_wanted(args: argparse.Namespace, *, default: bool) -> bool:
-    if args.json or args.events:
+def _progress_wanted(values: Mapping[str, Any], *, default: bool) -> bool:
+    if values["json"] or values["events"]:
         return False
-    return default if args.progress is None else bool(args.progress)
+    return default if values["progress"] is None else bool(values["progress"])
 
 
 def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
@@ -240,20 +221,19 @@ def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
         if not os.path.isfile(args.scenario):
             raise UsageError(f"--scenario: {args.scenario!r} is not a file")
         stub += ["--scenario", os.path.abspath(args.scenario)]
+    values = merge(DEMO_OPTIONS, args, {})
     answers: AnswerSource | None = None
-    permission: PermissionMode | Literal["demo"] = args.permission or "demo"
+    permission: PermissionMode | Literal["demo"] = values["permission"] or "demo"
     if permission == "ask":
         answers = AnswerSource.stdin()
-    spec = TurnSpec(
+    spec = _spec(
+        values,
         command=stub,
         prompt=DEMO_PROMPT,
         cwd=os.getcwd(),
         permission=permission,
-        permission_timeout=args.permission_timeout,
         answers=answers,
-        json_output=args.json,
-        events=args.events,
-        progress=_progress_wanted(args, default=True),
+        progress=_progress_wanted(values, default=True),
         demo=True,
     )
     status = EXIT_COMPLETED
@@ -262,7 +242,7 @@ def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
             console = Console(sys.stderr, color=use_color(sys.stderr))
             console.line(console.paint(f"{PROG} demo: one turn against the bundled stub ACP agent", "1"))
             console.line(console.paint(f"> {DEMO_PROMPT}", "2"))
-        status = _execute(spec, _Recording.from_args(args))
+        status = _execute(spec)
     if args.only in (None, "delegation") and status != EXIT_USAGE:
         status = max(status, _delegation_demo(args, narrate=spec.progress and not spec.events))
     return status
@@ -357,25 +337,8 @@ def agents_command(args: argparse.Namespace, command: list[str] | None) -> int:
     return 0
 
 
-@dataclass(frozen=True, slots=True)
-class _Recording:
-    """Where a run is recorded besides what stderr shows: ``--events-file`` and ``--trace``."""
-
-    events_file: str | None = None
-    trace: str | None = None
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> _Recording:
-        for flag, path in (("--events-file", args.events_file), ("--trace", args.trace)):
-            # Checked before the agent starts: a run is not worth losing to a typo in a path.
-            if path is not None and not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-                raise UsageError(f"{flag}: the directory of {path!r} does not exist")
-        return cls(args.events_file, args.trace)
-
-
-def _execute(spec: TurnSpec, recording: _Recording | None = None) -> int:
+def _execute(spec: TurnSpec) -> int:
     """Run the turn, print its outcome, and return the exit status."""
-    recording = recording or _Recording()
     console = Console(sys.stderr, color=use_color(sys.stderr))
     views: list[RunView] = [
         EventView(sys.stderr)
@@ -383,15 +346,13 @@ def _execute(spec: TurnSpec, recording: _Recording | None = None) -> int:
         else HumanView(console, progress=spec.progress, decisions=spec.progress or spec.permission == "ask")
     ]
     with contextlib.ExitStack() as stack:
-        if recording.events_file is not None:
+        if spec.events_file is not None:
             try:
-                stream = stack.enter_context(open(recording.events_file, "w", encoding="utf-8"))
+                stream = stack.enter_context(open(spec.events_file, "w", encoding="utf-8"))
             except OSError as exc:
-                raise UsageError(
-                    f"--events-file: cannot write {recording.events_file}: {exc.strerror}"
-                ) from None
+                raise UsageError(f"--events-file: cannot write {spec.events_file}: {exc.strerror}") from None
             views.append(EventView(stream))
-        recorder = TraceRecorder() if recording.trace is not None else None
+        recorder = TraceRecorder() if spec.trace is not None else None
         if recorder is not None:
             views.append(recorder)
         for view in views[1:]:
@@ -406,23 +367,21 @@ def _execute(spec: TurnSpec, recording: _Recording | None = None) -> int:
             if spec.answers is not None:
                 spec.answers.close()
             # Written however the run ended (a failure, an interrupt): that is when a trace is wanted most.
-            trace_failed = recorder is not None and not _write_trace(recording, recorder, spec)
+            trace_failed = recorder is not None and not _write_trace(recorder, spec)
     status = _report(spec, outcome, console)
     return EXIT_USAGE if trace_failed else status
 
 
-def _write_trace(recording: _Recording, recorder: TraceRecorder, spec: TurnSpec) -> bool:
+def _write_trace(recorder: TraceRecorder, spec: TurnSpec) -> bool:
     """Write the trace page; False (said on stderr) if it could not be written."""
-    assert recording.trace is not None
+    assert spec.trace is not None
     # Named by what it was asked (the command line may hold a secret; the prompt is on the page anyway).
     asked = " ".join(spec.prompt.split())
     title = f"{PROG} trace: {asked if len(asked) <= 80 else asked[:79] + chr(0x2026)}"
     try:
-        write_page(recording.trace, recorder.builder.page(title))
+        write_page(spec.trace, recorder.builder.page(title))
     except OSError as exc:
-        Console(sys.stderr, color=False).line(
-            f"{PROG}: --trace: cannot write {recording.trace}: {exc.strerror}"
-        )
+        Console(sys.stderr, color=False).line(f"{PROG}: --trace: cannot write {spec.trace}: {exc.strerror}")
         return False
     return True
 
@@ -430,7 +389,7 @@ def _write_trace(recording: _Recording, recorder: TraceRecorder, spec: TurnSpec)
 def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
     """Print the turn's outcome and return the exit status."""
     result = outcome.result
-    if spec.json_output:
+    if spec.json:
         report: dict[str, Any] = {
             "output": result.output,
             "stopReason": result.stop_reason,

@@ -27,15 +27,17 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     ssh_config = "ssh/build.conf"                 # over ssh://: ssh's config file (ssh -F)
     ssh_options = ["ConnectTimeout=20"]           # over ssh://: more ssh -o options
 
-The schema is written as typed structs (:class:`ConfigFile`, :class:`AgentTable`) that msgspec checks
-every key against: an unknown key, a value of the wrong type or an out-of-range number is a
+Every key but ``description``, ``command`` and ``args`` sets the ``subagent run`` option of the same name,
+and is declared with it in :data:`subagent.cli._options.RUN_OPTIONS` (its type, and the words of its
+errors). The schema is built from that as typed structs (:data:`ConfigFile`, :data:`AgentTable`) that
+msgspec checks every key against: an unknown key, a value of the wrong type or an out-of-range number is a
 :class:`ConfigError` whose message names the file and the dotted key (``agents.claude.args[1]``).
 So is anything that could not reach the agent's process intact: a NUL character (``"\u0000"``)
 in the command, an argument, the cwd or an environment value, and an environment name that is
 empty or has ``=`` or NUL in it (values are never repeated in the message: they may be secrets).
 A file that is not TOML, is nested too deeply to parse (hundreds of levels), or is larger than
 1 MiB is a :class:`ConfigError` too. Options given on the command line override the file's
-defaults.
+defaults (``--add-dir``, ``--set`` and ``--ssh-option`` add to theirs).
 
 ``transport`` is a URL for :func:`subagent.acp.transports.transport_from_url` (``local``,
 ``ssh://[user@]host[:port]``): the agent then runs there, ``command`` and ``cwd`` name a program
@@ -52,22 +54,21 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import tomllib
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Final
 
 import msgspec
 
-from subagent.cli._permission import PermissionMode
+from subagent.cli._options import OPTION_KEYS, RUN_OPTIONS, Argument, ConfigKey, Program
 
 __all__ = [
     "AGENT_KEYS",
     "LOCAL_CONFIG_NAME",
     "MAX_CONFIG_BYTES",
-    "SSH_OPTION",
     "AgentConfig",
     "AgentTable",
     "Config",
@@ -90,60 +91,57 @@ MAX_CONFIG_BYTES: Final = 1024 * 1024
 
 AgentName = Annotated[str, msgspec.Meta(pattern=r"\A[A-Za-z0-9][A-Za-z0-9_.-]*\Z")]
 """An agent's name: letters, digits, ``_``, ``-`` and ``.``, starting with a letter or digit."""
-EnvName = Annotated[str, msgspec.Meta(pattern=r"\A[^=\x00]+\Z")]
-"""An environment variable's name: what a process can receive (non-empty, no ``=``, no NUL)."""
-Argument = Annotated[str, msgspec.Meta(pattern=r"\A[^\x00]*\Z")]
-"""A string a process receives (an argument, an environment value): a C string ends at NUL."""
-Program = Annotated[str, msgspec.Meta(pattern=r"\A(?=[^\x00]*\Z)\s*\S")]
-"""A program or a directory: a non-blank :data:`Argument`. (The lookahead keeps the match linear: a
-1 MiB value costs one pass, never a backtracking blow-up.)"""
-NonBlank = Annotated[str, msgspec.Meta(pattern=r"\S")]
-"""A string with something in it besides white space."""
-SSH_OPTION: Final = re.compile(r"[A-Za-z][A-Za-z0-9]*[= ][^\x00\n]*")
-"""One ssh ``-o`` option, ``Name=value`` (as in ssh's config file, one line): match it whole."""
-SshOption = Annotated[str, msgspec.Meta(pattern=rf"\A{SSH_OPTION.pattern}\Z")]
-"""A :data:`SSH_OPTION` in a config file."""
-Seconds = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
-"""A positive, finite number of seconds."""
 
 
-Environment = dict[EnvName, Argument]
-"""An agent's ``env`` table: variables merged over the caller's environment."""
-
-
-class AgentTable(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """One ``[agents.NAME]`` table as written (see the module docstring); fields in documented order."""
+class _Agent(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The keys of an ``[agents.NAME]`` table that say which agent it is; :data:`AgentTable` adds the rest."""
 
     description: str | None = None
     command: Program
     args: list[Argument] = msgspec.field(default_factory=list)
-    env: Environment = msgspec.field(default_factory=dict)
-    cwd: Program | None = None
-    additional_directories: list[Program] = msgspec.field(default_factory=list)
-    permission: PermissionMode | None = None
-    timeout: Seconds | None = None
-    ready_timeout: Seconds | None = None
-    auth_method: NonBlank | None = None
-    fs: bool = True
-    mode: NonBlank | None = None
-    config_options: dict[NonBlank, str | bool] = msgspec.field(default_factory=dict)
-    transport: NonBlank | None = None
-    ssh_config: Program | None = None
-    ssh_options: list[SshOption] = msgspec.field(default_factory=list)
 
 
-Agents = dict[AgentName, AgentTable]
+AgentTable: Final = msgspec.defstruct(
+    "AgentTable",
+    [(name, key.type | msgspec.UnsetType, msgspec.UNSET) for name, key in OPTION_KEYS.items()],
+    bases=(_Agent,),
+    module=__name__,
+    kw_only=True,
+    forbid_unknown_fields=True,
+)
+"""One ``[agents.NAME]`` table as written (see the module docstring): the agent's own keys, then a key for
+each option that has one (:data:`~subagent.cli._options.OPTION_KEYS`), unset where the file sets none."""
+
+Agents: Final = dict[AgentName, AgentTable]  # type: ignore[valid-type]  # a type made at run time
 """The ``[agents]`` table: agents by name, in file order."""
 
+ConfigFile: Final = msgspec.defstruct(
+    "ConfigFile",
+    [("agents", Agents, msgspec.field(default_factory=dict))],
+    module=__name__,
+    forbid_unknown_fields=True,
+)
+"""A whole config file as written: its only table is ``[agents]``."""
 
-class ConfigFile(msgspec.Struct, forbid_unknown_fields=True):
-    """A whole config file as written: its only table is ``[agents]``."""
-
-    agents: Agents = msgspec.field(default_factory=dict)
-
-
-AGENT_KEYS: Final = AgentTable.__struct_fields__
+AGENT_KEYS: Final[tuple[str, ...]] = AgentTable.__struct_fields__
 """The keys an agent table may have, in the order the documentation lists them."""
+
+_NAMED_TABLES: Final[Mapping[str, Any]] = {
+    "agents": Agents,
+    **{
+        f"agents.*.{name}": key.type
+        for name, key in OPTION_KEYS.items()
+        if typing.get_origin(key.type) is dict
+    },
+}
+"""The tables keyed by names, by their place in the schema: an error inside one names no key, so the
+entry it is about is found by checking each entry alone against the table's type."""
+
+
+def _item_place(name: str, key: ConfigKey) -> str:
+    """Where an item of the key ``name``'s array or table is in the schema."""
+    return f"agents.*.{name}" + ("[]" if typing.get_origin(key.type) is list else ".*")
+
 
 _EXPECTED: Final[Mapping[str, str]] = {
     "agents": "a table of agents, e.g. [agents.NAME]",
@@ -152,39 +150,15 @@ _EXPECTED: Final[Mapping[str, str]] = {
     "agents.*.command": "a string",
     "agents.*.args": "an array of strings",
     "agents.*.args[]": "a string",
-    "agents.*.env": 'a table of strings, e.g. env = { KEY = "value" }',
-    "agents.*.env.*": "a string",
-    "agents.*.cwd": "a string",
-    "agents.*.additional_directories": 'an array of directories, e.g. ["../shared"]',
-    "agents.*.additional_directories[]": "a string",
-    "agents.*.permission": "one of 'allow', 'deny', 'ask'",
-    "agents.*.timeout": "a positive number of seconds",
-    "agents.*.ready_timeout": "a positive number of seconds",
-    "agents.*.auth_method": "a string",
-    "agents.*.fs": "true or false",
-    "agents.*.mode": "a mode id (a string)",
-    "agents.*.config_options": 'a table of option ids to values, e.g. { model = "fast", thinking = true }',
-    "agents.*.config_options.*": "a value id (a string) or true or false",
-    "agents.*.transport": 'a transport URL, e.g. "ssh://host"',
-    "agents.*.ssh_config": "a string",
-    "agents.*.ssh_options": 'an array of ssh options, e.g. ["ConnectTimeout=20"]',
-    "agents.*.ssh_options[]": 'an ssh option, Name=value (e.g. "ConnectTimeout=20")',
+    **{f"agents.*.{name}": key.expected for name, key in OPTION_KEYS.items()},
+    **{_item_place(name, key): key.item for name, key in OPTION_KEYS.items() if key.item is not None},
 }
 """What each key must be, by its place in the schema (``*`` any table key, ``[]`` any array item):
 the words of an error message, where msgspec's own would name Python types."""
 
-_NAMED_TABLES: Final[Mapping[str, Any]] = {
-    "agents": Agents,
-    "agents.*.env": Environment,
-    "agents.*.config_options": dict[NonBlank, str | bool],
-}
-"""The tables keyed by names, by their place in the schema: an error inside one names no key, so the
-entry it is about is found by checking each entry alone against the table's type."""
-
 _BAD_NAME: Final[Mapping[str, str]] = {
     "agents.*": "an agent name uses letters, digits, '_', '-' and '.', and starts with a letter or digit",
-    "agents.*.env.*": "an environment name must be non-empty, with no '=' and no NUL character",
-    "agents.*.config_options.*": "a config option id must not be blank",
+    **{_item_place(name, key): key.bad_name for name, key in OPTION_KEYS.items() if key.bad_name is not None},
 }
 """What is wrong with a table key its pattern refused, by the key's place in the schema."""
 
@@ -199,38 +173,47 @@ class ConfigError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class AgentConfig:
-    """One named agent: how to start it and the defaults ``subagent run --agent NAME`` uses."""
+    """One named agent: how to start it, and the options its table sets for ``subagent run --agent NAME``.
+
+    An option's value reads as an attribute too (``agent.cwd``): the table's, else the option's default.
+    """
 
     name: str
     command: tuple[str, ...]
     """The full argv: ``command`` followed by ``args``."""
     source: Path
     """The file this agent was read from."""
-    description: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str | None = None
-    """Absolute (resolved against the file's directory, ``~`` expanded), or None."""
-    additional_directories: tuple[str, ...] = ()
-    """More directories the agent may work in (ACP ``additionalDirectories``), resolved like ``cwd``."""
-    permission: PermissionMode | None = None
-    timeout: float | None = None
-    ready_timeout: float | None = None
-    auth_method: str | None = None
-    fs: bool = True
-    """Whether the client offers the agent its file system (``fs/read_text_file`` and
-    ``fs/write_text_file``); ``fs = false`` is a workaround for an agent whose use of it is broken."""
-    mode: str | None = None
-    """The session mode to switch to before the first prompt (None: the agent's own)."""
-    config_options: Mapping[str, str | bool] = field(default_factory=dict)
-    """Session config options to set before the first prompt, by id."""
-    transport: str | None = None
-    """Where the agent runs, as a transport URL (checked); None: locally."""
-    ssh_config: str | None = None
-    """Over ``ssh://``: the ssh client's config file (resolved against the file's directory)."""
-    ssh_options: tuple[str, ...] = ()
-    """Over ``ssh://``: more ssh ``-o`` options, ``Name=value``."""
+    description: str | None
+    options: Mapping[str, Any]
+    """The options the table sets, by key (:data:`~subagent.cli._options.OPTION_KEYS`): as written, but
+    arrays as tuples and paths resolved as their :class:`~subagent.cli._options.ConfigKey` says."""
+
+    def __init__(
+        self,
+        name: str,
+        command: tuple[str, ...],
+        source: Path,
+        description: str | None = None,
+        **options: Any,
+    ) -> None:
+        unknown = options.keys() - OPTION_KEYS.keys()
+        if unknown:
+            raise TypeError(f"not an option of an agent: {', '.join(sorted(unknown))}")
+        for attribute, value in zip(
+            ("name", "command", "source", "description", "options"),
+            (name, command, source, description, options),
+            strict=True,
+        ):
+            object.__setattr__(self, attribute, value)
+
+    def __getattr__(self, key: str) -> Any:
+        # Called only for a name that is no attribute: an option, as the table leaves it.
+        option = next((option for option in RUN_OPTIONS if option.name == key and option.config), None)
+        if option is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {key!r}")
+        return option.merged(None, self.options.get(key))
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,95 +301,90 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
     """
     location = Path(path)
     try:
-        tables = msgspec.convert(data, ConfigFile, strict=True).agents
+        agents = msgspec.structs.asdict(msgspec.convert(data, ConfigFile, strict=True))["agents"]
     except msgspec.ValidationError as exc:
         key, message = _explain(str(exc), data)
         raise ConfigError(location, message, key=key) from None
+    tables = {name: msgspec.structs.asdict(table) for name, table in agents.items()}
     remote = {name for name, table in tables.items() if _is_remote(location, name, table)}
-    directory = location.resolve().parent
-    agents = {
-        name: _agent_config(
-            name,
-            table,
-            location,
-            _agent_cwd(table.cwd, directory, remote=name in remote),
-            remote=name in remote,
-        )
-        for name, table in tables.items()
-    }
-    return Config(path=location, agents=agents)
-
-
-def _agent_config(
-    name: str, table: AgentTable, source: Path, cwd: str | None, *, remote: bool
-) -> AgentConfig:
-    """The agent ``name`` of ``source``: its table as written, but for ``command`` with ``args`` as one
-    argv, and ``cwd`` and ``additional_directories`` resolved (a remote agent's taken as written)."""
-    written = msgspec.structs.asdict(table)
-    command = (written.pop("command"), *written.pop("args"))
-    ssh_config = table.ssh_config and os.path.normpath(
-        source.resolve().parent / os.path.expanduser(table.ssh_config)
+    return Config(
+        path=location,
+        agents={
+            name: _agent_config(name, table, location, remote=name in remote)
+            for name, table in tables.items()
+        },
     )
+
+
+def _agent_config(name: str, table: Mapping[str, Any], source: Path, *, remote: bool) -> AgentConfig:
+    """The agent ``name`` of ``source``: its table as written, but for ``command`` with ``args`` as one
+    argv, arrays as tuples, and paths resolved (a remote agent's directories taken as written)."""
     directory = source.resolve().parent
-    extra = tuple(_agent_cwd(path, directory, remote=remote) or path for path in table.additional_directories)
-    written |= {
-        "cwd": cwd,
-        "additional_directories": extra,
-        "ssh_config": ssh_config,
-        "ssh_options": tuple(table.ssh_options),
-        "config_options": dict(table.config_options),
-    }
-    return AgentConfig(name=name, command=command, source=source, **written)
+    options: dict[str, Any] = {}
+    for key, config in OPTION_KEYS.items():
+        value = table[key]
+        if value is msgspec.UNSET:
+            continue
+        if isinstance(value, list):
+            options[key] = tuple(_resolved(item, config, directory, remote=remote) for item in value)
+        else:
+            options[key] = _resolved(value, config, directory, remote=remote)
+    return AgentConfig(name, (table["command"], *table["args"]), source, table["description"], **options)
 
 
-def _is_remote(location: Path, agent: str, table: AgentTable) -> bool:
+def _resolved(value: Any, key: ConfigKey, directory: Path, *, remote: bool) -> Any:
+    """``value`` resolved against the file's ``directory`` (``~`` expanded) if it is a path, unless it is a
+    directory on the host of a remote agent: that is taken as written (an absolute path there)."""
+    if key.paths is None or (key.paths == "agent" and remote):
+        return value
+    return os.path.normpath(directory / os.path.expanduser(value))
+
+
+def _is_remote(location: Path, agent: str, table: Mapping[str, Any]) -> bool:
     """Whether the agent runs where this host's files are not; ConfigError for a transport URL that
-    names no transport available here, and for a remote agent's cwd that is not absolute."""
-    if table.transport is None or table.transport == "local":
+    names no transport available here, and for a remote agent's directory that is not absolute."""
+    url = table["transport"]
+    if url is msgspec.UNSET or url == "local":
         _check_ssh_keys(location, agent, table, "local")
         return False
     # Imported only for a file that names a transport: the process layer is not needed to read one.
     from subagent.acp.transports._schemes import transport_from_url
 
     try:
-        transport = transport_from_url(table.transport)
+        transport = transport_from_url(url)
     except ValueError as exc:
         raise ConfigError(location, str(exc), key=_key_text(["agents", agent, "transport"])) from None
     _check_ssh_keys(location, agent, table, transport.name)
-    remote = not transport.local_files
-    if remote and table.cwd is not None and not os.path.isabs(table.cwd):
-        raise ConfigError(
-            location,
-            "must be an absolute path on the agent's host (its transport runs it elsewhere)",
-            key=_key_text(["agents", agent, "cwd"]),
+    if transport.local_files:
+        return False
+    for key, config in OPTION_KEYS.items():
+        value = table[key]
+        if config.paths != "agent" or value is msgspec.UNSET:
+            continue
+        places: list[tuple[list[str | int], str]] = (
+            [(["agents", agent, key, index], path) for index, path in enumerate(value)]
+            if isinstance(value, list)
+            else [(["agents", agent, key], value)]
         )
-    for index, path in enumerate(table.additional_directories if remote else ()):
-        if not os.path.isabs(path):
-            raise ConfigError(
-                location,
-                "must be an absolute path on the agent's host (its transport runs it elsewhere)",
-                key=_key_text(["agents", agent, "additional_directories", index]),
-            )
-    return remote
+        for keys, path in places:
+            if not os.path.isabs(path):
+                raise ConfigError(
+                    location,
+                    "must be an absolute path on the agent's host (its transport runs it elsewhere)",
+                    key=_key_text(keys),
+                )
+    return True
 
 
-def _check_ssh_keys(location: Path, agent: str, table: AgentTable, where: str) -> None:
+def _check_ssh_keys(location: Path, agent: str, table: Mapping[str, Any], where: str) -> None:
     """ssh's config file and options belong to an agent on ``ssh://`` only."""
     if where.startswith("ssh://"):
         return
-    for key in ("ssh_config", "ssh_options"):
-        if getattr(table, key):
+    for key, config in OPTION_KEYS.items():
+        if config.ssh_only and table[key]:
             raise ConfigError(
                 location, f"for an agent on ssh://HOST, not {where}", key=_key_text(["agents", agent, key])
             )
-
-
-def _agent_cwd(cwd: str | None, directory: Path, *, remote: bool) -> str | None:
-    """A local agent's cwd resolved against the file's directory (``~`` expanded); a remote one's as
-    written (an absolute path on its host)."""
-    if cwd is None or remote:
-        return cwd
-    return os.path.normpath(directory / os.path.expanduser(cwd))
 
 
 # -- error messages --------------------------------------------------------------------------------------
@@ -503,7 +481,7 @@ def _schema_place(keys: list[str | int]) -> str:
     for depth, key in enumerate(keys):
         if isinstance(key, int):
             place += "[]"
-        elif depth == 1 or (depth == 3 and keys[2] in ("env", "config_options")):
+        elif depth == 1 or (depth == 3 and f"agents.*.{keys[2]}" in _NAMED_TABLES):
             place += ".*"  # an agent's name, an environment name
         else:
             place += ("." if place else "") + key

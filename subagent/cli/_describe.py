@@ -62,7 +62,7 @@ def _describe_command(args: argparse.Namespace, command: list[str] | None) -> in
     ready = agent.ready_timeout if agent and agent.ready_timeout else DEFAULT_READY_TIMEOUT
     auth = args.auth_method or (agent.auth_method if agent else None)
     try:
-        described = anyio.run(describe_agent, command, cwd, dict(agent.env) if agent else None, auth, ready)
+        described = anyio.run(describe_agent, command, cwd, agent.env if agent else None, auth, ready)
     except (AcpError, TimeoutError, OSError) as exc:
         why = f"not ready within {ready:g} s" if isinstance(exc, TimeoutError) else str(exc)
         sys.stderr.write(f"{PROG}: could not describe the agent: {one_line(sanitize(why), 2000)}\n")

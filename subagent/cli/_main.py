@@ -5,14 +5,12 @@ into a diagnostic on stderr and an exit status (see :mod:`subagent.cli`)."""
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
 from subagent._version import __version__
-from subagent.acp.handlers import DEFAULT_PERMISSION_CALLBACK_TIMEOUT
 from subagent.cli._commands import MAX_PROMPT_MIB, agents_command, demo_command, run_command
 from subagent.cli._config import ConfigError
 from subagent.cli._describe import DESCRIBE_COMMAND
@@ -27,6 +25,7 @@ from subagent.cli._exits import (
     add_verbose,
 )
 from subagent.cli._logs import configure_logging
+from subagent.cli._options import DEMO_OPTIONS, RUN_OPTIONS, add_options, config_keys_help
 from subagent.cli._recording import TRACE_COMMAND
 from subagent.cli._serve_command import SERVE_COMMAND
 from subagent.observability._trace_page import MAX_TEXT_CHARS
@@ -105,156 +104,13 @@ $XDG_CONFIG_HOME/subagent/config.toml (~/.config/subagent/config.toml). Example:
   timeout = 600               # inactivity timeout, seconds
   cwd = "~/src/project"       # relative to the config file's directory
 
-Other keys: description, ready_timeout, auth_method, fs (false: --no-fs),
-mode (as --mode), config_options (a table, as --set), additional_directories (an array,
-as --add-dir takes them; relative to the file's directory), transport (where it runs, as
---on takes it: "ssh://HOST").
+{config_keys_help(width=96)}
 Run `{PROG} COMMAND --help` for more.
 """
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
-    return value
-
-
-def _add_turn_options(parser: argparse.ArgumentParser, *, demo: bool) -> None:
-    default = (
-        "default: allow, shown as '(demo)'; ask reads the answer from stdin"
-        if demo
-        else "default: ask when a person can answer on a terminal, else deny; see below"
-    )
-    parser.add_argument(
-        "--permission",
-        choices=("allow", "deny", "ask"),
-        help=f"how to answer the agent's permission questions ({default})",
-    )
-    parser.add_argument(
-        "--permission-timeout",
-        type=_seconds,
-        metavar="SECONDS",
-        default=DEFAULT_PERMISSION_CALLBACK_TIMEOUT,
-        help="with --permission ask, reject a question nobody answered within this time "
-        "(default: %(default)g)",
-    )
-    parser.add_argument(
-        "--json",
-        action="store_true",
-        help="print exactly one JSON object on stdout: output, stopReason, error, usage",
-    )
-    parser.add_argument(
-        "--events",
-        action="store_true",
-        help="write every session update and lifecycle event as one JSON object per line on stderr",
-    )
-    parser.add_argument(
-        "--events-file",
-        metavar="FILE",
-        help="also write the --events lines (and the prompt first) to FILE; stderr shows what it would",
-    )
-    parser.add_argument(
-        "--trace",
-        metavar="FILE.html",
-        help="write the run's trace page (a timeline of its runs, one self-contained HTML file) to "
-        "FILE.html when it ends",
-    )
-    progress_default = "on" if demo else "on when stderr is a terminal"
-    parser.add_argument(
-        "--progress",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help=f"live progress on stderr (default: {progress_default}; never with --json or --events)",
-    )
-
-
 def _add_run_arguments(run: Parser) -> None:
-    run.add_argument("-p", "--prompt", metavar="TEXT", help="the prompt (default: read all of stdin)")
-    run.add_argument(
-        "--agent", metavar="NAME", help="run the agent named NAME in the config instead of a COMMAND"
-    )
-    run.add_argument(
-        "--config",
-        metavar="PATH",
-        help="the config file for --agent "
-        "(default: ./subagent.toml, else $XDG_CONFIG_HOME/subagent/config.toml)",
-    )
-    run.add_argument(
-        "--cwd",
-        metavar="DIR",
-        help="the session's working directory, the only place the agent may read and write through us "
-        "(default: the agent's configured cwd, else the current directory)",
-    )
-    run.add_argument(
-        "--add-dir",
-        action="append",
-        metavar="DIR",
-        dest="add_dir",
-        help="one more directory the agent may work in besides the cwd, sent as ACP "
-        "additionalDirectories and added to where it may read and write through us (repeatable; after "
-        "the agent's `additional_directories` in the config). An agent that does not support them fails "
-        "to start (exit 2) rather than run without them",
-    )
-    run.add_argument(
-        "--timeout",
-        type=_seconds,
-        metavar="SECONDS",
-        help="end the turn with stop reason 'timeout' after this long without a word from the agent "
-        "(paused while a permission question waits; default: no limit)",
-    )
-    run.add_argument(
-        "--auth-method", metavar="ID", help="the auth method to use if the agent demands authentication"
-    )
-    run.add_argument(
-        "--fs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="offer the agent our file system (fs/read_text_file, fs/write_text_file, confined to the "
-        "cwd). --no-fs offers none, so the agent reads and writes files itself: a workaround for agents "
-        "whose use of it is broken, such as Gemini CLI 0.61.0, which cannot create a new file through a "
-        "client that offers it (default: the agent's `fs` in the config, else on)",
-    )
-    run.add_argument(
-        "--mode",
-        metavar="ID",
-        help="switch the session to the agent's mode ID before the prompt (`subagent describe` lists "
-        "them); a mode it does not offer fails the start. Without it, under --permission deny or ask, a "
-        "session that starts in a mode that approves tool calls by itself is moved to the agent's "
-        "asking mode where known, else warned about (default: the agent's `mode` in the config)",
-    )
-    run.add_argument(
-        "--set",
-        action="append",
-        metavar="ID=VALUE",
-        dest="config_options",
-        help="set the agent's session config option ID to VALUE before the prompt (a value id, or "
-        "true/false for a boolean option); repeatable, over the config's `config_options`",
-    )
-    run.add_argument(
-        "--on",
-        metavar="URL",
-        help="where the agent runs: local (default), ssh://[USER@]HOST[:PORT] or ray://ADDRESS; "
-        "COMMAND and --cwd are then a program and an absolute directory there, and a remote agent is "
-        "offered no fs (default: the agent's `transport` in the config, else local)",
-    )
-    run.add_argument(
-        "--ssh-config",
-        metavar="FILE",
-        help="for an agent on ssh://: the ssh client's config file, read instead of ~/.ssh/config "
-        "(ssh -F; default: the agent's `ssh_config` in the config)",
-    )
-    run.add_argument(
-        "--ssh-option",
-        action="append",
-        metavar="NAME=VALUE",
-        help="for an agent on ssh://: one more ssh -o option, e.g. ConnectTimeout=20 (repeatable; "
-        "before the config's `ssh_options`, so it wins)",
-    )
-    _add_turn_options(run, demo=False)
+    add_options(run, RUN_OPTIONS)
 
 
 def _add_demo_arguments(demo: Parser) -> None:
@@ -270,7 +126,7 @@ def _add_demo_arguments(demo: Parser) -> None:
         help="run one part: the stub ACP agent's turn, or an in-process agent delegating to fork, spawn "
         "and acp at once (default: both, in that order)",
     )
-    _add_turn_options(demo, demo=True)
+    add_options(demo, DEMO_OPTIONS, demo=True)
 
 
 def _add_agents_arguments(agents: Parser) -> None:

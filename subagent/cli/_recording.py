@@ -7,10 +7,13 @@ trace page shows as the root run's prompt. ``--trace`` feeds its lines to a
 :class:`~subagent.observability.TraceBuilder` as they come (:class:`TraceRecorder`), which keeps a bounded
 amount whatever the run's length, and the page is written when the run ends, however it ends.
 
-``subagent trace EVENTS.jsonl -o FILE.html`` makes the page of a recorded stream, read line by line.
-A line that is not a JSON object stops it: exit status 2, naming the line's number, and no page is
-written (a stream with a broken line was cut or mixed with other output, and a page that silently
-left part of the run out would mislead). Blank lines are skipped.
+``subagent trace EVENTS.jsonl -o FILE.html`` makes the page of a recorded stream, read line by line,
+each line at most :data:`MAX_EVENT_LINE_BYTES`. A line that is not one JSON object stops it: longer than
+that, not UTF-8, not JSON, nested deeper than Python parses, holding a number that is not finite
+(``NaN``, ``Infinity``, ``1e400``), or JSON but no object: exit status 2, naming the line's number and
+what is wrong with it, and no page is written (a stream with a broken line was cut, mixed with other
+output or made by hand, and a page that silently left part of the run out would mislead). Blank lines
+are skipped. What the page keeps of the lines is bounded (:mod:`subagent.observability`).
 """
 
 from __future__ import annotations
@@ -19,24 +22,43 @@ import argparse
 import io
 import json
 import logging
+import math
 import os
 import secrets
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import anyio
 
+from subagent._text import cut
 from subagent.acp import schema
 from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.acp.handlers import PermissionDecision, PermissionQuestion
 from subagent.cli._exits import EXIT_COMPLETED, PROG, Command, Parser, UsageError
 from subagent.cli._tool_call_tracker import ToolCallState
 from subagent.cli._views import EventView, RunView, StartInfo
-from subagent.observability._trace_page import MAX_TEXT_CHARS, TraceBuilder
+from subagent.observability._trace_page import MAX_PAGE_BYTES, MAX_TEXT_CHARS, TraceBuilder
 from subagent.types import SubagentResult
 
-__all__ = ["TRACE_COMMAND", "FanOut", "TraceRecorder", "emit_prompt", "read_events", "write_page"]
+__all__ = [
+    "MAX_EVENT_LINE_BYTES",
+    "TRACE_COMMAND",
+    "EventsFileError",
+    "FanOut",
+    "TraceRecorder",
+    "emit_prompt",
+    "parse_event",
+    "read_events",
+    "write_page",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_EVENT_LINE_BYTES: Final = DEFAULT_MAX_LINE_BYTES + 1024 * 1024
+"""The longest line ``subagent trace`` reads: an event line carries at most one message of the agent's
+(the connection reads none longer than ``max_line_bytes``, 64 MiB by default) and a little of ours."""
 
 
 class FanOut(RunView):
@@ -119,7 +141,12 @@ class _LineSink(io.StringIO):
         self._partial = lines.pop()
         for line in lines:
             if line.strip():
-                self.builder.add(json.loads(line))
+                try:
+                    self.builder.add(parse_event(line))
+                except EventsFileError:
+                    # Our own view wrote it; only nesting the view's stack could write but not this read
+                    # can get here, and a recording must not stop the run: that event is left out.
+                    logger.debug("an event line left out of the trace page", exc_info=True)
         return len(text)
 
 
@@ -152,26 +179,71 @@ def write_page(path: str, html: str) -> None:
 
 
 class EventsFileError(Exception):
-    """A recorded event stream that cannot be read: its message names the line."""
+    """A recorded event line that cannot be read; the message says why (:func:`read_events` names the
+    file and the line)."""
+
+
+class _NotFinite(ValueError):
+    pass
+
+
+def _refuse_constant(name: str) -> float:
+    raise _NotFinite(f"{name} is not a finite number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(f"{cut(text, 40)} is not a finite number")
+    return value
+
+
+def parse_event(line: str) -> dict[str, Any]:
+    """One event line as a JSON object, every number in it finite.
+
+    Raises:
+        EventsFileError: it is not JSON, is nested too deeply, holds a number that is not finite
+            (``NaN``, ``Infinity``, ``1e400``), or is no object.
+    """
+    try:
+        event = json.loads(line, parse_constant=_refuse_constant, parse_float=_finite)
+    except _NotFinite as exc:
+        raise EventsFileError(str(exc)) from None
+    except ValueError as exc:
+        raise EventsFileError(f"not JSON ({exc})") from None
+    except RecursionError:
+        raise EventsFileError("nested too deeply") from None
+    if not isinstance(event, dict):
+        raise EventsFileError("not a JSON object")
+    return event
 
 
 def read_events(path: str, builder: TraceBuilder) -> None:
-    """Feed every event of the ``--events`` file at ``path`` to ``builder``, one line at a time.
+    """Feed every event of the ``--events`` file at ``path`` to ``builder``, one line at a time (none
+    longer than :data:`MAX_EVENT_LINE_BYTES` is read whole).
 
     Raises:
         OSError: the file cannot be read.
-        EventsFileError: a line is not a JSON object (the message gives its number).
+        EventsFileError: a line is not one JSON object: the message gives the file, the line's number
+            and why.
     """
-    with open(path, encoding="utf-8", errors="replace") as stream:
-        for number, line in enumerate(stream, 1):
-            if not line.strip():
+    with open(path, "rb") as stream:
+        number = 0
+        while line := stream.readline(MAX_EVENT_LINE_BYTES + 1):
+            number += 1
+            where = f"{path}, line {number}"
+            if len(line) > MAX_EVENT_LINE_BYTES:
+                raise EventsFileError(f"{where}: longer than {MAX_EVENT_LINE_BYTES:,} bytes")
+            try:
+                text = line.decode()
+            except UnicodeDecodeError as exc:
+                raise EventsFileError(f"{where}: not UTF-8 (byte {exc.start + 1})") from None
+            if not text.strip():
                 continue
             try:
-                event = json.loads(line)
-            except ValueError as exc:
-                raise EventsFileError(f"{path}, line {number}: not JSON ({exc})") from None
-            if not isinstance(event, dict):
-                raise EventsFileError(f"{path}, line {number}: not a JSON object")
+                event = parse_event(text.rstrip("\r\n"))
+            except EventsFileError as exc:
+                raise EventsFileError(f"{where}: {exc}") from None
             builder.add(event)
 
 
@@ -205,9 +277,11 @@ _TRACE_DESCRIPTION: Final = (
     "Make the trace page of a recorded run: one self-contained HTML file (no network) showing the run "
     "and its whole tree of subagent runs on one timeline, each a bar with its tool calls, permission "
     "waits and errors; click a bar for its prompt, output, usage and stop reason. The events are the "
-    f"lines `{PROG} run --events-file FILE` writes (or --events on stderr). A line that is not a JSON "
-    "object is an error naming its number, and no page is written; blank lines are skipped. Exit "
-    "status: 0 the page was written, 2 bad usage or an unreadable file."
+    f"lines `{PROG} run --events-file FILE` writes (or --events on stderr). A line that is not one JSON "
+    f"object (longer than {MAX_EVENT_LINE_BYTES // 2**20} MiB, not UTF-8, not JSON, nested too deeply, "
+    "a number that is not finite) is an error naming its number and why, and no page is written; "
+    f"blank lines are skipped. Whatever the events, the page is at most {MAX_PAGE_BYTES / 2**20:.1f} MiB. "
+    "Exit status: 0 the page was written, 2 bad usage or an unreadable file."
 )
 
 TRACE_COMMAND: Final = Command(

@@ -4,6 +4,11 @@
 no keys); ``--base-url URL --model NAME`` with an OpenAI-compatible chat adapter whose key is read
 from the environment variable ``--api-key-env`` names. The server itself, which takes an adapter,
 is the library's :func:`subagent.serve.serve`; the runtime is imported only when ``serve`` runs.
+
+SIGTERM and SIGHUP close the server as the end of stdin does (every session's agent closed, every
+subagent disposed, a private spill directory removed) and then end the process by that same signal, so
+whoever started it sees why it ended; a second one while that runs ends it at once. A SIGHUP ignored
+when the process started (``nohup``) stays ignored.
 """
 
 from __future__ import annotations
@@ -13,12 +18,14 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import anyio
+import anyio.abc
 
 from subagent.cli._exits import PROG, Command, Parser, UsageError
 
@@ -60,7 +67,9 @@ output:
 
 exit status:
   0 when the client closes stdin, once the requests still in flight then are answered (a
-  pipe gets every answer); 2 for bad usage or a script that cannot be read.
+  pipe gets every answer); 2 for bad usage or a script that cannot be read. On SIGTERM or
+  SIGHUP it closes every session (long answers saved to a private directory go with it),
+  then ends by that signal (a shell shows 143 or 129).
 
 examples:
   {PROG} serve --script fixtures/scripts/delegate_to_spawn.json
@@ -170,32 +179,73 @@ def serve_command(args: argparse.Namespace, command: list[str] | None) -> int:
         )
         sys.stderr.flush()
     try:
-        anyio.run(_build_and_serve, args, api_key_env)
+        stopped_by = anyio.run(_build_and_serve, args, api_key_env)
     except ServeConfigError as exc:
         raise UsageError(str(exc)) from exc
+    if stopped_by is not None:
+        _end_by(stopped_by)
+        return 128 + stopped_by  # only if the signal could not end the process
     return 0
 
 
-async def _build_and_serve(args: argparse.Namespace, api_key_env: str) -> None:
-    """Build the LLM the flags describe (checked before stdin or stdout is touched), serve on it, and
-    close it at the end."""
+async def _build_and_serve(args: argparse.Namespace, api_key_env: str) -> signal.Signals | None:
+    """Build the LLM the flags describe (checked before stdin or stdout is touched), serve on it until
+    the client closes stdin or a stopping signal comes, and close it at the end. Returns the signal
+    that stopped it, if one did."""
     # Imported here: the other commands do not need the in-process runtime.
     from subagent.runtime._inprocess_agent import DEFAULT_MAX_MODEL_CALLS
     from subagent.serve import serve
 
     llm = build_llm(script=args.script, base_url=args.base_url, model=args.model, api_key_env=api_key_env)
+    stopped_by: list[signal.Signals] = []
     async with contextlib.AsyncExitStack() as stack:
         aclose = getattr(llm, "aclose", None)
         if aclose is not None:
             stack.push_async_callback(aclose)
-        await serve(
-            llm,
-            persona=args.persona,
-            max_model_calls=args.max_model_calls or DEFAULT_MAX_MODEL_CALLS,
-            delegate=not args.no_delegate,
-            depth_limit=args.depth_limit,
-            background=None if args.no_background or args.no_delegate else _background_options(args),
-        )
+        async with anyio.create_task_group() as task_group:
+            await task_group.start(_stop_on_signals, task_group.cancel_scope, stopped_by)
+            # Cancelled by a signal, serve() still closes every session and the service (shielded) on
+            # its way out: that is what removes the spill directory and ends the subagents.
+            await serve(
+                llm,
+                persona=args.persona,
+                max_model_calls=args.max_model_calls or DEFAULT_MAX_MODEL_CALLS,
+                delegate=not args.no_delegate,
+                depth_limit=args.depth_limit,
+                background=None if args.no_background or args.no_delegate else _background_options(args),
+            )
+            task_group.cancel_scope.cancel()  # stdin ended: stop listening
+    return stopped_by[0] if stopped_by else None
+
+
+async def _stop_on_signals(
+    scope: anyio.CancelScope,
+    stopped_by: list[signal.Signals],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """On the first SIGTERM or SIGHUP, note it in ``stopped_by`` and cancel ``scope`` (the serving).
+    This task is in that scope: its end gives the signals back their default action, so a second one
+    during the close ends the process at once."""
+    wanted = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) != signal.SIG_IGN:
+        wanted.append(signal.SIGHUP)
+    with anyio.open_signal_receiver(*wanted) as signals:
+        task_status.started()
+        async for signum in signals:
+            logger.info("%s received: closing every session", signal.Signals(signum).name)
+            stopped_by.append(signal.Signals(signum))
+            scope.cancel()
+            return
+
+
+def _end_by(signum: signal.Signals) -> None:
+    """End this process by ``signum``'s default action, now that it has cleaned up: a shell, a service
+    manager or an ACP client sees that it died of that signal, as it would have without the cleanup."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def _background_options(args: argparse.Namespace) -> BackgroundOptions:

@@ -39,7 +39,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class TurnSpec:
-    """Everything one turn needs, after options, config and defaults were merged."""
+    """Everything one turn needs, after options, config and defaults were merged: a field named like an
+    option of :data:`~subagent.cli._options.RUN_OPTIONS` is set to its merged value."""
 
     command: list[str]
     prompt: str
@@ -60,8 +61,13 @@ class TurnSpec:
     """Session config options to set before the prompt."""
     transport: Transport | None = None
     """Where the agent runs (None: a local child process)."""
-    json_output: bool = False
+    json: bool = False
+    """One JSON object on stdout (``--json``)."""
     events: bool = False
+    events_file: str | None = None
+    """Where the ``--events`` lines are written too."""
+    trace: str | None = None
+    """Where the trace page is written when the run ends."""
     progress: bool = False
     demo: bool = False
 

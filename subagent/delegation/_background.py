@@ -8,7 +8,8 @@ another parent is answered exactly like one that does not exist.
 * **Start**: :meth:`~BackgroundChildren.start` starts the run and waits for its readiness, so a
   failed start is reported at once, as a synchronous call would; then it returns. Past
   ``max_running`` children live at once for one parent, a child is queued (no run exists for it
-  yet) and started when a slot frees, in order.
+  yet) and started when a slot frees, in order; past ``max_queued`` queued ones, a start is refused
+  (``QUEUE_FULL``, naming the cap), so one parent cannot pile up work without end.
 * **Hear back**: when a child ends, its run is disposed, its result kept (a long output spilled to a
   file: :class:`~subagent.delegation.Spill`) and a :class:`Notice` goes out: to every
   :meth:`~BackgroundChildren.on_notice` listener, and, when the parent is an in-process
@@ -26,7 +27,12 @@ another parent is answered exactly like one that does not exist.
   :meth:`~subagent.runtime.Agent.close`, or :meth:`~BackgroundChildren.close_parent`), when its turn
   is cancelled (:meth:`~subagent.runtime.Agent.cancel`), when :meth:`~BackgroundChildren.aclose` runs,
   and when the service closes (the children's tasks run in the service's task group, and the service
-  disposes every run it started). A spill directory the object created is removed by ``aclose``.
+  disposes every run it started); closing a parent that had live children logs one line saying how
+  many were queued and running. A spill directory the object created is removed by ``aclose``.
+* **Notices cannot be forged**: a notice is framed by a first line ``[background subagent HANDLE
+  ...]`` and a last line ``[end of background subagent HANDLE]``; any line of the child's own text
+  that looks like either (of any handle) is shown quoted (``> [...``), so a child's output can neither
+  end its own notice early nor pass for a sibling's.
 
 The model-facing side (the ``background`` argument and the companion tools) is
 :class:`~subagent.tool.SubagentTool`'s; this module is the machinery, usable without the tool.
@@ -34,10 +40,12 @@ The model-facing side (the ``background`` argument and the companion tools) is
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import math
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -75,6 +83,7 @@ from subagent.types import (
 )
 
 __all__ = [
+    "DEFAULT_MAX_QUEUED",
     "DEFAULT_MAX_RUNNING",
     "DEFAULT_SPILL_BYTES",
     "WAKE_PROMPT",
@@ -93,6 +102,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_RUNNING = 4
 """Background children one parent may have running at once before more are queued."""
+
+DEFAULT_MAX_QUEUED = 64
+"""Background children one parent may have queued (waiting for a running slot) before a start is
+refused: enough for any fan-out a model plans, few enough that a runaway loop stops early."""
 
 DEFAULT_SPILL_BYTES = 32 * 1024
 """Outputs larger than this (UTF-8 bytes) are written to a file and shown by head and tail: about
@@ -140,6 +153,8 @@ class BackgroundOptions:
 
     Args:
         max_running: children one parent may have running at once; more are queued, in order.
+        max_queued: children one parent may have queued at once; a start past it is refused
+            (:attr:`BackgroundErrorKind.QUEUE_FULL`). 0 queues none.
         spill_bytes: outputs longer than this many UTF-8 bytes are written to a file and shown by
             head and tail; None never spills. Structured output is never spilled (it was validated,
             and a cut JSON value is useless).
@@ -155,6 +170,7 @@ class BackgroundOptions:
     """
 
     max_running: int = DEFAULT_MAX_RUNNING
+    max_queued: int = DEFAULT_MAX_QUEUED
     spill_bytes: int | None = DEFAULT_SPILL_BYTES
     head_chars: int = 2_000
     tail_chars: int = 2_000
@@ -165,6 +181,8 @@ class BackgroundOptions:
     def __post_init__(self) -> None:
         if self.max_running < 1:
             raise ValueError(f"max_running must be >= 1, got {self.max_running}")
+        if self.max_queued < 0:
+            raise ValueError(f"max_queued must be >= 0, got {self.max_queued}")
         if self.spill_bytes is not None and self.spill_bytes < 1:
             raise ValueError(f"spill_bytes must be >= 1 (or None), got {self.spill_bytes}")
         if self.head_chars < 0 or self.tail_chars < 0:
@@ -228,13 +246,12 @@ class Notice:
 
     @property
     def text(self) -> str:
-        """The notice as the parent model reads it: who ended, how, and the result."""
+        """The notice as the parent model reads it: who ended, how, and the result (any line of it that
+        looks like a notice's first or last line quoted, see the module docstring)."""
         child = self.child
-        # The closing line bounds what the child wrote: the child never learns its handle, so text it
-        # made up cannot pass for the end of its notice or for another child's.
         return (
             f"[background subagent {child.handle} ({child.provider}) {child.state}]\n"
-            f"Task: {_excerpt(child.prompt)}\n\n{self.result.render()}\n"
+            f"Task: {_excerpt(child.prompt)}\n\n{_quote_framing(self.result.render())}\n"
             f"[end of background subagent {child.handle}]"
         )
 
@@ -265,6 +282,7 @@ class BackgroundErrorKind(enum.Enum):
     NOT_STEERABLE = "not_steerable"
     NOT_RUNNING = "not_running"
     NOT_ENDED = "not_ended"
+    QUEUE_FULL = "queue_full"
     CLOSED = "closed"
 
 
@@ -428,11 +446,20 @@ class BackgroundChildren:
         Raises:
             SubagentError: the seam refused the request or the child failed to start (nothing is kept
                 for it: the parent is told at once, as a synchronous call would be).
-            BackgroundError: ``CLOSED``: this object is closed.
+            BackgroundError: ``CLOSED``: this object is closed; ``QUEUE_FULL``: the parent has
+                ``max_running`` children running and ``max_queued`` queued (nothing is kept).
         """
         if self._closed:
             raise BackgroundError(BackgroundErrorKind.CLOSED, "background delegation is closed")
         parent = self._parent(parent_id)
+        options = self.options
+        if parent.running >= options.max_running and len(parent.queue) >= options.max_queued:
+            raise BackgroundError(
+                BackgroundErrorKind.QUEUE_FULL,
+                f"no subagent was started: {options.max_running} of yours are running and "
+                f"{options.max_queued} queued, the most you may have waiting; wait for one to end, or "
+                "cancel one, then start it again",
+            )
         child = _Child(
             handle=self._new_handle(parent),
             parent=parent,
@@ -768,6 +795,9 @@ class BackgroundChildren:
         return notice
 
     def _end_queued(self, child: _Child) -> None:
+        # Out of the queue at once: the queue holds exactly the children waiting, which the cap counts.
+        with contextlib.suppress(ValueError):
+            child.parent.queue.remove(child)
         result = SubagentToolResult(
             is_error=True,
             error="the subagent was cancelled before it started",
@@ -865,17 +895,26 @@ class BackgroundChildren:
             parent.agent_disposer()
             parent.agent_disposer = None
         with anyio.CancelScope(shield=True):
-            for child in list(parent.queue):
-                if child.state == "queued":
-                    self._end_queued(child)
+            queued = list(parent.queue)
+            for child in queued:
+                self._end_queued(child)
             parent.queue.clear()
-            for child in list(parent.children.values()):
-                if child.state == "running":
-                    child.cancel_requested = True
-                    if child.scope is not None:
-                        child.scope.cancel()
-                    elif child.run is not None:
-                        await child.run.dispose()
+            running = [child for child in parent.children.values() if child.state == "running"]
+            if queued or running:
+                # One line for them all: a parent may go with dozens queued, and each is no news.
+                logger.info(
+                    "parent %s closed with live background children: %d queued (never started), "
+                    "%d running (cancelled)",
+                    parent.id,
+                    len(queued),
+                    len(running),
+                )
+            for child in running:
+                child.cancel_requested = True
+                if child.scope is not None:
+                    child.scope.cancel()
+                elif child.run is not None:
+                    await child.run.dispose()
             for child in list(parent.children.values()):
                 with anyio.move_on_after(CANCEL_GRACE * 3):
                     await child.ended.wait()
@@ -1003,7 +1042,7 @@ class BackgroundChildren:
             del parent.children[child.handle]
         ended = [c for c in parent.children.values() if not c.live]
         for child in ended[: max(len(ended) - MAX_KEPT_ENDED, 0)]:
-            if not child.collected:
+            if not child.collected and not parent.closed:  # a closed parent's close says it all once
                 logger.warning("parent %s: the result of %s was dropped unread", parent.id, child.handle)
             del parent.children[child.handle]
 
@@ -1053,6 +1092,19 @@ async def _first_set(events: Iterable[anyio.Event]) -> None:
 def _ago(seconds: float) -> str:
     seconds = max(seconds, 0.0)
     return f"{seconds:.1f} s ago" if seconds < 10 else f"{seconds:.0f} s ago"
+
+
+_FRAMING_LINE = re.compile(r"[\s\u200b-\u200d\u2060\ufeff]*\[\s*(end\s+of\s+)?background\s+subagent\b", re.I)
+"""The start of a line that reads as a notice's first or last line, blanks and invisible marks before it
+and letter case aside: a child's text holding one could end its own notice or pass for a sibling's."""
+
+
+def _quote_framing(text: str) -> str:
+    """``text`` with each line that looks like a notice's framing (any handle) quoted, ``> `` before it."""
+    lines = text.splitlines(keepends=True)
+    if not any(_FRAMING_LINE.match(line) for line in lines):
+        return text
+    return "".join(f"> {line}" if _FRAMING_LINE.match(line) else line for line in lines)
 
 
 def _excerpt(text: str, limit: int = 100) -> str:

@@ -8,13 +8,12 @@ maps the result of a child that ended long after the call that started it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from subagent.types import ErrorCode, StopReason, SubagentError, SubagentRequest, SubagentResult, Usage
 
-__all__ = ["Spill", "SubagentToolResult", "invalid", "map_result", "seam_failure"]
+__all__ = ["Spill", "SubagentToolResult", "map_result", "seam_failure"]
 
 _STOP_EXPLANATIONS: dict[StopReason, str] = {
     "cancelled": "it was cancelled.",
@@ -112,14 +111,6 @@ class SubagentToolResult:
             "content": self.render(),
             "is_error": self.is_error,
         }
-
-
-def invalid(
-    problems: Sequence[str], *, lead: str = "invalid arguments, no subagent was started"
-) -> SubagentToolResult:
-    """An error result listing what was wrong with the model's arguments."""
-    lines = "\n".join(f"- {problem}" for problem in problems)
-    return SubagentToolResult(is_error=True, error=f"{lead}:\n{lines}")
 
 
 def seam_failure(

@@ -8,7 +8,11 @@ honour. It follows registration and removal through the service's events; a vers
 
 Execution never raises for bad model input: unknown providers, wrong types, unsupported features
 and failed starts all come back as an error result that names what was wrong and the valid choices,
-so the model can correct itself. The run is disposed on every path, cancellation included.
+so the model can correct itself. The arguments are checked against the schema the tool publishes, by
+the check an in-process agent runs on every tool call (:func:`subagent.runtime._tools.parse_arguments`),
+so both answer alike. Optional arguments may be null, which means the same as leaving them out
+(models in strict modes send every parameter). The run is disposed on every path, cancellation
+included.
 
 ```python
 async with SubagentService() as subagents:
@@ -29,7 +33,7 @@ import re
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Literal, Self, TypedDict, TypeVar
+from typing import Any, Literal, Self, TypeVar
 
 import anyio
 
@@ -41,10 +45,10 @@ from subagent.delegation._background import (
     Notice,
     WaitOutcome,
 )
-from subagent.delegation._results import Spill, SubagentToolResult, invalid, map_result, seam_failure
+from subagent.delegation._results import Spill, SubagentToolResult, map_result, seam_failure
 from subagent.runtime._inprocess_agent import Agent, _calling_agent
 from subagent.runtime._messages import ToolSpec
-from subagent.runtime._tools import ToolError, ToolInvocation
+from subagent.runtime._tools import InvalidArguments, ToolError, ToolInvocation, parse_arguments
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import (
     START_TIME_FEATURES,
@@ -81,10 +85,6 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """What OpenAI and Anthropic both accept as a function/tool name; checked at construction so a bad
 name fails in the host's code, not as an API error in the middle of a conversation."""
 
-_ARGUMENTS = ("prompt", "provider", *START_TIME_FEATURES)
-"""Every argument the tool takes without background delegation; a call with any other is refused as
-invalid."""
-
 COMPANION_ACTIONS = ("list", "wait", "send", "cancel", "result")
 """The companion tools of a tool with background delegation, named ``<tool name>_<action>``."""
 
@@ -111,54 +111,56 @@ _FRESH_CONTEXT = (
 )
 _INHERITED_CONTEXT = "sees this conversation's earlier turns, so `prompt` may refer to them."
 _BACKGROUND_PROPERTY: dict[str, Any] = {
-    "type": "boolean",
+    "type": ["boolean", "null"],
     "description": (
         "Start the subagent in the background: this call returns a handle as soon as the subagent has "
         "started, and you keep working; its result reaches you as a notice when it ends."
     ),
 }
 
+_NON_BLANK = r"\S"
+"""The pattern of a string with something in it besides white space."""
+
+
+def _names_or_null(description: str) -> dict[str, Any]:
+    """A property holding a list of names (of tools, of handles), or null for leaving it out."""
+    return {"type": ["array", "null"], "items": {"type": "string"}, "description": description}
+
+
 _PROMPT_PROPERTY: dict[str, Any] = {
     "type": "string",
-    "minLength": 1,
+    "pattern": _NON_BLANK,
     "description": "The complete task for the subagent, including the form of the answer you want.",
 }
 _FEATURE_PROPERTIES: dict[StartTimeFeature, dict[str, Any]] = {
     "output_schema": {
-        "type": "object",
+        "type": ["object", "null"],
         "description": (
             "A JSON Schema the subagent's final answer must satisfy; the answer comes back as the "
             "validated JSON value."
         ),
     },
     "depth_limit": {
-        "type": "integer",
+        "type": ["integer", "null"],
         "minimum": 0,
         "description": (
-            "How many levels of subagents the subagent may start below itself; 0 forbids it to delegate."
+            "How many levels of subagents the subagent may start below itself; 0 forbids it to delegate, "
+            "null (like leaving it out) sets no limit of its own."
         ),
     },
     "tool_filter": {
-        "type": "object",
+        "type": ["object", "null"],
         "description": (
             "Narrows the subagent's tools, which are otherwise yours; it can never gain a tool you lack."
         ),
         "properties": {
-            "allow": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "Only these of your tools (default: all of them).",
-            },
-            "deny": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "Tools to take away.",
-            },
+            "allow": _names_or_null("Only these of your tools (default: all of them)."),
+            "deny": _names_or_null("Tools to take away."),
         },
         "additionalProperties": False,
     },
     "persona": {
-        "type": "string",
+        "type": ["string", "null"],
         "description": 'A system prompt giving the subagent its role, e.g. "a meticulous code reviewer".',
     },
 }
@@ -171,25 +173,6 @@ def _quoted(names: Sequence[str]) -> str:
 
 def _code_names(names: Sequence[str]) -> str:
     return ", ".join(f"`{name}`" for name in names)
-
-
-def _json_type(value: object) -> str:
-    """The JSON type name of a decoded value, as the model knows it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, Mapping):
-        return "object"
-    if isinstance(value, list | tuple):
-        return "array"
-    return type(value).__name__
 
 
 def _supported(snapshot: ProviderSnapshot) -> list[StartTimeFeature]:
@@ -508,12 +491,6 @@ class SubagentTool:
 
     def _build_definition(self) -> ToolDefinition:
         snapshots = self._snapshots()
-        names = [snapshot.name for snapshot in snapshots]
-        supporters = {
-            feature: [s.name for s in snapshots if s.capabilities.supports(feature)]
-            for feature in START_TIME_FEATURES
-        }
-
         paragraphs = [_INTRO]
         if snapshots:
             lines = ["Providers (set `provider` to one of them):"]
@@ -526,7 +503,14 @@ class SubagentTool:
                 paragraphs.append(self._background_note())
         else:
             paragraphs.append(_NO_PROVIDER_NOTE)
+        return ToolDefinition(
+            name=self._name, description="\n\n".join(paragraphs), input_schema=self._input_schema(snapshots)
+        )
 
+    def _input_schema(self, snapshots: Sequence[ProviderSnapshot]) -> dict[str, Any]:
+        """The arguments the registry of ``snapshots`` makes valid: the published schema, and the one
+        every call is checked against."""
+        names = [snapshot.name for snapshot in snapshots]
         provider_property: dict[str, Any] = {"type": "string"}
         if names:
             provider_property["enum"] = names
@@ -538,27 +522,23 @@ class SubagentTool:
             provider_property["description"] = "No provider is registered now; the tool cannot run."
         properties: dict[str, Any] = {"prompt": dict(_PROMPT_PROPERTY), "provider": provider_property}
         for feature in START_TIME_FEATURES:
+            supporters = [s.name for s in snapshots if s.capabilities.supports(feature)]
             # Offered only when some provider can honour it: the model is never shown a choice that
             # every provider would refuse.
-            if not supporters[feature]:
+            if not supporters:
                 continue
             feature_property = copy.deepcopy(_FEATURE_PROPERTIES[feature])
-            if len(supporters[feature]) < len(names):
-                feature_property["description"] += f" Supported only by {_quoted(supporters[feature])}."
+            if len(supporters) < len(names):
+                feature_property["description"] += f" Supported only by {_quoted(supporters)}."
             properties[feature] = feature_property
         if self._background is not None and names:
             properties["background"] = dict(_BACKGROUND_PROPERTY)
-
-        return ToolDefinition(
-            name=self._name,
-            description="\n\n".join(paragraphs),
-            input_schema={
-                "type": "object",
-                "properties": properties,
-                "required": ["prompt", "provider"],
-                "additionalProperties": False,
-            },
-        )
+        return {
+            "type": "object",
+            "properties": properties,
+            "required": ["prompt", "provider"],
+            "additionalProperties": False,
+        }
 
     # -- execution ---------------------------------------------------------------------------------
 
@@ -578,8 +558,9 @@ class SubagentTool:
         works: an agent's turn waiting on this call.
 
         ``arguments`` is the decoded JSON object, or its JSON text. Bad input from the model (not an
-        object, missing or empty ``prompt``, an unknown provider, a wrong type, an unknown parameter,
-        a feature the chosen provider lacks) gives an error result and starts nothing. Otherwise the
+        object, missing or blank ``prompt``, an unknown provider, a wrong type, an unknown parameter:
+        anything the published schema rules out, in the words an in-process agent's check uses; or a
+        feature the chosen provider lacks) gives an error result and starts nothing. Otherwise the
         run is started, awaited and mapped: ``completed`` is a success, any other stop reason an
         error result with the partial output, a ``SubagentError`` an error result with its code.
 
@@ -668,7 +649,8 @@ class SubagentTool:
         note = (
             "Background: set `background` to true to start a subagent and get its handle at once; "
             "you keep working, and a notice with its result reaches you when it ends. "
-            f"At most {options.max_running} of yours run at once; more are queued. "
+            f"At most {options.max_running} of yours run at once; more are queued, "
+            f"up to {options.max_queued}. "
             f"`{self._name}_list` lists your background subagents, `{self._name}_wait` waits for them, "
             f"`{self._name}_send` messages one, `{self._name}_cancel` stops one, `{self._name}_result` "
             "reads one's result."
@@ -705,12 +687,10 @@ class SubagentTool:
             raise ValueError(f"no companion tool {action!r}; they are {', '.join(COMPANION_ACTIONS)}")
         parent = parent_id if parent_id is not None else self._template.parent_id
         parent = parent if parent is not None else HOST_PARENT
-        decoded = _decode(arguments)
-        if isinstance(decoded, str):
-            return invalid([decoded], lead="invalid arguments")
-        problems = _check_companion_arguments(action, decoded)
-        if problems:
-            return invalid(problems, lead="invalid arguments")
+        try:
+            decoded = parse_arguments(arguments, _companion_definition(self._name, action).input_schema)
+        except InvalidArguments as exc:
+            return SubagentToolResult(is_error=True, error=str(exc))
         try:
             if action == "list":
                 children = background.children(parent)
@@ -769,122 +749,47 @@ class SubagentTool:
         self, arguments: Mapping[str, Any] | str | bytes, parent_id: str | None
     ) -> tuple[str, SubagentRequest, bool] | SubagentToolResult:
         """Validate the model's arguments into ``(provider, request, background)``, or an error result."""
-        if not self._service.list():
+        snapshots = self._snapshots()
+        # The schema of the registry as it is now: the published one, unless the tool stopped following.
+        try:
+            valid = parse_arguments(arguments, self._input_schema(snapshots))
+        except InvalidArguments as exc:
+            return SubagentToolResult(is_error=True, error=str(exc))
+        if not snapshots:
             return SubagentToolResult(
                 is_error=True,
                 error="no subagent provider is registered right now, so no subagent can be started.",
                 error_code=ErrorCode.NO_PROVIDER,
             )
-        decoded = _decode(arguments)
-        if isinstance(decoded, str):
-            return invalid([decoded])
-        parsed = _Parsed()
-        problems = self._check_arguments(decoded, parsed)
-        if problems:
-            return invalid(problems)
-        # No problems means both required arguments were set.
-        assert parsed.prompt is not None
-        assert parsed.provider is not None
-        request = replace(self._template, prompt=parsed.prompt, parent_id=parent_id, **parsed.options)
-        unsupported = self._unsupported(parsed.provider, request)
+        depth_limit = valid.get("depth_limit")
+        request = replace(
+            self._template,
+            prompt=valid["prompt"],
+            parent_id=parent_id,
+            output_schema=valid.get("output_schema"),
+            # JSON Schema counts 2.0 as an integer; the request holds an int.
+            depth_limit=None if depth_limit is None else int(depth_limit),
+            tool_filter=_tool_filter(valid.get("tool_filter")),
+            persona=valid.get("persona"),
+        )
+        unsupported = self._unsupported(snapshots, valid["provider"], request)
         if unsupported is not None:
             return unsupported
-        return parsed.provider, request, parsed.background
+        return valid["provider"], request, valid.get("background") is True
 
-    def _check_arguments(self, arguments: Mapping[str, Any], parsed: _Parsed) -> list[str]:
-        names = self._service.list()
-        problems: list[str] = []
-
-        accepted = (*_ARGUMENTS, "background") if self._background is not None else _ARGUMENTS
-        unknown = [str(key) for key in arguments if key not in accepted]
-        if unknown:
-            offered = list(self._definition.input_schema["properties"])
-            problems.append(
-                f"unknown parameter{'s' if len(unknown) > 1 else ''} {_code_names(unknown)}; "
-                f"this tool takes {_code_names(offered)}."
-            )
-
-        # Models often send null for a parameter they mean to leave out: null counts as absent.
-        prompt = arguments.get("prompt")
-        if prompt is None:
-            problems.append("`prompt` is required: a non-empty string stating the task.")
-        elif not isinstance(prompt, str):
-            problems.append(f"`prompt` must be a string, got {_json_type(prompt)}.")
-        elif not prompt.strip():
-            problems.append("`prompt` must not be empty.")
-        else:
-            parsed.prompt = prompt
-
-        provider = arguments.get("provider")
-        if provider is None:
-            problems.append(f"`provider` is required: one of {_quoted(names)}.")
-        elif not isinstance(provider, str):
-            problems.append(
-                f"`provider` must be a string, one of {_quoted(names)}; got {_json_type(provider)}."
-            )
-        elif provider not in names:
-            problems.append(
-                f"`provider` {json.dumps(provider)} is not registered; choose one of {_quoted(names)}."
-            )
-        else:
-            parsed.provider = provider
-
-        output_schema = arguments.get("output_schema")
-        if output_schema is not None:
-            if isinstance(output_schema, Mapping):
-                parsed.options["output_schema"] = output_schema
-            else:
-                problems.append(
-                    f"`output_schema` must be an object (a JSON Schema), got {_json_type(output_schema)}."
-                )
-
-        depth_limit = arguments.get("depth_limit")
-        if depth_limit is not None:
-            if isinstance(depth_limit, int) and not isinstance(depth_limit, bool) and depth_limit >= 0:
-                parsed.options["depth_limit"] = depth_limit
-            else:
-                shown = (
-                    depth_limit
-                    if isinstance(depth_limit, int | float) and not isinstance(depth_limit, bool)
-                    else _json_type(depth_limit)
-                )
-                problems.append(f"`depth_limit` must be a whole number >= 0, got {shown}.")
-
-        tool_filter = arguments.get("tool_filter")
-        if tool_filter is not None:
-            problems += _check_tool_filter(tool_filter, parsed)
-
-        persona = arguments.get("persona")
-        if persona is not None:
-            if isinstance(persona, str):
-                parsed.options["persona"] = persona
-            else:
-                problems.append(f"`persona` must be a string, got {_json_type(persona)}.")
-
-        background = arguments.get("background")
-        if background is not None and "background" in accepted:
-            if isinstance(background, bool):
-                parsed.background = background
-            else:
-                problems.append(f"`background` must be true or false, got {_json_type(background)}.")
-        return problems
-
-    def _unsupported(self, provider: str, request: SubagentRequest) -> SubagentToolResult | None:
-        snapshot = self._service.get_provider(provider)
-        assert snapshot is not None  # validated against the registry just before, with no await between
-        snapshots = self._snapshots()
+    def _unsupported(
+        self, snapshots: Sequence[ProviderSnapshot], provider: str, request: SubagentRequest
+    ) -> SubagentToolResult | None:
+        """The refusal of the features ``provider`` lacks: a rule across two arguments, so not the
+        schema's (which offers a feature when any provider registered supports it)."""
+        chosen = next(snapshot for snapshot in snapshots if snapshot.name == provider)
         # Every unmet feature at once, so the model can fix its call in one retry.
-        problems = []
-        for feature in request.requested_features():
-            if snapshot.capabilities.supports(feature):
-                continue
-            others = [s.name for s in snapshots if s.capabilities.supports(feature)]
-            where = (
-                f"providers that support it: {_quoted(others)}."
-                if others
-                else "no registered provider supports it, so leave it out."
-            )
-            problems.append(f"`{feature}` is not supported by {json.dumps(provider)}; {where}")
+        problems = [
+            f"`{feature}` is not supported by {json.dumps(provider)}; providers that support it: "
+            f"{_quoted([s.name for s in snapshots if s.capabilities.supports(feature)])}."
+            for feature in request.requested_features()
+            if not chosen.capabilities.supports(feature)
+        ]
         if not problems:
             return None
         lines = "\n".join(f"- {problem}" for problem in problems)
@@ -899,64 +804,12 @@ class SubagentTool:
         )
 
 
-class _ModelOptions(TypedDict, total=False):
-    """The optional request fields the model may set, by `SubagentRequest`'s own names and types."""
-
-    output_schema: Mapping[str, Any]
-    depth_limit: int
-    tool_filter: ToolFilter
-    persona: str
-
-
-@dataclass(slots=True)
-class _Parsed:
-    prompt: str | None = None
-    provider: str | None = None
-    background: bool = False
-    options: _ModelOptions = field(default_factory=lambda: _ModelOptions())
-
-
-def _decode(arguments: Mapping[str, Any] | str | bytes) -> Mapping[str, Any] | str:
-    """The arguments as a mapping, or the problem with them as a sentence."""
-    if isinstance(arguments, str | bytes):
-        # Some models send an empty string for "no arguments"; treat it as {} so the answer lists
-        # what is required instead of a JSON syntax error.
-        if not arguments.strip():
-            return {}
-        try:
-            arguments = json.loads(arguments)
-        except ValueError as exc:  # JSONDecodeError, and UnicodeDecodeError for bad bytes
-            return f"the arguments are not valid JSON: {exc}."
-        except RecursionError:
-            return "the arguments are nested too deeply to decode."
-    if not isinstance(arguments, Mapping):
-        return f"the arguments must be a JSON object, got {_json_type(arguments)}."
-    return arguments
-
-
-def _check_tool_filter(value: object, parsed: _Parsed) -> list[str]:
-    shape = "an object with optional `allow` and `deny` lists of tool names"
-    if not isinstance(value, Mapping):
-        return [f"`tool_filter` must be {shape}, got {_json_type(value)}."]
-    problems = []
-    unknown = [str(key) for key in value if key not in ("allow", "deny")]
-    if unknown:
-        problems.append(f"`tool_filter` must be {shape}; unknown key {_code_names(unknown)}.")
-    lists: dict[str, list[str] | None] = {}
-    for key in ("allow", "deny"):
-        names = value.get(key)
-        if names is None:
-            lists[key] = None
-        elif isinstance(names, list | tuple) and all(isinstance(name, str) for name in names):
-            lists[key] = list(names)
-        else:
-            problems.append(f"`tool_filter.{key}` must be a list of tool names (strings).")
-    if not problems:
-        allow, deny = lists["allow"], lists["deny"]
-        parsed.options["tool_filter"] = ToolFilter(
-            allow=None if allow is None else frozenset(allow), deny=frozenset(deny or ())
-        )
-    return problems
+def _tool_filter(argument: Mapping[str, Any] | None) -> ToolFilter | None:
+    """The request's filter for a valid ``tool_filter`` argument (a null list counts as left out)."""
+    if argument is None:
+        return None
+    allow, deny = argument.get("allow"), argument.get("deny")
+    return ToolFilter(allow=None if allow is None else frozenset(allow), deny=frozenset(deny or ()))
 
 
 class AgentSubagentTool:
@@ -1032,7 +885,11 @@ class AgentCompanionTool:
         return text
 
 
-_HANDLE_PROPERTY: dict[str, Any] = {"type": "string", "description": "The background subagent's handle."}
+_HANDLE_PROPERTY: dict[str, Any] = {
+    "type": "string",
+    "pattern": _NON_BLANK,
+    "description": "The background subagent's handle.",
+}
 
 _COMPANIONS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
     "list": (
@@ -1047,13 +904,17 @@ _COMPANIONS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
         "every background subagent whose result you have not received yet. The wait ends after "
         "`timeout` seconds at most, with whatever ended by then.",
         {
-            "handles": {
-                "type": "array",
-                "items": {"type": "string"},
-                "description": "The handles to wait for (default: every one whose result you lack).",
+            "handles": _names_or_null("The handles to wait for (default: every one whose result you lack)."),
+            "mode": {
+                "type": ["string", "null"],
+                "enum": ["any", "all", None],
+                "description": "Wait for any or for all.",
             },
-            "mode": {"type": "string", "enum": ["any", "all"], "description": "Wait for any or for all."},
-            "timeout": {"type": "number", "minimum": 0, "description": "The longest wait, in seconds."},
+            "timeout": {
+                "type": ["number", "null"],
+                "minimum": 0,
+                "description": "The longest wait, in seconds.",
+            },
         },
         (),
     ),
@@ -1062,7 +923,7 @@ _COMPANIONS: dict[str, tuple[str, dict[str, Any], tuple[str, ...]]] = {
         "Refused, with the reason, when its provider's subagents cannot take messages.",
         {
             "handle": _HANDLE_PROPERTY,
-            "message": {"type": "string", "minLength": 1, "description": "The message."},
+            "message": {"type": "string", "pattern": _NON_BLANK, "description": "The message."},
         },
         ("handle", "message"),
     ),
@@ -1088,37 +949,6 @@ def _companion_definition(name: str, action: str) -> ToolDefinition:
         "additionalProperties": False,
     }
     return ToolDefinition(f"{name}_{action}", description, schema)
-
-
-def _check_companion_arguments(action: str, arguments: Mapping[str, Any]) -> list[str]:
-    _description, properties, required = _COMPANIONS[action]
-    problems: list[str] = []
-    unknown = [str(key) for key in arguments if key not in properties]
-    if unknown:
-        takes = _code_names(list(properties)) if properties else "no parameters"
-        problems.append(
-            f"unknown parameter{'s' if len(unknown) > 1 else ''} {_code_names(unknown)}; it takes {takes}."
-        )
-    for key in required:
-        value = arguments.get(key)
-        if not isinstance(value, str) or not value.strip():
-            problems.append(f"`{key}` is required: a non-empty string.")
-    handles = arguments.get("handles")
-    if handles is not None and not (
-        isinstance(handles, list | tuple) and all(isinstance(handle, str) for handle in handles)
-    ):
-        problems.append("`handles` must be a list of handles (strings).")
-    mode = arguments.get("mode")
-    if mode is not None and mode not in ("any", "all"):
-        problems.append(
-            f'`mode` must be "any" or "all", got {json.dumps(mode) if isinstance(mode, str) else _json_type(mode)}.'  # noqa: E501
-        )
-    timeout = arguments.get("timeout")
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-    ):
-        problems.append("`timeout` must be a number of seconds >= 0.")
-    return problems
 
 
 def _render_wait(outcome: WaitOutcome, every: bool) -> str:

@@ -1,10 +1,23 @@
 """The trace page: a recorded ``subagent run`` event stream in, one self-contained HTML page out.
 
 :class:`TraceBuilder` reads the events of ``subagent run --events`` one at a time (``add``, each a
-parsed JSON line, see :mod:`subagent.cli._views`) and keeps only what the page shows, each part capped,
-so recording a long run holds a bounded amount: at most :data:`MAX_RUNS` runs, :data:`MAX_MARKS` marks
-per run (:data:`MAX_KEPT_MARKS` in all), and :data:`MAX_TEXT_CHARS` characters of each prompt, output
-and error (:data:`MAX_KEPT_CHARS` in all); the page says when it shows less than there was.
+parsed JSON line, see :mod:`subagent.cli._views`) and keeps only what the page shows, every part of it
+bounded, so recording a run of any length holds a bounded amount, and the page of any event stream,
+however hostile its agent, takes at most :data:`MAX_PAGE_BYTES` (15.2 MiB):
+
+* at most :data:`MAX_RUNS` runs, :data:`MAX_MARKS` marks per run and :data:`MAX_KEPT_MARKS` in all;
+* :data:`MAX_TEXT_CHARS` characters of each prompt, output and error, and :data:`MAX_KEPT_TEXT_BYTES`
+  of all of them together;
+* every other string an agent chose (run ids, providers, titles, stop reasons, mark labels and
+  statuses) cut short (120 characters), and :data:`MAX_KEPT_LABEL_BYTES` of them together: past that,
+  a new run or mark is counted, not kept;
+* usage as ACP's known counts (whole numbers up to 2**53) and a cost (a finite amount, a currency of at
+  most 16 characters), whatever else the agent put there left out; a time or a duration that is not a
+  number within 10**12 seconds of 0 is taken as missing.
+
+The budgets count bytes as the page embeds them (escapes included), so :data:`MAX_PAGE_BYTES` follows
+from the caps: the page's frame, each kept run and mark with every number at its widest, and the two
+budgets. The page says when it shows less than there was.
 :meth:`TraceBuilder.page` (or :func:`render_trace_page` on a whole stream) lays it out as a page with
 its CSS, script and data inline: no network, no external URL. The CSS and the script are this package's
 data files ``trace_page.css`` and ``trace_page.js``.
@@ -32,18 +45,24 @@ with ``<``, ``>`` and ``&`` escaped, and the page's script inserts it with ``tex
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import json
-from collections.abc import Iterable, Mapping
+import re
+import sys
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from subagent._text import one_line
+from subagent._text import cut, one_line
+from subagent._usage_codec import COUNT_FIELDS
 from subagent.types import RETRY_META_KEY, RUN_META_KEY, TURN_META_KEY
 
 __all__ = [
-    "MAX_KEPT_CHARS",
+    "MAX_KEPT_LABEL_BYTES",
     "MAX_KEPT_MARKS",
+    "MAX_KEPT_TEXT_BYTES",
     "MAX_MARKS",
+    "MAX_PAGE_BYTES",
     "MAX_RUNS",
     "MAX_TEXT_CHARS",
     "TraceBuilder",
@@ -54,28 +73,70 @@ MAX_RUNS: Final = 5_000
 """Runs kept; later ones are counted, not shown."""
 MAX_MARKS: Final = 400
 """Marks (tool calls, permission waits, text, errors) kept per run; later ones are counted."""
-MAX_TEXT_CHARS: Final = 4_000
-"""Characters kept of each prompt, output and error; the page says how many there were."""
-_MAX_LABEL_CHARS: Final = 120
-"""Characters kept of a title or a mark's label."""
-MAX_KEPT_CHARS: Final = 4_000_000
-"""Characters kept of all texts together: past them a text keeps nothing more (its length still counts)."""
 MAX_KEPT_MARKS: Final = 50_000
 """Marks kept of all runs together."""
+MAX_TEXT_CHARS: Final = 4_000
+"""Characters kept of each prompt, output and error; the page says how many there were."""
+MAX_KEPT_TEXT_BYTES: Final = 4 * 1024 * 1024
+"""Bytes the page's data gives all prompts, outputs and errors together (as embedded: an escaped
+character counts its escape): past them a text keeps nothing more (its length still counts)."""
+MAX_KEPT_LABEL_BYTES: Final = 4 * 1024 * 1024
+"""Bytes the page's data gives every other string an agent chose, together: run ids, providers,
+titles, stop reasons, mark labels and statuses. Past them a new run or mark is counted, not kept."""
+_MAX_LABEL_CHARS: Final = 120
+"""Characters kept of a run id, a provider's name, a title, a stop reason, a mark's label or status."""
+_MAX_CURRENCY_CHARS: Final = 16
+"""Characters kept of a cost's currency."""
+_MAX_TITLE_CHARS: Final = 200
+"""Characters kept of the page's own title."""
 _MAX_PENDING_PROMPTS: Final = 256
 """Delegation prompts kept (of all runs together) while they wait for the run they started."""
+_MAX_SECONDS: Final = 1e12
+"""The furthest from 0 a time (seconds since the epoch, about 1.7e9 now) or a duration may be; one
+further, or not finite, is taken as missing."""
+_MAX_COUNT: Final = 2**53
+"""The largest count shown (JavaScript reads no larger whole number exactly); a larger one is left out."""
+_MAX_CHAR_BYTES: Final = 6
+"""The most bytes one character takes in the page's data: an escape such as ``\\u003c``."""
+_WIDEST_FLOAT: Final = -2.2250738585072014e-308
+"""A float whose JSON is as long as any float's can be (24 characters): the widest number on the page."""
 
 _ENDED_STATES: Final = frozenset({"completed", "failed", "cancelled"})
 _ROOT_STATES: Final = {"completed": "completed", "cancelled": "cancelled", "error": "failed"}
 """The root run's state by its stop reason; any other stop reason reads ``stopped``."""
+_ESCAPED: Final = re.compile('[\x00-\x1f"\\\\<>&]')
+"""An ASCII character the page's data escapes (it takes more than its one byte there)."""
+_SURROGATE: Final = re.compile("[\ud800-\udfff]")
+"""A lone surrogate (JSON can carry one escaped; UTF-8 cannot carry it at all)."""
 
 
 @dataclass(slots=True)
 class _Budget:
-    """What is left to keep of all runs together."""
+    """What is left to keep of all runs together; strings are counted in the bytes the page embeds."""
 
-    chars: int = MAX_KEPT_CHARS
+    text: int = MAX_KEPT_TEXT_BYTES
+    labels: int = MAX_KEPT_LABEL_BYTES
     marks: int = MAX_KEPT_MARKS
+
+    def take(self, *labels: str | None) -> bool:
+        """Keep ``labels`` whole if what is left holds them all (they are counted), else keep none."""
+        cost = sum(_embedded_bytes(label) for label in labels if label is not None)
+        if cost > self.labels:
+            return False
+        self.labels -= cost
+        return True
+
+    def swap(self, old: str | None, new: str | None) -> str | None:
+        """``new`` kept in place of ``old`` (whose bytes come back first), cut to what is left."""
+        if new == old:
+            return new
+        if old is not None:
+            self.labels += _embedded_bytes(old)
+        if new is None:
+            return None
+        new, cost = _fit(new, self.labels)
+        self.labels -= cost
+        return new
 
 
 @dataclass(slots=True)
@@ -85,18 +146,21 @@ class _Text:
     budget: _Budget
     kept: str = ""
     total: int = 0
+    kept_bytes: int = 0
 
     def append(self, text: str) -> None:
         self.total += len(text)
-        room = min(MAX_TEXT_CHARS - len(self.kept), self.budget.chars)
-        if room > 0 and text:
-            taken = text[:room]
-            self.kept += taken
-            self.budget.chars -= len(taken)
+        room = MAX_TEXT_CHARS - len(self.kept)
+        if room <= 0 or not text or self.budget.text <= 0:
+            return
+        taken, cost = _fit(text[:room], self.budget.text)
+        self.kept += taken
+        self.kept_bytes += cost
+        self.budget.text -= cost
 
     def replace(self, text: str) -> None:
-        self.budget.chars += len(self.kept)
-        self.kept, self.total = "", 0
+        self.budget.text += self.kept_bytes
+        self.kept, self.total, self.kept_bytes = "", 0, 0
         self.append(text)
 
 
@@ -131,16 +195,34 @@ class _Run:
     def mark(
         self, kind: str, when: float, label: str, status: str | None = None, *, lasts: bool
     ) -> int | None:
-        if len(self.marks) >= MAX_MARKS or self.budget.marks <= 0:
+        label, status = _label(label), None if status is None else _label(status)
+        if len(self.marks) >= MAX_MARKS or self.budget.marks <= 0 or not self.budget.take(label, status):
             self.marks_dropped += 1
             return None
         self.budget.marks -= 1
-        self.marks.append([kind, when, when if not lasts else None, _label(label), status])
+        self.marks.append([kind, when, when if not lasts else None, label, status])
         return len(self.marks) - 1
+
+    def set_status(self, index: int, status: str | None) -> None:
+        """The status of mark ``index`` is ``status`` now."""
+        mark = self.marks[index]
+        mark[4] = self.budget.swap(mark[4], None if status is None else _label(status))
+
+    def relabel(self, *, title: str | None = None, provider: str | None = None) -> None:
+        """A new title or provider's name (each given one kept, cut to the budget)."""
+        if title is not None:
+            self.title = self.budget.swap(self.title, _label(title)) or ""
+        if provider is not None:
+            self.provider = self.budget.swap(self.provider, _label(provider))
 
 
 def _label(text: str) -> str:
     return one_line(text, _MAX_LABEL_CHARS)
+
+
+def _id(value: object) -> str | None:
+    """A run's or a tool call's id, cut short (ids are compared cut, so one cut alike is the same)."""
+    return cut(value, _MAX_LABEL_CHARS) if isinstance(value, str) else None
 
 
 def _text(value: object) -> str | None:
@@ -148,8 +230,34 @@ def _text(value: object) -> str | None:
 
 
 def _count(value: object) -> int | None:
-    """An int that is no bool, else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A whole number from 0 to 2**53 that is no bool, else None."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_COUNT:
+        return value
+    return None
+
+
+def _number(value: object, limit: float = _MAX_SECONDS) -> float | None:
+    """A number (no bool) within ``limit`` of 0, as a float (so finite, and never an int too large for
+    one), else None."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and -limit <= value <= limit:
+        return float(value)
+    return None
+
+
+def _usage(value: object) -> dict[str, Any] | None:
+    """What the page shows of a usage object: ACP's known counts and a cost with a finite amount and a
+    short currency; whatever else an agent put there is left out. None when nothing is left."""
+    if not isinstance(value, Mapping):
+        return None
+    usage: dict[str, Any] = {
+        key: count for key, _ in COUNT_FIELDS if (count := _count(value.get(key))) is not None
+    }
+    cost = value.get("cost")
+    if isinstance(cost, Mapping):
+        amount, currency = _number(cost.get("amount"), sys.float_info.max), _text(cost.get("currency"))
+        if amount is not None and currency is not None:
+            usage["cost"] = {"amount": amount, "currency": cut(currency, _MAX_CURRENCY_CHARS)}
+    return usage or None
 
 
 def _matching_prompt(pending: list[str], title: str | None) -> int:
@@ -181,25 +289,26 @@ class TraceBuilder:
     def __init__(self) -> None:
         self._runs: dict[str, _Run] = {}
         self._budget = _Budget()
-        self._root = _Run("run", None, self._budget, provider="acp", title="subagent run")
+        self._root = _Run("run", None, self._budget)
+        self._budget.take(self._root.id)
+        self._root.relabel(title="subagent run", provider="acp")
         self._runs[self._root.id] = self._root
         self._pending_prompts: dict[str, list[str]] = {}
         self._pending_count = 0
-        self._run_update: tuple[str, Mapping[str, Any]] | None = None
+        self._run_update: tuple[str | None, Mapping[str, Any]] | None = None
         self._first: float | None = None
         self._last: float | None = None
         self.runs_dropped = 0
-        """Runs that ended but were not kept, :data:`MAX_RUNS` being kept already."""
+        """Runs that ended but were not kept, :data:`MAX_RUNS` (or the labels' budget) being spent."""
         self.events = 0
         """Events read."""
 
     def add(self, event: Mapping[str, Any]) -> None:
         """Take one event (a parsed ``--events`` line); members of the wrong type are ignored."""
         self.events += 1
-        when = event.get("time")
-        if not isinstance(when, int | float) or isinstance(when, bool):
+        when = _number(event.get("time"))
+        if when is None:
             when = self._last if self._last is not None else 0.0
-        when = float(when)
         if self._first is None or when < self._first:
             self._first = when
         if self._last is None or when > self._last:
@@ -210,17 +319,18 @@ class TraceBuilder:
         kind = event.get("event")
         if kind == "spawn":
             command = event.get("command")
-            if isinstance(command, list) and command:
+            program = _text(command[0]) if isinstance(command, list) and command else None
+            if program is not None:
                 # The program's name only, until the agent names itself: an argument may be a secret.
-                root.title = _label(str(command[0]).rsplit("/", 1)[-1])
+                root.relabel(title=program.rsplit("/", 1)[-1])
         elif kind == "start":
             self._started(event)
         elif kind == "prompt":
             text = _text(event.get("text"))
             if text is not None:
                 root.prompt.replace(text)
-                total = event.get("chars")
-                if isinstance(total, int) and total > root.prompt.total:
+                total = _count(event.get("chars"))
+                if total is not None and total > root.prompt.total:
                     root.prompt.total = total
         elif kind == "update":
             update = event.get("update")
@@ -233,7 +343,8 @@ class TraceBuilder:
         elif kind == "permission":
             self._permission_decided(event, when)
         elif kind == "interrupt":
-            root.mark("interrupt", when, f"{event.get('signal')}: {event.get('action')}", lasts=False)
+            label = f"{_text(event.get('signal')) or 'a signal'}: {_text(event.get('action')) or '?'}"
+            root.mark("interrupt", when, label, lasts=False)
             root.text_mark = None
         elif kind == "start_failed":
             root.error.replace(_text(event.get("error")) or "the agent failed to start")
@@ -245,9 +356,7 @@ class TraceBuilder:
             if error:
                 root.error.replace(error)
                 root.mark("error", when, error, lasts=False)
-            usage = event.get("usage")
-            if isinstance(usage, Mapping):
-                root.usage = dict(usage)
+            root.usage = _usage(event.get("usage"))
             # A turn cut short (refusal, max_tokens, timeout...) is no failure of the agent: its own colour.
             state = _ROOT_STATES.get(stop or "", "stopped")
             self._ended(root, when, state, stop)
@@ -257,17 +366,24 @@ class TraceBuilder:
                 root.mark("log", when, _text(event.get("message")) or "", level, lasts=False)
 
     def _started(self, event: Mapping[str, Any]) -> None:
-        run_id = _text(event.get("runId"))
+        run_id = _id(event.get("runId"))
         root = self._root
-        if run_id is not None and run_id != root.id and run_id not in self._runs:
+        if (
+            run_id is not None
+            and run_id != root.id
+            and run_id not in self._runs
+            and self._budget.take(run_id)
+        ):
+            self._budget.swap(root.id, None)
             del self._runs[root.id]
             self._pending_prompts.pop(root.id, None)
             root.id = run_id
             self._runs[run_id] = root
         agent = event.get("agent")
-        if isinstance(agent, Mapping) and isinstance(agent.get("name"), str):
-            version = _text(agent.get("version"))
-            root.title = _label(agent["name"] + (f" {version}" if version else ""))
+        name = _text(agent.get("name")) if isinstance(agent, Mapping) else None
+        if name is not None:
+            version = _text(agent.get("version")) if isinstance(agent, Mapping) else None
+            root.relabel(title=name + (f" {version}" if version else ""))
 
     def _turn(self, update: Mapping[str, Any], when: float) -> None:
         """A turn of the agent beginning or ending (``subagent serve`` says so: ``TURN_META_KEY``)."""
@@ -290,7 +406,7 @@ class TraceBuilder:
             index = root.open_marks.pop("turn", None)
             if index is not None:
                 root.marks[index][2] = when
-                root.marks[index][4] = _text(turn.get("stopReason"))
+                root.set_status(index, _text(turn.get("stopReason")))
 
     def _retry(self, update: Mapping[str, Any], when: float) -> None:
         """A model call of the agent failed and is retried (``subagent serve`` says so:
@@ -305,8 +421,8 @@ class TraceBuilder:
         if reason:
             details.append(reason)
         label = "model call retried" + (f" ({', '.join(details)})" if details else "")
-        delay = retry.get("delay")
-        if isinstance(delay, int | float) and not isinstance(delay, bool):
+        delay = _number(retry.get("delay"))
+        if delay is not None:
             label += f", next in {delay:.2f} s"
         self._root.text_mark = None  # the retried call's answer text is a mark of its own
         self._root.mark("retry", when, label, lasts=False)
@@ -314,7 +430,7 @@ class TraceBuilder:
     def _owner(self, tool_call_id: str) -> _Run:
         """The run a tool call belongs to: ``OWNER/ID`` is the run ``OWNER``'s, anything else the root's."""
         owner, slash, _ = tool_call_id.partition("/")
-        return self._runs.get(owner, self._root) if slash else self._root
+        return self._runs.get(_id(owner) or "", self._root) if slash else self._root
 
     def _update(self, update: Mapping[str, Any], when: float) -> None:
         kind = update.get("sessionUpdate")
@@ -335,14 +451,15 @@ class TraceBuilder:
             return
         if kind not in ("tool_call", "tool_call_update"):
             return
-        call_id = _text(update.get("toolCallId"))
-        if call_id is None:
+        raw_id = _text(update.get("toolCallId"))
+        if raw_id is None:
             return
-        if call_id.startswith("run/"):
-            self._run_update = (call_id[4:], update)  # read with the `run` event that follows
+        if raw_id.startswith("run/"):
+            self._run_update = (_id(raw_id[4:]), update)  # read with the `run` event that follows
             return
-        owner = self._owner(call_id)
+        owner = self._owner(raw_id)
         root.text_mark = None
+        call_id = _id(raw_id) or ""
         key = f"tool:{call_id}"
         status = _text(update.get("status"))
         index = owner.open_marks.get(key)
@@ -360,7 +477,7 @@ class TraceBuilder:
             return
         mark = owner.marks[index]
         if status is not None:
-            mark[4] = status
+            owner.set_status(index, status)
         if status in ("completed", "failed"):
             mark[2] = when
             del owner.open_marks[key]
@@ -368,25 +485,27 @@ class TraceBuilder:
                 owner.mark("error", when, f"tool call failed: {mark[3]}", lasts=False)
 
     def _run(self, event: Mapping[str, Any], when: float) -> None:
-        run_id = _text(event.get("runId"))
+        run_id = _id(event.get("runId"))
         if run_id is None:
             return
         run = self._runs.get(run_id)
+        state = _text(event.get("state"))
         if run is None:
-            if len(self._runs) >= MAX_RUNS:
+            parent = _id(event.get("parentId"))
+            if len(self._runs) >= MAX_RUNS or not self._budget.take(run_id, parent):
                 # Counted at their end, which comes once (a run sends many `running` events).
-                self.runs_dropped += _text(event.get("state")) in _ENDED_STATES
+                self.runs_dropped += state in _ENDED_STATES
                 return
-            parent = _text(event.get("parentId"))
             run = _Run(run_id, parent, self._budget, start=when)
             self._runs[run_id] = run
             pending = self._pending_prompts.get(parent or self._root.id)
             if pending:
                 run.prompt.replace(pending.pop(_matching_prompt(pending, _text(event.get("title")))))
                 self._pending_count -= 1
-        run.provider = _text(event.get("provider")) or run.provider
-        run.title = _label(_text(event.get("title")) or run.title or run_id)
-        state = _text(event.get("state"))
+        run.relabel(
+            title=_text(event.get("title")) or (None if run.title else run_id),
+            provider=_text(event.get("provider")),
+        )
         update, self._run_update = self._run_update, None
         if state in _ENDED_STATES and run.end is None:
             if update is not None and update[0] == run_id:
@@ -402,16 +521,14 @@ class TraceBuilder:
         details = meta.get(RUN_META_KEY) if isinstance(meta, Mapping) else None
         if not isinstance(details, Mapping):
             return
-        usage = details.get("usage")
-        if isinstance(usage, Mapping):
-            run.usage = dict(usage)
-        elapsed = details.get("elapsedSeconds")
-        if isinstance(elapsed, int | float) and not isinstance(elapsed, bool):
-            run.elapsed = float(elapsed)
+        run.usage = _usage(details.get("usage")) or run.usage
+        run.elapsed = _number(details.get("elapsedSeconds"))
 
     def _ended(self, run: _Run, when: float, state: str, stop_reason: str | None) -> None:
         run.state = state
-        run.stop_reason = stop_reason
+        run.stop_reason = self._budget.swap(
+            run.stop_reason, None if stop_reason is None else _label(stop_reason)
+        )
         run.end = when
         run.text_mark = None
         for index in run.open_marks.values():
@@ -419,17 +536,19 @@ class TraceBuilder:
         run.open_marks.clear()
 
     def _permission_asked(self, event: Mapping[str, Any], when: float) -> None:
-        call_id = _text(event.get("toolCallId")) or ""
-        owner = self._owner(call_id)
+        raw_id = _text(event.get("toolCallId")) or ""
+        owner = self._owner(raw_id)
         owner.text_mark = None
+        call_id = _id(raw_id) or ""
         title = _text(event.get("title")) or call_id
         index = owner.mark("permission", when, f"permission asked: {title}", "waiting", lasts=True)
         if index is not None:
             owner.open_marks[f"permission:{call_id}"] = index
 
     def _permission_decided(self, event: Mapping[str, Any], when: float) -> None:
-        call_id = _text(event.get("toolCallId")) or ""
-        owner = self._owner(call_id)
+        raw_id = _text(event.get("toolCallId")) or ""
+        owner = self._owner(raw_id)
+        call_id = _id(raw_id) or ""
         option = event.get("option")
         answer = _text(option.get("kind")) if isinstance(option, Mapping) else None
         answer = answer or _text(event.get("outcome")) or "answered"
@@ -439,9 +558,8 @@ class TraceBuilder:
             title = _text(event.get("title")) or call_id
             index = owner.mark("permission", when, f"permission: {title}", lasts=False)
         if index is not None:
-            mark = owner.marks[index]
-            mark[2] = when
-            mark[4] = answer + (f" ({reason})" if reason else "")
+            owner.marks[index][2] = when
+            owner.set_status(index, answer + (f" ({reason})" if reason else ""))
 
     def data(self) -> dict[str, Any]:
         """What the page embeds: the runs in tree order, times in seconds from the first event."""
@@ -451,40 +569,13 @@ class TraceBuilder:
         def at(value: float | None) -> float | None:
             return None if value is None else round(value - origin, 3)
 
-        rows = []
-        for run, depth in self._tree_order():
-            rows.append(
-                {
-                    "id": run.id,
-                    "parent": run.parent,
-                    "depth": depth,
-                    "provider": run.provider,
-                    "title": run.title,
-                    "state": run.state,
-                    "stopReason": run.stop_reason,
-                    "start": at(run.start),
-                    "end": at(run.end),
-                    "prompt": run.prompt.kept,
-                    "promptChars": run.prompt.total,
-                    "output": run.output.kept,
-                    "outputChars": run.output.total,
-                    "error": run.error.kept or None,
-                    "usage": run.usage,
-                    "elapsed": run.elapsed,
-                    "marks": [
-                        [kind, at(start), at(end), label, status]
-                        for kind, start, end, label, status in run.marks
-                    ],
-                    "marksDropped": run.marks_dropped,
-                }
-            )
-        return {
-            "duration": round(finish - origin, 3),
-            "origin": origin,
-            "runs": rows,
-            "runsDropped": self.runs_dropped,
-            "events": self.events,
-        }
+        return _data(
+            [_row(run, depth, at) for run, depth in self._tree_order()],
+            duration=round(finish - origin, 3),
+            origin=origin,
+            runs_dropped=self.runs_dropped,
+            events=self.events,
+        )
 
     def _tree_order(self) -> list[tuple[_Run, int]]:
         """Every run once, each after its parent; a run whose parent is unknown hangs below the root."""
@@ -510,8 +601,45 @@ class TraceBuilder:
         return ordered
 
     def page(self, title: str = "subagent trace") -> str:
-        """The trace page: one HTML document, everything inline."""
+        """The trace page: one HTML document, everything inline (``title`` cut to 200 characters)."""
         return _page(self.data(), title)
+
+
+def _row(run: _Run, depth: int, at: Callable[[float | None], float | None]) -> dict[str, Any]:
+    """One run as the page embeds it."""
+    return {
+        "id": run.id,
+        "parent": run.parent,
+        "depth": depth,
+        "provider": run.provider,
+        "title": run.title,
+        "state": run.state,
+        "stopReason": run.stop_reason,
+        "start": at(run.start),
+        "end": at(run.end),
+        "prompt": run.prompt.kept,
+        "promptChars": run.prompt.total,
+        "output": run.output.kept,
+        "outputChars": run.output.total,
+        "error": run.error.kept or None,
+        "usage": run.usage,
+        "elapsed": run.elapsed,
+        "marks": [[kind, at(start), at(end), label, status] for kind, start, end, label, status in run.marks],
+        "marksDropped": run.marks_dropped,
+    }
+
+
+def _data(
+    rows: list[dict[str, Any]], *, duration: float, origin: float, runs_dropped: int, events: int
+) -> dict[str, Any]:
+    """The page's whole data."""
+    return {
+        "duration": duration,
+        "origin": origin,
+        "runs": rows,
+        "runsDropped": runs_dropped,
+        "events": events,
+    }
 
 
 def render_trace_page(events: Iterable[Mapping[str, Any]], title: str = "subagent trace") -> str:
@@ -523,37 +651,83 @@ def render_trace_page(events: Iterable[Mapping[str, Any]], title: str = "subagen
 
 
 def _script_json(data: object) -> str:
-    """``data`` as JSON that cannot end the ``<script>`` element it sits in, nor open a comment in it."""
-    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    return (
+    """``data`` as JSON that cannot end the ``<script>`` element it sits in, nor open a comment in it,
+    and that UTF-8 can carry (a lone surrogate is escaped). Every number in it is finite."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _SURROGATE.sub(
+        lambda found: f"\\u{ord(found.group()):04x}",
         text.replace("&", "\\u0026")
         .replace("<", "\\u003c")
         .replace(">", "\\u003e")
         .replace("\u2028", "\\u2028")
-        .replace("\u2029", "\\u2029")
+        .replace("\u2029", "\\u2029"),
     )
 
 
+def _embedded_bytes(text: str) -> int:
+    """The bytes ``text`` takes in the page's data (:func:`_script_json`), its quotes left out."""
+    if text.isascii() and _ESCAPED.search(text) is None:
+        return len(text)  # the common case, found without encoding it
+    return len(_script_json(text).encode()) - 2
+
+
+def _fit(text: str, room: int) -> tuple[str, int]:
+    """The longest start of ``text`` that takes at most ``room`` bytes in the page's data, and its bytes."""
+    cost = _embedded_bytes(text)
+    if cost <= room:
+        return text, cost
+    # Each character takes 1 to 6 bytes: the answer has from room // 6 to room characters.
+    fits, too_long = room // _MAX_CHAR_BYTES, min(len(text), room + 1)
+    while too_long - fits > 1:
+        middle = (fits + too_long) // 2
+        if _embedded_bytes(text[:middle]) <= room:
+            fits = middle
+        else:
+            too_long = middle
+    return text[:fits], _embedded_bytes(text[:fits])
+
+
 def _html_text(text: str) -> str:
+    text = _SURROGATE.sub("\ufffd", text)
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
 
 
 @functools.cache
 def _asset(name: str) -> str:
     """A file of the page (its style, its script), read once from this package's data files."""
-    # Imported here, as only a page being written needs it: it costs the command line's start ~25 ms.
-    import importlib.resources
-
     return importlib.resources.files("subagent.observability").joinpath(name).read_text(encoding="utf-8")
 
 
 def _page(data: Mapping[str, Any], title: str) -> str:
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{_html_text(title)}</title>\n"
+        f"<title>{_html_text(one_line(title, _MAX_TITLE_CHARS))}</title>\n"
         f"<style>\n{_asset('trace_page.css')}</style>\n</head>\n<body>\n{_BODY}\n"
         f'<script type="application/json" id="trace-data">{_script_json(data)}</script>\n'
         f"<script>\n{_asset('trace_page.js')}</script>\n</body>\n</html>\n"
+    )
+
+
+def _widest_page_bytes() -> int:
+    """The most bytes a page takes: its frame with the widest title, each run and mark the caps allow
+    with every number at its widest and every string empty, and the budgets the strings draw on."""
+    widest = _WIDEST_FLOAT
+    run = _Run("", None, _Budget(), state="cancelled", start=widest, end=widest, elapsed=widest)
+    run.prompt.total = run.output.total = run.marks_dropped = _MAX_COUNT
+    run.usage = {key: _MAX_COUNT for key, _ in COUNT_FIELDS}
+    run.usage["cost"] = {"amount": widest, "currency": "<" * _MAX_CURRENCY_CHARS}
+    row = len(_script_json(_row(run, MAX_RUNS, lambda value: value)).encode()) + 1  # and a comma
+    mark = len(_script_json(["permission", widest, widest, "", None]).encode()) + 1
+    frame = _page(
+        _data([], duration=widest, origin=widest, runs_dropped=_MAX_COUNT, events=_MAX_COUNT),
+        '"' * _MAX_TITLE_CHARS,
+    )
+    return (
+        len(frame.encode())
+        + MAX_RUNS * row
+        + MAX_KEPT_MARKS * mark
+        + MAX_KEPT_TEXT_BYTES
+        + MAX_KEPT_LABEL_BYTES
     )
 
 
@@ -578,3 +752,7 @@ _BODY: Final = """\
   </section>
   <aside id="details"><p class="hint">Click a bar to see its run: prompt, output, usage, times.</p></aside>
 </main>"""
+
+MAX_PAGE_BYTES: Final = _widest_page_bytes()
+"""The most bytes a trace page takes, whatever its event stream: derived from the caps above (the
+module docstring says how); computed here, below the page's frame it measures."""

@@ -20,9 +20,7 @@ turn runs (a run's ``invoke_agent`` span, for a child of the seam's providers).
 
 from __future__ import annotations
 
-import collections
 import contextvars
-import json
 import logging
 import sys
 import time
@@ -48,10 +46,17 @@ from subagent.runtime._messages import (
     TextDelta,
     ToolCall,
     ToolCallDelta,
-    ToolSpec,
 )
-from subagent.runtime._tools import Approver, Tool, ToolContext, ToolError, ToolInvocation
-from subagent.types import _TOKEN_FIELDS, Disposer, StopReason, SubagentResult, Usage, freeze_json, thaw_json
+from subagent.runtime._tools import (
+    Approver,
+    InvalidArguments,
+    Tool,
+    ToolContext,
+    ToolError,
+    ToolInvocation,
+    parse_arguments,
+)
+from subagent.types import _TOKEN_FIELDS, Disposer, StopReason, SubagentResult, Usage, freeze_json
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -773,12 +778,9 @@ class Agent:
             known = ", ".join(repr(t.spec.name) for t in self.tools) or "none"
             return f"error: there is no tool named {call.name!r} (available: {known})", "unknown_tool"
         try:
-            decoded = json.loads(call.arguments) if call.arguments.strip() else {}
-        except json.JSONDecodeError as exc:
-            return f"error: the arguments are not valid JSON ({exc}); nothing was run", "invalid_arguments"
-        problem = _argument_problem(tool, decoded)
-        if problem is not None:
-            return f"error: {problem}; nothing was run", "invalid_arguments"
+            decoded = parse_arguments(call.arguments, tool.spec.parameters)
+        except InvalidArguments as exc:
+            return f"error: {exc}", "invalid_arguments"
         # Frozen once: the approver decides on this snapshot and the tool runs with the same one.
         invocation = ToolInvocation(call.id, call.name, freeze_json(decoded), self._context)
         if tool.needs_approval and not await self._approve(invocation):
@@ -904,56 +906,6 @@ class Agent:
                 await on_idle()
                 return
             await anyio.sleep(remaining)
-
-
-def _argument_problem(tool: Tool, arguments: Any) -> str | None:
-    import jsonschema  # on first use: ~80 ms that importing the runtime (and the CLI) need not pay
-
-    validator = _validator_for(tool.spec)
-    if isinstance(validator, str):
-        return validator
-    try:
-        error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
-    except Exception as exc:
-        # A schema valid against its metaschema can still fail to apply: a $ref pointing nowhere.
-        return f"the tool's own argument schema cannot be applied ({exc})"
-    if error is None:
-        return None
-    where = "/".join(str(part) for part in error.absolute_path) or "the top level"
-    return f"the arguments do not match the tool's schema at {where}: {error.message}"
-
-
-_VALIDATORS: collections.OrderedDict[int, tuple[ToolSpec, Any]] = collections.OrderedDict()
-_VALIDATORS_KEPT = 256
-
-
-def _validator_for(spec: ToolSpec) -> Any:
-    """The validator of a tool spec's argument schema, or what is wrong with the schema.
-
-    Checking a schema against its metaschema costs milliseconds; a tool's spec is the same object
-    call after call, so each one is checked once (the last few hundred are kept)."""
-    import jsonschema
-
-    cached = _VALIDATORS.get(id(spec))
-    if cached is not None and cached[0] is spec:
-        _VALIDATORS.move_to_end(id(spec))
-        return cached[1]
-    schema = thaw_json(spec.parameters)
-    validator: Any
-    try:
-        validator_class = jsonschema.validators.validator_for(schema)
-        # Validators do not check their schema themselves: an invalid one raises anything, or nothing.
-        validator_class.check_schema(schema)
-        validator = validator_class(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        validator = f"the tool's own argument schema is invalid ({exc.message})"
-    except Exception as exc:
-        validator = f"the tool's own argument schema cannot be applied ({exc})"
-    # The spec is kept with its validator, so its id cannot be reused by another while cached.
-    _VALIDATORS[id(spec)] = (spec, validator)
-    if len(_VALIDATORS) > _VALIDATORS_KEPT:
-        _VALIDATORS.popitem(last=False)
-    return validator
 
 
 def _chat_span(llm: LlmAdapter) -> Span | None:
