@@ -27,7 +27,7 @@ import anyio
 import httpx
 from _common import BenchBroken, verdict
 
-from subagent.runtime.messages import Completion, CompletionRequest, Message, TextDelta
+from subagent.runtime import Completion, CompletionRequest, Message, TextDelta
 from subagent.runtime.openai import OpenAiChatAdapter
 from subagent.testing import RawStream, serve_chat_completions
 

@@ -46,10 +46,10 @@ from _common import MIB, BenchBroken, rss_bytes, stub_command, write_scenario
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))
 
 from subagent import SubagentRequest, SubagentService
-from subagent.acp.transport import LocalTransport, Transport
+from subagent.acp.transports import LocalTransport, Transport
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.service import ServiceRun
-from subagent.testing.leaks import LEAK_TAG_VARIABLE
+from subagent.testing import LEAK_TAG_VARIABLE
 
 FAN_OUT_LIMIT = 600.0
 """Seconds one fan-out may take before it counts as broken (not as slow)."""
@@ -189,7 +189,7 @@ def main() -> int:
     except ImportError:
         print("ray_fanout: skipped: ray is not installed (pip install 'subagent-seam[ray]')")
         return 0
-    from subagent.acp.ray import RayTransport
+    from subagent.acp.transports import RayTransport
 
     print(f"== fan-out of {args.children} children, {args.chunks} chunks each, on {args.backend}")
     with tempfile.TemporaryDirectory() as work, running_ray_cluster() as cluster:

@@ -6,7 +6,7 @@ timed from ``start()`` to ``result()``, in three variants measured in the same r
 
 * **instrumented**: the library as shipped, with the OpenTelemetry API imported and its default
   provider (nothing configured): each instrumentation point asks whether a provider is configured;
-* **stubbed**: the same code with :mod:`subagent.telemetry`'s entry points replaced by no-ops
+* **stubbed**: the same code with :mod:`subagent.observability`'s entry points replaced by no-ops
   (the floor: what the library would cost with no instrumentation at all);
 * **recording**: an SDK ``TracerProvider`` configured, its spans kept in memory (a figure only:
   what tracing costs when it is on).
@@ -42,7 +42,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from subagent import telemetry
+from subagent.observability import _telemetry as telemetry
 from subagent.providers.acp import AcpProvider
 from subagent.service import SubagentService
 from subagent.types import SubagentRequest
@@ -70,7 +70,7 @@ async def provider_run(argv: list[str], cwd: str, chunks: int) -> tuple[float, f
 
 @contextlib.contextmanager
 def stubbed() -> Iterator[None]:
-    """:mod:`subagent.telemetry`'s entry points as no-ops, for as long as the block runs."""
+    """:mod:`subagent.observability`'s entry points as no-ops, for as long as the block runs."""
     not_recording = contextlib.nullcontext()
     no_ops: dict[str, Callable[..., Any]] = {
         "enabled": lambda: False,  # the same keys as ENTRY_POINTS
@@ -100,7 +100,7 @@ ENTRY_POINTS = (
     "inject",
     "extract",
 )
-"""What the library calls in :mod:`subagent.telemetry` (the stubbed variant replaces exactly these)."""
+"""What the library calls in :mod:`subagent.observability` (the stubbed variant replaces exactly these)."""
 
 
 def direct_cost(argv: list[str], cwd: str, chunks: int, backend: str) -> tuple[dict[str, int], float]:

@@ -2,9 +2,9 @@
 
 In one run, on the same machine, the same API (``SubagentService`` + ``AcpProvider(transport=...)`` on
 the bundled stub agent) drives the child through three transports: ``local`` (the default, a child
-process of ours), ``ssh`` (`subagent.acp.ssh.SshTransport` to a throwaway ``sshd`` on 127.0.0.1, started
-by this script with the SSH tests' own helper, ``tests/sshd.py``, and stopped at the end) and ``ray``
-(`subagent.acp.ray.RayTransport` pinned to the second node of the Ray tests' two-node cluster,
+process of ours), ``ssh`` (`subagent.acp.transports.SshTransport` to a throwaway ``sshd`` on 127.0.0.1,
+started by this script with the SSH tests' own helper, ``tests/sshd.py``, and stopped at the end) and ``ray``
+(`subagent.acp.transports.RayTransport` pinned to the second node of the Ray tests' two-node cluster,
 ``tests/raycluster.py``, which this script starts, joins as its driver and stops at the end: an actor
 per child on another node, which on this machine is still loopback). Variants run round-robin, one of
 each per round, so a shared machine's load weighs on all alike; figures are medians, and the SSH and
@@ -70,13 +70,11 @@ from _common import (
 )
 
 from subagent.acp.handlers import PermissionQuestion
-from subagent.acp.process import supervision_available
-from subagent.acp.ray import START_TIMEOUT, RayTransport
-from subagent.acp.ssh import SshTransport
-from subagent.acp.transport import Transport
+from subagent.acp.transports import RayTransport, SshTransport, Transport, supervision_available
+from subagent.acp.transports._ray import START_TIMEOUT
 from subagent.providers.acp import AcpProvider
 from subagent.service import SubagentService
-from subagent.testing.leaks import LEAK_TAG_VARIABLE, ProcessInfo, leak_tag, leaked_processes
+from subagent.testing import LEAK_TAG_VARIABLE, ProcessInfo, leak_tag, leaked_processes
 from subagent.types import ResumableRun, SubagentRequest
 
 T = TypeVar("T")

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 
 from subagent import SubagentService
-from subagent.background import BackgroundOptions, Notice
+from subagent.delegation import BackgroundOptions, Notice
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import (

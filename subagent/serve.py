@@ -11,7 +11,7 @@ in-process runtime (:class:`~subagent.runtime.Agent`):
   the model-facing ``subagent`` tool over a :class:`~subagent.service.SubagentService` the server
   owns, with the ``spawn`` and ``fork`` providers registered (same LLM, same agent registry), so
   the served agent can delegate to in-process children, with background delegation
-  (:mod:`subagent.background`: the tool takes ``background: true`` and comes with its companion
+  (:mod:`subagent.delegation`: the tool takes ``background: true`` and comes with its companion
   tools ``subagent_list``, ``_wait``, ``_send``, ``_cancel`` and ``_result``); plus any extra
   tools given.
 * ``session/prompt`` runs one turn, then, while the session's background children are live or
@@ -50,7 +50,7 @@ in-process runtime (:class:`~subagent.runtime.Agent`):
   invocation, or not at all. Subagents inherit the approver, so their questions reach the client
   too, in their parent session.
 
-Tracing (:mod:`subagent.telemetry`, when a tracer provider is configured in this process): each
+Tracing (:mod:`subagent.observability`, when a tracer provider is configured in this process): each
 prompt is an ``invoke_agent subagent-seam`` span of kind SERVER, whose parent is the W3C trace
 context (``traceparent``, ``tracestate``) the client put at the root of the prompt's ``_meta``, else
 of its ``session/new``'s (as :class:`~subagent.providers.acp.AcpProvider` does): a served agent's
@@ -103,11 +103,11 @@ import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from subagent import telemetry
-from subagent._acp_usage import prompt_response_usage, usage_to_acp
 from subagent._text import cut, one_line
+from subagent._usage_codec import prompt_response_usage, usage_to_acp
 from subagent._version import __version__
 from subagent.acp import schema
+from subagent.acp._errors import AcpError, MessageTooLargeError, RequestError, RpcErrorCode
 from subagent.acp.agent import (
     AgentHandler,
     ClientPeer,
@@ -115,12 +115,13 @@ from subagent.acp.agent import (
     negotiate_protocol_version,
     serve_stdio,
 )
-from subagent.acp.errors import AcpError, MessageTooLargeError, RequestError, RpcErrorCode
-from subagent.background import BackgroundOptions
+from subagent.delegation._background import BackgroundOptions
+from subagent.delegation._subagent_tool import COMPANION_ACTIONS, DEFAULT_TOOL_NAME, SubagentTool
 from subagent.events import EventHub
+from subagent.observability import _telemetry as telemetry
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
-from subagent.runtime.agent import (
+from subagent.runtime._inprocess_agent import (
     DEFAULT_MAX_MODEL_CALLS,
     Agent,
     AgentClosedError,
@@ -130,11 +131,10 @@ from subagent.runtime.agent import (
     ToolCallStarted,
     _UsageSum,
 )
-from subagent.runtime.llm import LlmAdapter
-from subagent.runtime.messages import Retrying, TextDelta, ToolSpec
-from subagent.runtime.tools import Tool, ToolError, ToolInvocation
+from subagent.runtime._llm import LlmAdapter
+from subagent.runtime._messages import Retrying, TextDelta, ToolSpec
+from subagent.runtime._tools import Tool, ToolError, ToolInvocation
 from subagent.service import SubagentService
-from subagent.tool import COMPANION_ACTIONS, DEFAULT_TOOL_NAME, SubagentTool
 from subagent.types import (
     LINEAGE_META_KEY,
     RETRY_META_KEY,

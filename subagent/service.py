@@ -17,7 +17,7 @@ fire outside that window nor outlive the run.
 Ownership: leaving ``async with service.start(...)`` disposes the run, whatever the exit path;
 closing the service disposes every run still live, then ends its task group.
 
-Tracing (:mod:`subagent.telemetry`, when a tracer provider is configured): each run is an
+Tracing (:mod:`subagent.observability`, when a tracer provider is configured): each run is an
 ``invoke_agent`` span from ``start()`` to its end (the result settled, or the disposal). Its parent
 is passed explicitly: the parent run's span when ``parent_id`` is a run of this service, else the
 span current where ``start()`` is called. The span is current while the provider starts the run,
@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, Self, cast
 
 import anyio
 
-from subagent import telemetry
 from subagent._outcome import DisposeOnExit, Outcome, raise_sole_error
 from subagent.events import EventHub
+from subagent.observability import _telemetry as telemetry
 from subagent.types import (
     Disposer,
     ErrorCode,

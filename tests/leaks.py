@@ -1,6 +1,6 @@
-"""The leak checker, now public as `subagent.testing.leaks`; re-exported so the tests import it unchanged."""
+"""The leak checker, public in `subagent.testing`; re-exported so the tests import it unchanged."""
 
-from subagent.testing.leaks import (
+from subagent.testing import (
     LEAK_TAG_VARIABLE,
     ProcessInfo,
     assert_no_leaks,

@@ -58,7 +58,7 @@ from types import ModuleType
 import anyio
 import pytest
 
-from subagent.testing.leaks import (
+from subagent.testing import (
     LEAK_TAG_VARIABLE,
     ProcessInfo,
     leak_tag,
@@ -243,7 +243,7 @@ def _left_behind(tag: str, workers: Iterable[int | None]) -> list[ProcessInfo | 
 async def assert_no_leaks_over_ray(
     workers: Callable[[], Iterable[int | None]] = tuple,
 ) -> AsyncIterator[str]:
-    """`subagent.testing.leaks.assert_no_leaks` for runs over Ray; yields the leak tag.
+    """`subagent.testing.assert_no_leaks` for runs over Ray; yields the leak tag.
 
     Pass ``{LEAK_TAG_VARIABLE: tag}`` in the agent's environment (an actor's worker has its node's
     environment, not ours). On exit it waits (bounded by `LEAK_SETTLE_TIMEOUT`) until no process carries

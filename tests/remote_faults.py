@@ -40,14 +40,12 @@ from subagent import (
     SubagentResult,
     SubagentService,
 )
-from subagent.acp import schema
+from subagent.acp import AgentExitedError, MessageTooLargeError, ProtocolError, schema
 from subagent.acp.client import AcpClient, AcpSession, spawn_agent
-from subagent.acp.errors import AgentExitedError, MessageTooLargeError, ProtocolError
 from subagent.acp.handlers import PermissionQuestion
-from subagent.acp.process import ExitInfo, TeardownReport, TeardownStep
-from subagent.acp.transport import Transport
+from subagent.acp.transports import ExitInfo, TeardownReport, TeardownStep, Transport
 from subagent.providers.acp import AcpProvider
-from subagent.testing.leaks import LEAK_TAG_VARIABLE, process_is_gone
+from subagent.testing import LEAK_TAG_VARIABLE, process_is_gone
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.test_faults import (
     CANCEL_PHASES,

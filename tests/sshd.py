@@ -11,7 +11,7 @@ stops ``sshd``, reaps it and removes the directory.
 
 Why a child and not a daemon: an orphan is re-parented to init, and in some containers init never reaps,
 so a daemonized ``sshd`` would stay a zombie for good. A child of ours is reaped by us; but it is also our
-descendant, so `subagent.testing.leaks.assert_no_leaks` would count it: tests against the listener use
+descendant, so `subagent.testing.assert_no_leaks` would count it: tests against the listener use
 `assert_no_leaks_over_ssh`, which leaves the listener itself out (and nothing else: its sessions, and the
 processes they run, are leaks once a test is over); tests that must use `assert_no_leaks` itself (the
 contract suite) use `INETD_HOST_ALIAS` with ``running_sshd(listen=False)``.
@@ -40,13 +40,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from subagent.testing.leaks import (
-    ProcessInfo,
-    assert_same_fds,
-    leak_tag,
-    leaked_processes,
-    open_fds,
-)
+from subagent.testing import ProcessInfo, assert_same_fds, leak_tag, leaked_processes, open_fds
 
 __all__ = [
     "HOST_ALIAS",

@@ -28,7 +28,7 @@ from subagent import (
     SubagentResult,
     SubagentService,
 )
-from subagent.acp.process import supervision_available
+from subagent.acp.transports import supervision_available
 from subagent.providers.acp import DEFAULT_MAX_CONCURRENT, AcpProvider, AcpRun
 from subagent.testing import dump_scenario, stub_agent_argv
 from subagent.testing.pytest_plugin import StubAgentCommand

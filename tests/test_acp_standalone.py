@@ -4,7 +4,7 @@
 it must not load the seam (service, run types, events, providers, runtime, command line). The
 package roots (`subagent`, `subagent.acp`, `subagent.providers`) load a name's module when the name is
 first used (PEP 562), and every public name still resolves and is listed by ``dir()``. Every exception
-of the ACP package is defined in `subagent.acp.errors`, derives from `AcpError`, and is drawn in the
+of the ACP package is defined in `subagent.acp._errors`, derives from `AcpError`, and is drawn in the
 module's tree.
 """
 
@@ -23,9 +23,10 @@ import pytest
 
 import subagent
 import subagent.acp
+import subagent.acp.transports
 import subagent.providers
 from subagent._lazy import lazy_exports
-from subagent.acp import errors
+from subagent.acp import _errors as errors
 
 SEAM_MODULES = (
     "subagent.service",
@@ -33,33 +34,46 @@ SEAM_MODULES = (
     "subagent.events",
     "subagent.tool",
     "subagent.serve",
+    "subagent.delegation",
+    "subagent.observability",
     "subagent.runtime",
     "subagent.providers",
     "subagent.cli",
-    "subagent.config",
     "subagent.testing",
     "subagent._structured",
-    "subagent._cli_progress",
-    "subagent._demo",
+    "subagent._usage_codec",
 )
 """Every module (or package, with all below it) of the seam, which the ACP package must not load."""
 
 ACP_CLIENT_MODULES = (
     "subagent.acp.client",
     "subagent.acp.connection",
-    "subagent.acp.errors",
+    "subagent.acp._errors",
     "subagent.acp.handlers",
-    "subagent.acp.process",
+    "subagent.acp.transports._local",
     "subagent.acp.schema",
 )
 """What using the ACP client (``from subagent.acp import AcpClient``) has to load."""
 
 ACP_MODULES = tuple(
-    f"subagent.acp.{info.name}"
-    for info in pkgutil.iter_modules(subagent.acp.__path__)
-    if info.name != "_supervisor"  # run by a child Python, never imported here
+    info.name
+    for info in pkgutil.walk_packages(subagent.acp.__path__, "subagent.acp.")
+    if info.name != "subagent.acp.transports._supervisor"  # run by a child Python, never imported here
 )
-"""Every module of the ACP package."""
+"""Every module of the ACP package, its subpackages' included."""
+
+TRANSPORT_MODULES = tuple(name for name in ACP_MODULES if name.startswith("subagent.acp.transports."))
+"""Every module of the transports package."""
+
+CLIENT_LAYERS = (
+    "subagent.acp.connection",
+    "subagent.acp.client",
+    "subagent.acp.handlers",
+    "subagent.acp.terminals",
+    "subagent.acp._file_router",
+    "subagent.acp.agent",
+)
+"""The layers of the ACP package above the transports, which move bytes and own processes only."""
 
 
 def modules_loaded_by(code: str) -> set[str]:
@@ -102,10 +116,19 @@ def test_using_the_acp_client_loads_the_client_and_nothing_of_the_seam() -> None
 
 
 def test_no_module_of_the_acp_package_loads_the_seam() -> None:
-    assert {"subagent.acp.agent", "subagent.acp.stdio", "subagent.acp._frozen"} <= set(ACP_MODULES)
+    assert {"subagent.acp.agent", "subagent.acp._stdio", "subagent.acp._frozen"} <= set(ACP_MODULES)
     loaded = modules_loaded_by("; ".join(f"import {name}" for name in ACP_MODULES))
 
     assert set(ACP_MODULES) <= loaded
+    assert seam_modules_in(loaded) == []
+
+
+def test_the_transports_load_none_of_the_clients_layers() -> None:
+    assert {"subagent.acp.transports._local", "subagent.acp.transports._ray"} <= set(TRANSPORT_MODULES)
+    loaded = modules_loaded_by("; ".join(f"import {name}" for name in TRANSPORT_MODULES))
+
+    assert set(TRANSPORT_MODULES) <= loaded
+    assert sorted(loaded & set(CLIENT_LAYERS)) == []
     assert seam_modules_in(loaded) == []
 
 
@@ -126,7 +149,11 @@ def test_importing_the_spawn_provider_does_not_load_the_acp_provider() -> None:
     assert "subagent.acp.client" not in loaded
 
 
-@pytest.mark.parametrize("package", [subagent, subagent.acp, subagent.providers], ids=lambda p: p.__name__)
+@pytest.mark.parametrize(
+    "package",
+    [subagent, subagent.acp, subagent.acp.transports, subagent.providers],
+    ids=lambda p: p.__name__,
+)
 def test_every_public_name_of_a_package_resolves_and_is_listed(package: ModuleType) -> None:
     names = list(package.__all__)
 
@@ -138,11 +165,14 @@ def test_every_public_name_of_a_package_resolves_and_is_listed(package: ModuleTy
 @pytest.mark.parametrize(
     ("package", "name", "module"),
     [
+        ("subagent.acp.transports", "LocalTransport", "subagent.acp.transports._local"),
+        ("subagent.acp.transports", "Channel", "subagent.acp.transports._channel"),
+        ("subagent.acp.transports", "SshTransport", "subagent.acp.transports._ssh"),
         ("subagent", "SubagentService", "subagent.service"),
         ("subagent", "SubagentRequest", "subagent.types"),
         ("subagent", "EventHub", "subagent.events"),
         ("subagent.acp", "AcpClient", "subagent.acp.client"),
-        ("subagent.acp", "AgentSpawnError", "subagent.acp.errors"),
+        ("subagent.acp", "AgentSpawnError", "subagent.acp._errors"),
         ("subagent.providers", "AcpProvider", "subagent.providers.acp"),
         ("subagent.providers", "SpawnProvider", "subagent.providers.spawn"),
         ("subagent.providers", "ForkProvider", "subagent.providers.fork"),
@@ -209,7 +239,7 @@ def test_every_public_exception_of_the_acp_package_is_in_errors_and_derives_from
     elsewhere = [
         f"{module}.{name}"
         for module in ACP_MODULES
-        if module != "subagent.acp.errors"
+        if module != "subagent.acp._errors"
         for name in exceptions_defined_in(importlib.import_module(module))
         if not name.startswith("_")  # an internal signal, caught where it is raised
     ]

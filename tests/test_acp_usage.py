@@ -1,4 +1,4 @@
-"""The one mapping of Usage to and from ACP's usage object (subagent._acp_usage)."""
+"""The one mapping of Usage to and from ACP's usage object (subagent._usage_codec)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagent._acp_usage import prompt_response_usage, usage_from_acp, usage_to_acp
+from subagent._usage_codec import prompt_response_usage, usage_from_acp, usage_to_acp
 from subagent.types import Usage
 
 counts = st.none() | st.integers(min_value=0, max_value=2**53)

@@ -10,8 +10,7 @@ import anyio
 import pytest
 
 from subagent import ErrorCode, SubagentCapabilities, SubagentError, SubagentRequest, SubagentService
-from subagent.acp import schema
-from subagent.acp.errors import AgentCapabilityError
+from subagent.acp import AgentCapabilityError, schema
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.fakes import FakeProvider, completes
 from subagent.testing.pytest_plugin import StubAgentCommand

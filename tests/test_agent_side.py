@@ -22,7 +22,8 @@ import msgspec
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from subagent.acp import schema
+from subagent.acp import RequestError, schema
+from subagent.acp._stdio import FdReceiveStream, FdSendStream
 from subagent.acp.agent import (
     AgentHandler,
     AgentSideConnection,
@@ -31,8 +32,6 @@ from subagent.acp.agent import (
     negotiate_protocol_version,
 )
 from subagent.acp.connection import Connection
-from subagent.acp.errors import RequestError
-from subagent.acp.stdio import FdReceiveStream, FdSendStream
 
 pytestmark = pytest.mark.anyio
 

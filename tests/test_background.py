@@ -1,4 +1,4 @@
-"""Background delegation through :class:`~subagent.background.BackgroundChildren` and the tool's
+"""Background delegation through :class:`~subagent.delegation.BackgroundChildren` and the tool's
 background side, with the host as the parent (``execute`` and ``execute_companion`` without an agent).
 
 The children are scripted in-process agents held on events the test releases, and stub ACP agents held
@@ -27,9 +27,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from subagent import ErrorCode, SubagentRequest, SubagentService
-from subagent import background as background_module
 from subagent.acp.handlers import PermissionQuestion
-from subagent.background import (
+from subagent.delegation import (
     BackgroundChildren,
     BackgroundError,
     BackgroundErrorKind,
@@ -37,6 +36,7 @@ from subagent.background import (
     ChildInfo,
     Notice,
 )
+from subagent.delegation import _background as background_module
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.providers.spawn import InProcessRun, SpawnProvider
 from subagent.runtime import (
@@ -1153,7 +1153,7 @@ async def test_a_parent_keeps_only_its_latest_ended_children(
             background.result("host", handles[1])
         assert forgotten.value.kind is BackgroundErrorKind.UNKNOWN_HANDLE
         assert background.result("host", handles[4]).result.output == "ok"
-    logged = [r.getMessage() for r in caplog.records if r.name == "subagent.background"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "subagent.delegation._background"]
     assert logged == ([] if dropped is None else [dropped.format(handle) for handle in handles[:2]])
 
 
@@ -1176,7 +1176,7 @@ async def test_a_host_that_never_asks_keeps_only_its_latest_unread_notices(
         for index, handle in enumerate(handles)
         if index >= 2
     )
-    dropped = [r.getMessage() for r in caplog.records if r.name == "subagent.background"]
+    dropped = [r.getMessage() for r in caplog.records if r.name == "subagent.delegation._background"]
     assert dropped == [
         f"parent host: the notice of {handle} was dropped unread (3 kept)" for handle in handles[:2]
     ]

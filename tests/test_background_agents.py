@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from subagent import SubagentService
-from subagent.background import WAKE_PROMPT, BackgroundOptions, Notice, WakeTurn
+from subagent.delegation import WAKE_PROMPT, BackgroundOptions, Notice, WakeTurn
 from subagent.providers.fork import ForkProvider
 from subagent.runtime import (
     Agent,

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, SubagentService
 from subagent.acp import schema
 from subagent.acp.client import TurnOutput, final_message, spawn_agent
-from subagent.cli.tool_calls import ToolCalls
+from subagent.cli._tool_call_tracker import ToolCalls
 from subagent.providers.acp import AcpProvider, AcpRun, prompt_size_error
 from subagent.testing.pytest_plugin import StubAgentCommand
 from subagent.types import RUN_META_KEY, SubagentRunEndInfo

@@ -30,20 +30,16 @@ import anyio.streams.buffered
 import pytest
 
 from subagent import SubagentRequest
-from subagent import background as background_module
-from subagent._acp_usage import COUNT_FIELDS
-from subagent.background import DEFAULT_MAX_QUEUED, BackgroundError, BackgroundErrorKind, BackgroundOptions
+from subagent._usage_codec import COUNT_FIELDS
+from subagent.cli import _recording as tracing_module
 from subagent.cli import main
-from subagent.cli import tracing as tracing_module
-from subagent.cli.tracing import MAX_EVENT_LINE_BYTES, TraceRecorder
+from subagent.cli._recording import MAX_EVENT_LINE_BYTES, TraceRecorder
+from subagent.delegation import BackgroundError, BackgroundErrorKind, BackgroundOptions
+from subagent.delegation import _background as background_module
+from subagent.delegation._background import DEFAULT_MAX_QUEUED
+from subagent.observability import MAX_KEPT_MARKS, MAX_MARKS, MAX_RUNS, MAX_TEXT_CHARS
+from subagent.observability._trace_page import MAX_PAGE_BYTES
 from subagent.runtime import Message, Reply
-from subagent.trace_page import (
-    MAX_KEPT_MARKS,
-    MAX_MARKS,
-    MAX_PAGE_BYTES,
-    MAX_RUNS,
-    MAX_TEXT_CHARS,
-)
 from subagent.types import RUN_META_KEY
 from tests.leaks import assert_no_leaks
 from tests.test_background import WAIT, open_host
@@ -182,7 +178,7 @@ def test_a_maximally_hostile_events_file_makes_a_page_under_max_page_bytes(
 
 
 def test_max_page_bytes_is_the_figure_the_module_and_the_readme_state() -> None:
-    from subagent import trace_page
+    from subagent.observability import _trace_page as trace_page
 
     figure = f"{MAX_PAGE_BYTES / 2**20:.1f} MiB"
     assert figure == "15.2 MiB"
@@ -382,7 +378,7 @@ async def test_closing_a_parent_with_queued_children_logs_one_summary_naming_the
                 await host.background.close_parent("host")
     assert [(record.name, record.levelname, record.getMessage()) for record in caplog.records] == [
         (
-            "subagent.background",
+            "subagent.delegation._background",
             "INFO",
             "parent host closed with live background children: 40 queued (never started), 1 running "
             "(cancelled)",

@@ -23,7 +23,7 @@ from typing import Any, Final
 
 import pytest
 
-from subagent.testing.scenario import dump_scenario
+from subagent.testing import dump_scenario
 from tests.leaks import (
     LEAK_TAG_VARIABLE,
     ProcessInfo,
@@ -542,12 +542,12 @@ def test_verbose_logs_to_stderr_as_text_or_as_log_events(tmp_path: Path) -> None
     agent = scenario(tmp_path, one_turn({"step": "message", "text": "ok"}))
     text = run_cli(tmp_path, "run", "-v", "-p", "hi", "--", *agent)
     assert (text.status, text.stdout) == (0, "ok\n")
-    assert "subagent: info: subagent.cli.turn: turn ended: completed in " in text.stderr
+    assert "subagent: info: subagent.cli._turn: turn ended: completed in " in text.stderr
     events = run_cli(tmp_path, "-v", "run", "--events", "-p", "hi", "--", *agent).events()
     logs = [event for event in events if event["event"] == "log"]
     assert logs
     assert logs[-1]["level"] == "info"
-    assert logs[-1]["logger"] == "subagent.cli.turn"
+    assert logs[-1]["logger"] == "subagent.cli._turn"
     assert logs[-1]["message"].startswith("turn ended: completed in ")
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from subagent.cli.config import AGENT_KEYS, AgentConfig, ConfigError, load_config
+from subagent.cli._config import AGENT_KEYS, AgentConfig, ConfigError, load_config
 
 
 def load(tmp_path: Path, text: str) -> dict[str, AgentConfig]:

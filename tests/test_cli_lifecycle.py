@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from subagent.cli.config import ConfigError, load_config
+from subagent.cli._config import ConfigError, load_config
 from tests.test_cli import one_turn, run_cli, scenario, stub_agent_toml, write_config
 
 ADVERTISED: dict[str, Any] = {
@@ -59,7 +59,7 @@ def test_add_dir_to_an_agent_that_cannot_take_it_exits_2_naming_the_capability(t
 
 
 def test_add_dir_that_is_not_a_directory_is_a_usage_error_before_any_agent_starts(tmp_path: Path) -> None:
-    from subagent.cli.main import main
+    from subagent.cli._main import main
 
     assert main(["run", "-p", "hi", "--add-dir", str(tmp_path / "missing"), "--", "no-such-agent"]) == 2
 

@@ -1,4 +1,4 @@
-"""Each `subagent run` option is declared once, in `subagent.cli.options.RUN_OPTIONS`, and the parser, the
+"""Each `subagent run` option is declared once, in `subagent.cli._options.RUN_OPTIONS`, and the parser, the
 config's schema and the turn's spec are derived from it. These tests walk that table, so that an option
 cannot be half-declared: its flags are in `subagent run --help` (and `subagent demo --help` where the demo
 takes it), its config key is in the schema with the words of its errors, and its value, set by its flag
@@ -19,13 +19,13 @@ from typing import Any
 
 import pytest
 
-from subagent.acp.ssh import SshTransport
-from subagent.acp.transport import Transport
-from subagent.cli import commands, config
-from subagent.cli.config import AGENT_KEYS, ConfigError, load_config
-from subagent.cli.main import main
-from subagent.cli.options import RUN_OPTIONS, Option
-from subagent.cli.turn import TurnSpec
+from subagent.acp.transports import SshTransport, Transport
+from subagent.cli import _commands as commands
+from subagent.cli import _config as config
+from subagent.cli._config import AGENT_KEYS, ConfigError, load_config
+from subagent.cli._main import main
+from subagent.cli._options import RUN_OPTIONS, Option
+from subagent.cli._turn import TurnSpec
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,11 @@ from hypothesis import strategies as st
 
 from subagent.acp import schema
 from subagent.acp.handlers import PermissionOption, PermissionQuestion
-from subagent.cli import views
-from subagent.cli.console import Console, advance_column, fit_width, text_width
-from subagent.cli.run_tree import MAX_BLOCK_ROWS, MAX_TRACKED_RUNS, RunTree
-from subagent.cli.tool_calls import ToolCalls
-from subagent.cli.views import HumanView
+from subagent.cli import _views as views
+from subagent.cli._console import Console, advance_column, fit_width, text_width
+from subagent.cli._run_tree import MAX_BLOCK_ROWS, MAX_TRACKED_RUNS, RunTree
+from subagent.cli._tool_call_tracker import ToolCalls
+from subagent.cli._views import HumanView
 from subagent.types import RUN_META_KEY, SubagentResult
 from tests.leaks import leaked_processes
 from tests.test_cli import BOUND, CLI, cli_env

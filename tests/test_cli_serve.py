@@ -10,12 +10,11 @@ from typing import Final
 
 import pytest
 
-from subagent.background import DEFAULT_MAX_RUNNING, DEFAULT_SPILL_BYTES, BackgroundOptions
 from subagent.cli import main
-from subagent.cli.serve import ServeConfigError, _add_serve_arguments, _background_options, build_llm
-from subagent.cli.usage import Parser
-from subagent.runtime import ScriptedLlm
-from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS
+from subagent.cli._exits import Parser
+from subagent.cli._serve_command import ServeConfigError, _add_serve_arguments, _background_options, build_llm
+from subagent.delegation import DEFAULT_MAX_RUNNING, DEFAULT_SPILL_BYTES, BackgroundOptions
+from subagent.runtime import DEFAULT_MAX_MODEL_CALLS, ScriptedLlm
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 FIXTURE: Final = ROOT / "fixtures" / "scripts" / "delegate_to_spawn.json"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from subagent.acp.transport import TRANSPORT_SCHEMES, Transport
-from subagent.cli.main import main
+from subagent.acp.transports import TRANSPORT_SCHEMES, Transport
+from subagent.cli._main import main
 from tests.transports import InProcessChannel, InProcessTransport, ScriptedHandler
 
 EXPECTED = "expected 'local', 'ssh://…', 'ray://…' or 'inproc://…'"

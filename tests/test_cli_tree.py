@@ -18,9 +18,9 @@ from typing import Any, Final
 import pytest
 
 from subagent.acp import schema
-from subagent.cli.console import Console
-from subagent.cli.tool_calls import ToolCallState
-from subagent.cli.views import EventView, HumanView, StartInfo
+from subagent.cli._console import Console
+from subagent.cli._tool_call_tracker import ToolCallState
+from subagent.cli._views import EventView, HumanView, StartInfo
 from subagent.types import RUN_META_KEY
 from tests.test_cli import run_cli
 

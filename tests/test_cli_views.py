@@ -12,8 +12,8 @@ import json
 from typing import Any
 
 from subagent.acp import schema
-from subagent.cli.console import Console
-from subagent.cli.views import EventView, HumanView, StartInfo
+from subagent.cli._console import Console
+from subagent.cli._views import EventView, HumanView, StartInfo
 
 
 def human(*updates: schema.SessionUpdate, color: bool = False, progress: bool = True) -> str:

@@ -15,16 +15,16 @@ import anyio.abc
 import msgspec
 import pytest
 
-from subagent.acp import schema
-from subagent.acp.client import AcpClient, AcpSession, TurnResult, final_message
-from subagent.acp.connection import Connection
-from subagent.acp.errors import (
+from subagent.acp import (
     AgentCapabilityError,
     AgentExitedError,
     AuthenticationRequiredError,
     ProtocolVersionError,
     RequestError,
+    schema,
 )
+from subagent.acp.client import AcpClient, AcpSession, TurnResult, final_message
+from subagent.acp.connection import Connection
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
 from subagent.acp.terminals import TerminalHost
 from tests.leaks import assert_no_leaks

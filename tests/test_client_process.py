@@ -13,11 +13,10 @@ from typing import Any
 import anyio
 import pytest
 
-from subagent.acp import schema
+from subagent.acp import AgentExitedError, MalformedMessageError, MessageTooLargeError, ProtocolError, schema
 from subagent.acp.client import AcpClient, AcpSession, TurnResult, spawn_agent
-from subagent.acp.errors import AgentExitedError, MalformedMessageError, MessageTooLargeError, ProtocolError
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
-from subagent.acp.process import AgentProcess, TeardownStep
+from subagent.acp.transports import AgentProcess, TeardownStep
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks, process_is_gone
 

@@ -17,13 +17,7 @@ import msgspec
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from subagent.acp.connection import (
-    Connection,
-    NotificationHandler,
-    RequestHandler,
-    decode_params,
-)
-from subagent.acp.errors import (
+from subagent.acp import (
     AcpError,
     ConnectionClosedError,
     InvalidResponseError,
@@ -33,6 +27,12 @@ from subagent.acp.errors import (
     RequestError,
     RpcErrorCode,
     UnexpectedResponseError,
+)
+from subagent.acp.connection import (
+    Connection,
+    NotificationHandler,
+    RequestHandler,
+    decode_params,
 )
 
 pytestmark = pytest.mark.anyio

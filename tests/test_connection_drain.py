@@ -11,8 +11,8 @@ import anyio
 import msgspec
 import pytest
 
+from subagent.acp import ConnectionClosedError
 from subagent.acp.connection import Connection
-from subagent.acp.errors import ConnectionClosedError
 from tests.test_connection import open_pipe
 
 pytestmark = pytest.mark.anyio

@@ -12,19 +12,21 @@ import msgspec
 import pytest
 
 from subagent import SubagentRequest, SubagentService
-from subagent.acp import schema
-from subagent.acp.elicitation import (
-    MAX_FIELDS,
-    MAX_TEXT_CHARS,
+from subagent.acp import (
     ElicitationAnswer,
     ElicitationChoice,
     ElicitationField,
     ElicitationQuestion,
+    RequestError,
+    schema,
+)
+from subagent.acp._elicitation import (
+    MAX_FIELDS,
+    MAX_TEXT_CHARS,
     check_content,
     parse_value,
     question_from_request,
 )
-from subagent.acp.errors import RequestError
 from subagent.acp.handlers import CallbackPolicy, PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand

@@ -15,21 +15,21 @@ import anyio.abc
 import httpx
 import pytest
 
-from subagent.testing import ErrorReply, StreamedReply, serve_chat_completions
-from subagent.testing.anthropic_server import (
+from subagent.testing import (
     AnthropicMessagesServer,
+    ErrorReply,
+    FunctionCall,
     MessagesError,
     MessagesReply,
     MessagesRequest,
-    ToolUse,
-    serve_anthropic_messages,
-)
-from subagent.testing.chat_server import ReceivedRequest
-from subagent.testing.responses_server import (
-    FunctionCall,
+    ReceivedRequest,
     ResponsesReply,
     ResponsesRequest,
     ResponsesServer,
+    StreamedReply,
+    ToolUse,
+    serve_anthropic_messages,
+    serve_chat_completions,
     serve_responses,
 )
 

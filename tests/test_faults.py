@@ -43,19 +43,19 @@ from subagent import (
     SubagentRunInfo,
     SubagentService,
 )
-from subagent.acp import schema
-from subagent.acp.client import TurnResult, spawn_agent
-from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
-from subagent.acp.errors import (
+from subagent.acp import (
     AgentExitedError,
     MalformedMessageError,
     MessageTooLargeError,
     ProtocolError,
     RequestError,
     UnexpectedResponseError,
+    schema,
 )
+from subagent.acp.client import TurnResult, spawn_agent
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.acp.handlers import PermissionQuestion
-from subagent.acp.process import AgentProcess, TeardownStep
+from subagent.acp.transports import AgentProcess, TeardownStep
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks, process_is_gone
@@ -956,7 +956,7 @@ def teardown_signals(caplog: pytest.LogCaptureFixture, pids: set[int]) -> list[t
     """The signals teardown sent to the agents `pids`, in order, from its log."""
     sent = []
     for record in caplog.records:
-        if record.name == "subagent.acp.process" and isinstance(record.args, tuple) and record.args:
+        if record.name == "subagent.acp.transports._local" and isinstance(record.args, tuple) and record.args:
             pid = record.args[0]
             if pid in pids and record.msg.endswith(("sending SIGTERM to its %s", "sending SIGKILL")):
                 sent.append(("SIGKILL" if record.msg.endswith("SIGKILL") else "SIGTERM", pid))
@@ -966,7 +966,7 @@ def teardown_signals(caplog: pytest.LogCaptureFixture, pids: set[int]) -> list[t
 async def test_closing_the_service_with_20_live_runs_in_mixed_phases_tears_down_every_child_and_ends_each_run(
     stub_agent_command: StubAgentCommand, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="subagent.acp.process")
+    caplog.set_level(logging.INFO, logger="subagent.acp.transports._local")
     initializing = 0
     all_initializing = anyio.Event()
     asking = 0

@@ -44,7 +44,7 @@ from hypothesis import strategies as st
 from subagent.acp.agent import AgentSideConnection
 from subagent.acp.client import AcpClient
 from subagent.acp.connection import Connection
-from subagent.runtime.scripted import ScriptedLlm
+from subagent.runtime import ScriptedLlm
 from subagent.serve import ServedAgent
 from tests.wiring import MemoryReceive, MemorySend
 

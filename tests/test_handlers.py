@@ -10,7 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
-from subagent.acp.errors import RequestError
+from subagent.acp import RequestError
 from subagent.acp.handlers import (
     AllowPolicy,
     CallbackPolicy,

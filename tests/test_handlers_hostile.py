@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagent.acp.errors import RequestError
+from subagent.acp import RequestError
 from subagent.acp.handlers import (
     DEFAULT_MAX_READ_BYTES,
     MAX_LINE_ARGUMENT,

@@ -724,7 +724,7 @@ async def test_a_message_sent_mid_turn_is_delivered_at_the_next_idle_point() -> 
 async def test_messages_pending_at_disposal_are_refused_with_the_reason_and_never_dropped(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="subagent.runtime.agent")
+    caplog.set_level(logging.WARNING, logger="subagent.runtime._inprocess_agent")
     agents = AgentRegistry()
     hold = Hold()
     llm = ScriptedLlm([Reply("never finished", wait=hold)])

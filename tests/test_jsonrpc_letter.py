@@ -19,13 +19,8 @@ import msgspec
 import pytest
 from anyio.streams.memory import MemoryObjectReceiveStream
 
+from subagent.acp import InvalidResponseError, MalformedMessageError, MessageTooLargeError, RequestError
 from subagent.acp.connection import Connection
-from subagent.acp.errors import (
-    InvalidResponseError,
-    MalformedMessageError,
-    MessageTooLargeError,
-    RequestError,
-)
 from tests.test_connection import (
     RawPeer,
     Recorder,

@@ -18,10 +18,9 @@ from typing import Any, Literal
 import anyio
 import pytest
 
-from subagent.acp import schema
-from subagent.acp.errors import SessionSettingError
+from subagent.acp import ModeChoice, SessionSettingError, schema
+from subagent.acp._modes import KNOWN_AGENT_MODES, mode_advice, reads_as_approving
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
-from subagent.acp.modes import KNOWN_AGENT_MODES, ModeChoice, mode_advice, reads_as_approving
 from subagent.providers.acp import AcpProvider
 from subagent.types import ErrorCode, SubagentError, SubagentResult
 from tests.test_acp_provider import run_once
@@ -59,7 +58,7 @@ def write(path: Path, content: str = "written") -> dict[str, Any]:
 
 async def asked(agent: FakeAgent, method: str, params: dict[str, Any]) -> Any:
     """The agent's request, answered: its result, or the error object the client answered."""
-    from subagent.acp.errors import RequestError
+    from subagent.acp import RequestError
 
     try:
         return {"result": await agent.ask(method, params)}

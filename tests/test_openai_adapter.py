@@ -17,11 +17,13 @@ import anyio.lowlevel
 import httpx
 import pytest
 
-from subagent.runtime.llm import LlmAdapter, LlmError, LlmErrorKind
-from subagent.runtime.messages import (
+from subagent.runtime import (
     Completion,
     CompletionEvent,
     CompletionRequest,
+    LlmAdapter,
+    LlmError,
+    LlmErrorKind,
     Message,
     Retrying,
     TextDelta,

@@ -20,11 +20,12 @@ import anyio
 import httpx
 import pytest
 
-from subagent.runtime.llm import LlmError, LlmErrorKind
-from subagent.runtime.messages import (
+from subagent.runtime import (
     Completion,
     CompletionEvent,
     CompletionRequest,
+    LlmError,
+    LlmErrorKind,
     Message,
     TextDelta,
     ToolCall,

@@ -28,12 +28,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagent.runtime.llm import LlmError, LlmErrorKind
-from subagent.runtime.messages import (
+from subagent.runtime import (
     Completion,
     CompletionEvent,
     CompletionRequest,
     FinishReason,
+    LlmError,
+    LlmErrorKind,
     Message,
     ToolCall,
 )

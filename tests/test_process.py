@@ -22,15 +22,9 @@ import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-import subagent.acp.process
-from subagent.acp.errors import AgentSpawnError
-from subagent.acp.process import (
-    AgentProcess,
-    ExitInfo,
-    TeardownReport,
-    TeardownStep,
-    open_agent_process,
-)
+import subagent.acp.transports._local
+from subagent.acp import AgentSpawnError
+from subagent.acp.transports import AgentProcess, ExitInfo, TeardownReport, TeardownStep, open_agent_process
 from tests.leaks import assert_no_leaks, live_group_members, process_is_gone
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
@@ -54,7 +48,7 @@ def spawn_mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Run each test with the agent under its supervisor, and spawned directly (the non-Linux path)."""
     mode: str = request.param
     if mode == "direct":
-        monkeypatch.setattr(subagent.acp.process, "supervision_available", lambda: False)
+        monkeypatch.setattr(subagent.acp.transports._local, "supervision_available", lambda: False)
     return mode
 
 
@@ -404,7 +398,7 @@ async def test_an_exact_env_replaces_the_parents_and_a_missing_home_is_warned_ab
 ) -> None:
     argv = fixture_argv("prints_env_and_cwd.py", "SUBAGENT_TEST_VARIABLE", "PATH", "HOME")
     exact_env = {"SUBAGENT_TEST_VARIABLE": "given", "PATH": os.environ["PATH"]}
-    with caplog.at_level(logging.WARNING, logger="subagent.acp.process"):
+    with caplog.at_level(logging.WARNING, logger="subagent.acp.transports._local"):
         async with (
             assert_no_leaks(),
             open_agent_process(argv, env=exact_env, inherit_env=False) as proc,

@@ -18,7 +18,7 @@ import pytest
 from anyio.abc import TaskGroup
 
 from subagent import SubagentProvider, SubagentRequest, SubagentResult, SubagentRun
-from subagent.acp.transport import LocalTransport, Transport
+from subagent.acp.transports import LocalTransport, Transport
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider

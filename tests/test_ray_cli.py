@@ -12,9 +12,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from subagent.acp.process import supervision_available
-from subagent.testing import stub_agent_argv
-from subagent.testing.leaks import LEAK_TAG_VARIABLE
+from subagent.acp.transports import supervision_available
+from subagent.testing import LEAK_TAG_VARIABLE, stub_agent_argv
 from tests.raycluster import RayCluster, assert_no_leaks_over_ray
 
 pytestmark = [

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from subagent.testing.leaks import leaked_processes, process_info, process_is_gone
+from subagent.testing import leaked_processes, process_info, process_is_gone
 from tests.raycluster import (
     HEAD_RESOURCE,
     NODE_TAG_VARIABLE,

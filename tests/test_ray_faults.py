@@ -33,10 +33,18 @@ import anyio
 import pytest
 
 from subagent import SubagentRequest, SubagentResult
-from subagent.acp.process import UNKNOWN_RETURNCODE, ExitInfo, TeardownStep, supervision_available
-from subagent.acp.ray import CHUNK_BYTES, STREAM_WINDOW, RayChannel, RayTransport
-from subagent.acp.transport import LocalTransport, Transport
-from subagent.testing.leaks import process_is_gone
+from subagent.acp.transports import (
+    UNKNOWN_RETURNCODE,
+    ExitInfo,
+    LocalTransport,
+    RayChannel,
+    RayTransport,
+    TeardownStep,
+    Transport,
+    supervision_available,
+)
+from subagent.acp.transports._ray import CHUNK_BYTES, STREAM_WINDOW
+from subagent.testing import process_is_gone
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.raycluster import RayCluster, RayNode, assert_no_leaks_over_ray
 from tests.remote_faults import (

@@ -25,26 +25,22 @@ import anyio.abc
 import pytest
 
 from subagent import SubagentRequest, SubagentResult, SubagentService
-from subagent.acp import schema
+from subagent.acp import AgentExitedError, AgentSpawnError, schema
 from subagent.acp.client import spawn_agent
-from subagent.acp.errors import AgentExitedError, AgentSpawnError
-from subagent.acp.process import UNKNOWN_RETURNCODE, TeardownReport, TeardownStep, supervision_available
-from subagent.acp.ray import (
-    CHUNK_BYTES,
-    STDIN_BUFFER_BYTES,
-    STDIN_WINDOW,
+from subagent.acp.transports import (
+    UNKNOWN_RETURNCODE,
+    Channel,
     RayChannel,
     RayTransport,
-    transport_from_url,
+    TeardownReport,
+    TeardownStep,
+    Transport,
+    supervision_available,
 )
-from subagent.acp.transport import Channel, Transport
-from subagent.acp.transport import transport_from_url as any_transport_from_url
+from subagent.acp.transports import transport_from_url as any_transport_from_url
+from subagent.acp.transports._ray import CHUNK_BYTES, STDIN_BUFFER_BYTES, STDIN_WINDOW, transport_from_url
 from subagent.providers.acp import AcpProvider
-from subagent.testing import stub_agent_argv
-from subagent.testing.leaks import (
-    LEAK_TAG_VARIABLE,
-    process_info,
-)
+from subagent.testing import LEAK_TAG_VARIABLE, process_info, stub_agent_argv
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.raycluster import (
     SECOND_RESOURCE,
@@ -68,7 +64,7 @@ WAIT = 30  # seconds: a hang guard on one step, never a statement about speed
 
 class LeakTaggedRayTransport(RayTransport):
     """A `RayTransport` that hands each child this process's leak tag (`LEAK_TAG_VARIABLE`), as set when
-    the child is opened (by `subagent.testing.leaks.assert_no_leaks`): the child runs on a Ray node,
+    the child is opened (by `subagent.testing.assert_no_leaks`): the child runs on a Ray node,
     not as our descendant, and the tag is how a leak check finds what is left of it."""
 
     @contextlib.asynccontextmanager
@@ -560,8 +556,8 @@ def test_an_unreachable_cluster_is_a_spawn_error_at_once_in_a_process_of_its_own
     # This process is connected to the session's cluster already; a fresh one connects for itself.
     script = (
         "import anyio, sys\n"
-        "from subagent.acp.errors import AgentSpawnError\n"
-        "from subagent.acp.ray import RayTransport\n"
+        "from subagent.acp._errors import AgentSpawnError\n"
+        "from subagent.acp.transports import RayTransport\n"
         "async def main():\n"
         "    try:\n"
         "        async with RayTransport('127.0.0.1:1').open(['true']):\n"

@@ -1,12 +1,12 @@
 """Real ACP agents, driven through `subagent run` for full turns against a fake model server on loopback.
 
 * Claude Code, through ``claude-agent-acp`` (npm ``@agentclientprotocol/claude-agent-acp``), against the
-  scripted Anthropic Messages server (`subagent.testing.anthropic_server`);
+  scripted Anthropic Messages server (`subagent.testing._anthropic_server`);
 * Qwen Code (npm ``@qwen-code/qwen-code``, ``qwen --acp --auth-type openai``), against the scripted
-  chat-completions server (`subagent.testing.chat_server`);
+  chat-completions server (`subagent.testing._chat_server`);
 * Codex through two adapters, ``codex-acp`` of npm ``@zed-industries/codex-acp`` and of npm
   ``@agentclientprotocol/codex-acp`` (which runs ``codex app-server`` of npm ``@openai/codex``), against the
-  scripted Responses API server (`subagent.testing.responses_server`), with a ``[model_providers.stub]`` in
+  scripted Responses API server (`subagent.testing._responses_server`), with a ``[model_providers.stub]`` in
   its ``CODEX_HOME``;
 * GitHub Copilot CLI (npm ``@github/copilot``, ``copilot --acp``), against the chat-completions server (its
   ``COPILOT_PROVIDER_*`` settings; its wire API defaults to chat completions);
@@ -24,7 +24,7 @@ Each agent starts in its own mode: Claude Code (``auto``), Qwen Code (``auto``),
 adapter (``agent``) and Vibe (``accept-edits``) write without asking; Copilot (``...#agent``) asks; the Zed
 Codex adapter has no modes and asks here because its config says ``approval_policy = "untrusted"``. Under
 ``--permission allow`` they stay there; under ``deny`` the CLI moves the first four to their asking mode and
-says so (see `subagent.acp.modes`). A test that needs the question chooses the asking mode with ``--mode``
+says so (see `subagent.acp._modes`). A test that needs the question chooses the asking mode with ``--mode``
 (``Turn.asking``; for the ACP Codex adapter, whose ``read-only`` mode asks only before a command leaves its
 sandbox, the fake model asks for that, as a model whose write the sandbox refused does).
 
@@ -66,22 +66,18 @@ import anyio.abc
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from subagent.testing.anthropic_server import (
+from subagent.testing import (
+    FunctionCall,
     MessagesReply,
     MessagesRequest,
-    ToolUse,
-    serve_anthropic_messages,
-)
-from subagent.testing.chat_server import (
     ReceivedRequest,
-    StreamedReply,
-    ToolCallReply,
-    serve_chat_completions,
-)
-from subagent.testing.responses_server import (
-    FunctionCall,
     ResponsesReply,
     ResponsesRequest,
+    StreamedReply,
+    ToolCallReply,
+    ToolUse,
+    serve_anthropic_messages,
+    serve_chat_completions,
     serve_responses,
 )
 from tests.leaks import LEAK_TAG_VARIABLE, assert_no_leaks, leaked_processes

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, SubagentService, Usage
-from subagent.acp import schema
+from subagent.acp import RequestError, schema
 from subagent.acp.client import (
     DEFAULT_IDLE_CLOSE_GRACE,
     MAX_ERROR_QUOTE_CHARS,
@@ -23,7 +23,6 @@ from subagent.acp.client import (
     describe_request_error,
     spawn_agent,
 )
-from subagent.acp.errors import RequestError
 from subagent.acp.handlers import PermissionQuestion
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand
@@ -443,7 +442,7 @@ def graces_waited(caplog: pytest.LogCaptureFixture) -> list[float]:
     return [
         record.args[1]
         for record in caplog.records
-        if record.name == "subagent.acp.process"
+        if record.name == "subagent.acp.transports._local"
         and record.msg.startswith("agent pid %d still running")
         and isinstance(record.args, tuple)
         and isinstance(record.args[1], float)
@@ -453,7 +452,7 @@ def graces_waited(caplog: pytest.LogCaptureFixture) -> list[float]:
 async def test_an_idle_agent_ignoring_stdin_eof_gets_sigterm_after_the_short_idle_grace(
     stub_agent_command: StubAgentCommand, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="subagent.acp.process")
+    caplog.set_level(logging.INFO, logger="subagent.acp.transports._local")
     command = stub_agent_command({"turns": [[{"step": "message", "text": "done"}]], "onStdinEof": "ignore"})
     provider = AcpProvider(command, cwd=tmp_path, process_options=LONG)
     result, run = await run_once(provider)
@@ -467,7 +466,7 @@ async def test_an_idle_agent_ignoring_stdin_eof_gets_sigterm_after_the_short_idl
 async def test_an_idle_agent_that_exits_on_stdin_eof_is_not_signalled(
     stub_agent_command: StubAgentCommand, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="subagent.acp.process")
+    caplog.set_level(logging.INFO, logger="subagent.acp.transports._local")
     command = stub_agent_command({"turns": [[{"step": "message", "text": "done"}]]})
     # A grace no loaded machine runs out of: what is checked is that nothing more than EOF is sent.
     provider = AcpProvider(command, cwd=tmp_path, idle_close_grace=10.0, process_options=LONG)
@@ -480,7 +479,7 @@ async def test_an_idle_agent_that_exits_on_stdin_eof_is_not_signalled(
 async def test_an_agent_disposed_mid_turn_gets_the_full_stdin_close_grace(
     stub_agent_command: StubAgentCommand, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="subagent.acp.process")
+    caplog.set_level(logging.INFO, logger="subagent.acp.transports._local")
     command = stub_agent_command(
         {"turns": [[{"step": "message", "text": "working"}, {"step": "hang"}]], "onStdinEof": "ignore"}
     )

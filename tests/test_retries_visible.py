@@ -14,11 +14,18 @@ from typing import Any, Final
 import anyio
 import pytest
 
-from subagent.runtime import Agent, AgentEvent, ScriptedLlm
-from subagent.runtime.messages import CompletionEvent, CompletionRequest, Retrying, TextDelta
+from subagent.observability import TraceBuilder
+from subagent.runtime import (
+    Agent,
+    AgentEvent,
+    CompletionEvent,
+    CompletionRequest,
+    Retrying,
+    ScriptedLlm,
+    TextDelta,
+)
 from subagent.runtime.openai import OpenAiChatAdapter
 from subagent.testing import ErrorReply, StreamedReply, serve_chat_completions
-from subagent.trace_page import TraceBuilder
 from subagent.types import RETRY_META_KEY, TURN_META_KEY, SubagentResult
 from tests.test_serve import WAIT, served
 from tests.test_serve_background import client_lines, updates_of

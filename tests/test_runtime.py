@@ -60,7 +60,7 @@ pytestmark = pytest.mark.anyio
 
 WAIT = 5  # seconds; a bound on every wait, never a sleep
 
-AGENT_LOGGER = "subagent.runtime.agent"
+AGENT_LOGGER = "subagent.runtime._inprocess_agent"
 
 ADD_PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -578,14 +578,14 @@ def test_the_tools_module_does_not_import_the_agent_module_even_indirectly() -> 
     # Importing any runtime module runs the package __init__, which imports both; so this follows
     # the imports tools.py names, and those of every subagent module they name, instead.
     seen: set[str] = set()
-    pending = ["subagent.runtime.tools"]
+    pending = ["subagent.runtime._tools"]
     while pending:
         module = pending.pop()
         if module not in seen:
             seen.add(module)
             pending.extend(_subagent_modules_imported_by(module))
-    assert {"subagent.runtime.tools", "subagent.runtime.messages", "subagent.types"} <= seen
-    assert "subagent.runtime.agent" not in seen
+    assert {"subagent.runtime._tools", "subagent.runtime._messages", "subagent.types"} <= seen
+    assert "subagent.runtime._inprocess_agent" not in seen
 
 
 # -- how a turn ends ------------------------------------------------------------------------------------

@@ -27,10 +27,9 @@ from anyio.streams.memory import MemoryObjectSendStream
 
 from subagent import SubagentRequest, SubagentService
 from subagent._version import __version__
-from subagent.acp import schema
+from subagent.acp import RequestError, schema
 from subagent.acp.agent import AgentSideConnection
 from subagent.acp.client import AcpClient, TurnResult
-from subagent.acp.errors import RequestError
 from subagent.acp.handlers import PermissionQuestion
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.providers.spawn import SpawnProvider
@@ -958,7 +957,7 @@ async def test_a_failed_served_turn_reaches_the_acp_provider_as_an_error_with_th
 async def test_subagent_serve_on_an_openai_compatible_server_delegates_over_loopback(tmp_path: Path) -> None:
     pytest.importorskip("subagent.runtime.openai", reason="the OpenAI-compatible adapter is not there yet")
     chat_server = pytest.importorskip(
-        "subagent.testing.chat_server", reason="the loopback chat-completions stub is not there yet"
+        "subagent.testing._chat_server", reason="the loopback chat-completions stub is not there yet"
     )
     arguments = json.dumps({"provider": "spawn", "prompt": CHILD_PROMPT})
     script = [

@@ -18,9 +18,8 @@ import anyio
 import pytest
 
 from subagent.acp import schema
-from subagent.background import WAKE_PROMPT, BackgroundOptions
-from subagent.runtime import FunctionTool, Reply, ScriptedLlm, call
-from subagent.runtime.messages import CompletionRequest
+from subagent.delegation import WAKE_PROMPT, BackgroundOptions
+from subagent.runtime import CompletionRequest, FunctionTool, Reply, ScriptedLlm, call
 from subagent.serve import ServedAgent
 from subagent.types import RUN_META_KEY, TURN_META_KEY, SubagentProgressInfo, SubagentRunInfo
 from tests.test_serve import DELEGATION_TOOLS, WAIT, served

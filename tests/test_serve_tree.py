@@ -19,8 +19,7 @@ import pytest
 from subagent import SubagentRequest
 from subagent.acp import schema
 from subagent.events import EventName
-from subagent.runtime import FunctionTool, Reply, ScriptedLlm, When, call
-from subagent.runtime.llm import LlmError, LlmErrorKind
+from subagent.runtime import FunctionTool, LlmError, LlmErrorKind, Reply, ScriptedLlm, When, call
 from subagent.serve import ServedAgent
 from subagent.types import RUN_META_KEY, SubagentProgressInfo, Usage
 from tests.test_serve import WAIT, content, served

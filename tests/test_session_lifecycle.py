@@ -8,8 +8,8 @@ from typing import Any
 import anyio
 import pytest
 
+from subagent.acp import RequestError
 from subagent.acp.client import MAX_EARLY_UPDATE_BYTES, MAX_EARLY_UPDATES, final_message
-from subagent.acp.errors import RequestError
 from tests.test_client import FakeAgent, connected, text_chunk
 
 pytestmark = pytest.mark.anyio

@@ -21,8 +21,7 @@ import anyio
 import pytest
 
 from subagent import ErrorCode, ResumableRun, SubagentError, SubagentRequest, SubagentResult
-from subagent.acp.process import ExitInfo, supervision_available
-from subagent.acp.ssh import SshTransport
+from subagent.acp.transports import ExitInfo, SshTransport, supervision_available
 from subagent.providers.acp import AcpProvider
 from subagent.testing.contract import CONTRACT_CHECKS, ContractCheck, ProviderContract
 from subagent.testing.pytest_plugin import StubAgentCommand

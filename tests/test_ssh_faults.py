@@ -18,9 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from subagent.acp.process import UNKNOWN_RETURNCODE, ExitInfo, TeardownStep, supervision_available
-from subagent.acp.ssh import SshChannel, SshTransport
-from subagent.testing.leaks import process_is_gone
+from subagent.acp.transports import (
+    UNKNOWN_RETURNCODE,
+    ExitInfo,
+    SshChannel,
+    SshTransport,
+    TeardownStep,
+    supervision_available,
+)
+from subagent.testing import process_is_gone
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.remote_faults import BEFORE_THE_SPAWN, REMOTE_FAULT_CASES, Bench, FaultCase, Remote
 from tests.sshd import SshServer, assert_no_leaks_over_ssh, running_sshd

@@ -26,16 +26,20 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagent.acp import schema
-from subagent.acp._supervisor import Supervisor
+from subagent.acp import AgentSpawnError, schema
 from subagent.acp.client import TurnResult, spawn_agent
-from subagent.acp.errors import AgentSpawnError
-from subagent.acp.process import UNKNOWN_RETURNCODE, TeardownStep, supervision_available
-from subagent.acp.ssh import SshTransport, _ReportedEndStream, transport_from_url
-from subagent.acp.transport import Channel, Transport
-from subagent.acp.transport import transport_from_url as any_transport_from_url
-from subagent.testing import stub_agent_argv
-from subagent.testing.leaks import LEAK_TAG_VARIABLE, process_info, process_is_gone
+from subagent.acp.transports import (
+    UNKNOWN_RETURNCODE,
+    Channel,
+    SshTransport,
+    TeardownStep,
+    Transport,
+    supervision_available,
+)
+from subagent.acp.transports import transport_from_url as any_transport_from_url
+from subagent.acp.transports._ssh import _ReportedEndStream, transport_from_url
+from subagent.acp.transports._supervisor import Supervisor
+from subagent.testing import LEAK_TAG_VARIABLE, process_info, process_is_gone, stub_agent_argv
 from tests.sshd import REQUIRE_SSH_VARIABLE, SshServer, assert_no_leaks_over_ssh, running_sshd, sshd_or_skip
 
 pytestmark = [

@@ -21,17 +21,23 @@ import anyio
 import msgspec
 import pytest
 
-from subagent.acp.connection import Connection
-from subagent.acp.errors import (
+from subagent.acp import (
     ConnectionClosedError,
     MalformedMessageError,
     ProtocolError,
     RequestError,
     UnexpectedResponseError,
 )
-from subagent.acp.process import AgentProcess, TeardownStep, open_agent_process
-from subagent.testing import DEFAULT_SCENARIO_PATH, load_scenario, stub_agent_argv
-from subagent.testing.scenario import ScenarioError, dump_scenario, parse_scenario
+from subagent.acp.connection import Connection
+from subagent.acp.transports import AgentProcess, TeardownStep, open_agent_process
+from subagent.testing import (
+    DEFAULT_SCENARIO_PATH,
+    ScenarioError,
+    dump_scenario,
+    load_scenario,
+    parse_scenario,
+    stub_agent_argv,
+)
 from tests.leaks import assert_no_leaks, process_info, process_is_gone
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]

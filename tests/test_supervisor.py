@@ -24,16 +24,15 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagent.acp import schema
-from subagent.acp.errors import AgentSpawnError
-from subagent.acp.process import (
+from subagent.acp import AgentSpawnError, schema
+from subagent.acp.terminals import TerminalHost
+from subagent.acp.transports import (
     UNKNOWN_RETURNCODE,
     TeardownReport,
     TeardownStep,
     open_agent_process,
     supervision_available,
 )
-from subagent.acp.terminals import TerminalHost
 from tests.leaks import assert_no_leaks, leaked_processes, process_info, process_is_gone
 
 pytestmark = [
@@ -43,7 +42,9 @@ pytestmark = [
 ]
 
 PROCS = Path(__file__).resolve().parent.parent / "fixtures" / "procs"
-SUPERVISOR_SCRIPT = Path(__file__).resolve().parent.parent / "subagent" / "acp" / "_supervisor.py"
+SUPERVISOR_SCRIPT = (
+    Path(__file__).resolve().parent.parent / "subagent" / "acp" / "transports" / "_supervisor.py"
+)
 SHORT_GRACE = 0.3  # for a teardown step the process ignores: it always runs out, and decides nothing
 # For a teardown step the processes honour: it ends when they are gone, so it costs nothing, and a loaded
 # machine slow to run their exit cannot make teardown take the next step.

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans (subagent.telemetry): the tree of a delegation, in process and across an ACP
+"""OpenTelemetry spans (subagent.observability): the tree of a delegation, in process and across an ACP
 child running ``subagent serve``; nothing without a tracer provider, nothing needed without the API."""
 
 from __future__ import annotations
@@ -18,13 +18,23 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from subagent import SubagentRequest, SubagentService, telemetry
+from subagent import SubagentRequest, SubagentService
 from subagent.acp import schema
+from subagent.observability import _telemetry as telemetry
 from subagent.providers.acp import AcpProvider
 from subagent.providers.spawn import SpawnProvider
-from subagent.runtime import AgentRegistry, FunctionTool, Reply, ScriptedLlm, Tool, When, call
-from subagent.runtime.llm import LlmError, LlmErrorKind
-from subagent.runtime.tools import Approver
+from subagent.runtime import (
+    AgentRegistry,
+    Approver,
+    FunctionTool,
+    LlmError,
+    LlmErrorKind,
+    Reply,
+    ScriptedLlm,
+    Tool,
+    When,
+    call,
+)
 from subagent.testing import stub_agent_argv
 from subagent.tool import SubagentTool
 from subagent.types import SubagentResult, Usage
@@ -496,7 +506,8 @@ class Block(importlib.abc.MetaPathFinder):
 sys.meta_path.insert(0, Block())
 
 import anyio
-from subagent import SubagentRequest, SubagentService, telemetry
+from subagent import SubagentRequest, SubagentService
+from subagent.observability import _telemetry as telemetry
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import AgentRegistry, FunctionTool, Reply, ScriptedLlm, When, call
 from subagent.serve import ServedAgent

@@ -22,16 +22,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagent.acp import schema
-from subagent.acp.errors import AgentSpawnError, RequestError
+from subagent.acp import AgentSpawnError, RequestError, schema
 from subagent.acp.handlers import FsSandbox
-from subagent.acp.process import open_agent_process
 from subagent.acp.terminals import (
     DEFAULT_OUTPUT_BYTE_LIMIT,
     MAX_OUTPUT_BYTE_LIMIT,
     TerminalHost,
     _OutputTail,
 )
+from subagent.acp.transports import open_agent_process
 from tests.leaks import assert_no_leaks, process_is_gone
 
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]

@@ -17,9 +17,14 @@ import anyio
 import pytest
 
 from subagent import SubagentCapabilities, SubagentService, ToolFilter
-from subagent.background import BackgroundOptions
+from subagent.delegation import BackgroundOptions
 from subagent.runtime import Agent, FunctionTool, Reply, ScriptedLlm, ToolCall, call
-from subagent.runtime.tools import MAX_ARGUMENT_PROBLEMS, MAX_PROBLEM_CHARS, InvalidArguments, parse_arguments
+from subagent.runtime._tools import (
+    MAX_ARGUMENT_PROBLEMS,
+    MAX_PROBLEM_CHARS,
+    InvalidArguments,
+    parse_arguments,
+)
 from subagent.testing.fakes import FakeProvider, completes
 from subagent.tool import SubagentTool
 from subagent.types import thaw_json

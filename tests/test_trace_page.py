@@ -23,18 +23,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from subagent.cli.commands import DEMO_PROMPT
-from subagent.cli.tracing import FanOut
-from subagent.cli.views import RunView
-from subagent.trace_page import (
+from subagent.cli._commands import DEMO_PROMPT
+from subagent.cli._recording import FanOut
+from subagent.cli._views import RunView
+from subagent.observability import (
     MAX_KEPT_MARKS,
-    MAX_KEPT_TEXT_BYTES,
     MAX_MARKS,
     MAX_RUNS,
     MAX_TEXT_CHARS,
     TraceBuilder,
     render_trace_page,
 )
+from subagent.observability._trace_page import MAX_KEPT_TEXT_BYTES
 from subagent.types import TURN_META_KEY
 from tests.chromium import open_page
 from tests.leaks import assert_no_leaks

@@ -15,11 +15,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentService
-from subagent.acp import AgentProcess, ExitInfo
+from subagent.acp import AgentProcess, AgentSpawnError, ExitInfo
 from subagent.acp.client import spawn_agent
-from subagent.acp.errors import AgentSpawnError
 from subagent.acp.handlers import FsSandbox
-from subagent.acp.transport import (
+from subagent.acp.transports import (
     TRANSPORT_SCHEMES,
     BaseTransport,
     Channel,
@@ -225,8 +224,8 @@ def test_a_transport_url_must_be_a_string() -> None:
 
 def test_each_remote_scheme_is_one_line_naming_its_factory() -> None:
     assert TRANSPORT_SCHEMES == {
-        "ssh": "subagent.acp.ssh:transport_from_url",
-        "ray": "subagent.acp.ray:transport_from_url",
+        "ssh": "subagent.acp.transports._ssh:transport_from_url",
+        "ray": "subagent.acp.transports._ray:transport_from_url",
     }
 
 

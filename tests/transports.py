@@ -18,7 +18,7 @@ import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from subagent.acp import schema
+from subagent.acp import RequestError, schema
 from subagent.acp.agent import (
     AgentHandler,
     AgentSideConnection,
@@ -26,9 +26,7 @@ from subagent.acp.agent import (
     PromptTurn,
     negotiate_protocol_version,
 )
-from subagent.acp.errors import RequestError
-from subagent.acp.process import ExitInfo, TeardownReport, TeardownStep
-from subagent.acp.transport import Channel, Transport
+from subagent.acp.transports import Channel, ExitInfo, TeardownReport, TeardownStep, Transport
 
 STREAM_BUFFER = 64
 """Chunks a memory stream holds before its sender waits: small, so back-pressure is exercised."""

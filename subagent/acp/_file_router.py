@@ -67,6 +67,7 @@ import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from subagent.acp import schema
+from subagent.acp._errors import RequestError
 from subagent.acp.connection import (
     CANCEL_REQUEST_METHOD,
     DEFAULT_MAX_INCOMING_REQUESTS,
@@ -74,7 +75,6 @@ from subagent.acp.connection import (
     Connection,
     _replace_lone_surrogates,
 )
-from subagent.acp.errors import RequestError
 from subagent.acp.handlers import FsSandbox
 from subagent.acp.terminals import TerminalHost
 

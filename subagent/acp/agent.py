@@ -53,7 +53,7 @@ Cancellation
 
 Stdio
     `serve_stdio` serves a handler on this process's stdin/stdout, opened by
-    `subagent.acp.stdio.stdio_streams` (which keeps a stray ``print`` off the protocol channel).
+    `subagent.acp._stdio.stdio_streams` (which keeps a stray ``print`` off the protocol channel).
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ import anyio.lowlevel
 import msgspec
 
 from subagent.acp import schema
+from subagent.acp._errors import ConnectionClosedError, InvalidResponseError, RequestError
+from subagent.acp._stdio import stdio_streams
 from subagent.acp.connection import Connection, ConnectionOptions
-from subagent.acp.errors import ConnectionClosedError, InvalidResponseError, RequestError
-from subagent.acp.stdio import stdio_streams
 
 __all__ = [
     "SUPPORTED_PROTOCOL_VERSIONS",

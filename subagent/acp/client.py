@@ -2,7 +2,7 @@
 
 Layers: :class:`AcpClient` speaks ACP over any pair of anyio byte streams (so it is tested in
 memory); :func:`spawn_agent` runs an agent command as a child process we own (or, through another
-:mod:`~subagent.acp.transport`, on another host) and connects a client to its stdin/stdout.
+:mod:`subagent.acp.transports`, on another host) and connects a client to its stdin/stdout.
 Neither knows about the seam; the ACP provider builds on them.
 
 What the client guarantees:
@@ -20,7 +20,7 @@ What the client guarantees:
   answered ``cancelled`` the moment the turn is cancelled; nothing ever waits on a human who
   is not there.
 * An elicitation (``elicitation/create``, form mode) is answered by the permission policy's ``elicit``
-  (see :mod:`~subagent.acp.elicitation`), checked against the requested schema before it goes out;
+  (see :mod:`subagent.acp`), checked against the requested schema before it goes out;
   a policy without it declines, and a cancelled turn's questions are answered ``cancel``.
 * The agent's file-system requests are served only inside the sandbox roots (see
   :class:`~subagent.acp.handlers.FsSandbox`); terminals only when enabled; any other method is
@@ -52,17 +52,13 @@ import msgspec
 
 from subagent._version import __version__
 from subagent.acp import schema
-from subagent.acp._file_router import serve_file_request
-from subagent.acp._frozen import freeze_json
-from subagent.acp._usage import TurnUsage
-from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
-from subagent.acp.elicitation import (
+from subagent.acp._elicitation import (
     ElicitationAnswer,
     ElicitationQuestion,
     check_content,
     question_from_request,
 )
-from subagent.acp.errors import (
+from subagent.acp._errors import (
     AgentCapabilityError,
     AgentExitedError,
     AuthenticationRequiredError,
@@ -72,6 +68,11 @@ from subagent.acp.errors import (
     RequestError,
     SessionSettingError,
 )
+from subagent.acp._file_router import serve_file_request
+from subagent.acp._frozen import freeze_json
+from subagent.acp._modes import ModeChoice, current_mode, offered_modes, select_values
+from subagent.acp._turn_usage import TurnUsage
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
 from subagent.acp.handlers import (
     FsSandbox,
     PermissionCallback,
@@ -83,8 +84,8 @@ from subagent.acp.handlers import (
     permission_policy,
     policy_name,
 )
-from subagent.acp.modes import ModeChoice, current_mode, offered_modes, select_values
-from subagent.acp.transport import Channel, LocalTransport, Transport, check_command
+from subagent.acp.transports._channel import Channel, Transport, check_command
+from subagent.acp.transports._local import LocalTransport
 
 if TYPE_CHECKING:
     from subagent.acp.terminals import TerminalHost
@@ -625,7 +626,7 @@ class AcpSession:
 
     @property
     def offered_modes(self) -> list[ModeChoice]:
-        """Every mode the agent offers for this session (see :func:`~subagent.acp.modes.offered_modes`)."""
+        """Every mode the agent offers for this session (see :func:`~subagent.acp._modes.offered_modes`)."""
         return offered_modes(self.modes, self.config_options)
 
     @property
@@ -1054,7 +1055,7 @@ class AcpClient:
         self._abandoned_requests = False
         self.process: Channel | None = None
         """The running agent, when :func:`spawn_agent` started it: its channel (locally, the
-        :class:`~subagent.acp.process.AgentProcess`)."""
+        :class:`~subagent.acp.transports.AgentProcess`)."""
 
     async def __aenter__(self) -> Self:
         await self.connection.__aenter__()
@@ -1527,11 +1528,11 @@ async def spawn_agent(
     ``client_options`` (:class:`ClientOptions`: ``permission``, ``fs``, ``terminals``, the limits...)
     go to the :class:`AcpClient`, with its defaults.
 
-    ``transport`` says where the agent runs (:mod:`subagent.acp.transport`); by default a local
-    child process, :class:`~subagent.acp.transport.LocalTransport` with ``process_options`` (the
-    options of :func:`~subagent.acp.process.open_agent_process`), which only that default takes.
+    ``transport`` says where the agent runs (:mod:`subagent.acp.transports`); by default a local
+    child process, :class:`~subagent.acp.transports.LocalTransport` with ``process_options`` (the
+    options of :func:`~subagent.acp.transports.open_agent_process`), which only that default takes.
     The client's ``process`` attribute is the transport's channel (locally, the
-    :class:`~subagent.acp.process.AgentProcess`). ``fs`` and ``terminals`` serve the agent on this
+    :class:`~subagent.acp.transports.AgentProcess`). ``fs`` and ``terminals`` serve the agent on this
     host, so a transport whose ``local_files`` is False takes neither.
     Leaving the block closes the connection and tears the agent's tree down (close stdin, wait,
     SIGTERM, wait, SIGKILL, reap), whatever the exit path. The wait after stdin closes is
@@ -1542,7 +1543,7 @@ async def spawn_agent(
 
     Raises:
         AgentSpawnError: the command cannot be started (missing, not executable, bad cwd), or
-            holds what exec cannot carry (:func:`~subagent.acp.transport.check_command`).
+            holds what exec cannot carry (:func:`~subagent.acp.transports.check_command`).
         TypeError: ``argv`` is a single string.
         ValueError: ``argv`` is empty, ``process_options`` with a ``transport``, or
             ``fs``/``terminals`` with a transport whose children do not see this host's files.

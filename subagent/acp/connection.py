@@ -91,7 +91,7 @@ import anyio
 import anyio.abc
 import msgspec
 
-from subagent.acp.errors import (
+from subagent.acp._errors import (
     ConnectionClosedError,
     InvalidResponseError,
     MalformedMessageError,

@@ -20,7 +20,7 @@
   option id the agent gave to options of opposite kinds is never chosen by ``allow`` or ``deny``
   (see :meth:`PermissionQuestion.first_option`): an answer must mean one thing.
 
-Every error a peer can provoke is a :class:`~subagent.acp.errors.RequestError` whose ``data``
+Every error a peer can provoke is a :class:`~subagent.acp.RequestError` whose ``data``
 echoes what the agent sent only clipped to a few hundred characters.
 """
 
@@ -41,8 +41,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 import anyio
 
-from subagent.acp.elicitation import ElicitationAnswer, ElicitationCallback, ElicitationQuestion
-from subagent.acp.errors import RequestError
+from subagent.acp._elicitation import ElicitationAnswer, ElicitationCallback, ElicitationQuestion
+from subagent.acp._errors import RequestError
 
 __all__ = [
     "DEFAULT_MAX_READ_BYTES",

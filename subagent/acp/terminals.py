@@ -5,7 +5,7 @@ answers ``terminal/create``, ``terminal/output``, ``terminal/wait_for_exit``, ``
 ``terminal/release`` (`TerminalHost.serve` dispatches the raw params, or call the typed methods).
 
 Spawning
-    ``command`` + ``args`` run with no shell, through `~subagent.acp.process.open_agent_process`: a new
+    ``command`` + ``args`` run with no shell, through `~subagent.acp.transports.open_agent_process`: a new
     session and process group per command, so kill, release and close reach grandchildren too. The
     environment is the host's base environment (by default this process's, read at each create) with the
     request's ``env`` entries merged over it. ``cwd`` must be absolute; with a sandbox it must lie inside its
@@ -63,7 +63,7 @@ Errors (JSON-RPC codes; ``data`` carries ``reason`` and the offending value)
     * -32603 internal error: the live-terminal cap (`DEFAULT_MAX_TERMINALS`) is reached (message "Too many
       open terminals"; a released terminal counts until its kill has finished, so releasing and cancelling
       the release cannot outrun the kills), the host is closed, or the spawn failed for a reason we did not
-      foresee (`~subagent.acp.errors.AgentSpawnError`: its reason is in ``data``).
+      foresee (`~subagent.acp.AgentSpawnError`: its reason is in ``data``).
 """
 
 from __future__ import annotations
@@ -90,9 +90,9 @@ import anyio.lowlevel
 import msgspec
 
 from subagent.acp import schema
-from subagent.acp.errors import AgentSpawnError, RequestError, RpcErrorCode
+from subagent.acp._errors import AgentSpawnError, RequestError, RpcErrorCode
 from subagent.acp.handlers import FsSandbox, _clip
-from subagent.acp.process import AgentProcess, open_agent_process
+from subagent.acp.transports._local import AgentProcess, open_agent_process
 
 __all__ = [
     "DEFAULT_KILL_GRACE",

@@ -18,24 +18,27 @@ the summary:
 
 The package, one job per module::
 
-    main.py          the table of commands, the parser, main(): argv to a command, failures to exit statuses
-    usage.py         a command's row (Command), exit statuses, the usage error and the parser that raises it
-    commands.py      the commands run, demo and agents: options to a turn, its outcome printed
-    options.py       every option of `subagent run`, declared once: flags, config key, type, help, merge
-    serve.py         the command-line half of `subagent serve`: its row and flags, the LLM built from them
-    turn.py          one turn through the seam: the driver, the start gate, how each ending reads
-    interrupts.py    Ctrl-C, SIGTERM and SIGHUP during a turn: cancel, then tear down at once
-    views.py         what a run shows on stderr: live progress for a person, or JSON events
-    tool_calls.py    the turn's tool calls, merged from session updates (a bounded number)
-    permission.py    answering permission questions: allow, deny, or ask a person on a terminal
-    console.py       the two streams: stderr for people (sanitized, coloured on a terminal), stdout
-    logs.py          log records to the current view, else stderr; -v and -vv
-    config.py        named agents from a TOML file, its schema as typed structs made from the options
-    demo.py          the demo's second half: an in-process agent delegating to fork, spawn and acp
+    _main.py               the table of commands, the parser, main(): argv to a command, failures to statuses
+    _exits.py              a command's row (Command), exit statuses, the usage error, the parser raising it
+    _commands.py           the commands run, demo and agents: options to a turn, its outcome printed
+    _options.py            every option of `subagent run`, declared once: flags, config key, type, help, merge
+    _describe.py           the command describe: what an agent offers, without a turn
+    _serve_command.py      the command-line half of `subagent serve`: its flags, the LLM built from them
+    _recording.py          a run recorded (--events-file, --trace) and the command trace: events to a page
+    _turn.py               one turn through the seam: the driver, the start gate, how each ending reads
+    _interrupts.py         Ctrl-C, SIGTERM and SIGHUP during a turn: cancel, then tear down at once
+    _views.py              what a run shows on stderr: live progress for a person, or JSON events
+    _run_tree.py           the tree of runs below the agent, as the live view draws it
+    _tool_call_tracker.py  the turn's tool calls, merged from session updates (a bounded number)
+    _permission.py         answering permission questions: allow, deny, or ask a person on a terminal
+    _console.py            the two streams: stderr for people (sanitized, coloured on a terminal), stdout
+    _logs.py               log records to the current view, else stderr; -v and -vv
+    _config.py             named agents from a TOML file, its schema as typed structs made from the options
+    _demo.py               the demo's second half: an in-process agent delegating to fork, spawn and acp
 """
 
 from __future__ import annotations
 
-from subagent.cli.main import main
+from subagent.cli._main import main
 
 __all__ = ["main"]

@@ -23,10 +23,10 @@ import anyio.abc
 
 from subagent import _structured
 from subagent._outcome import DisposeOnExit, Outcome
-from subagent.runtime.agent import DEFAULT_MAX_MODEL_CALLS, Agent, AgentClosedError, AgentRegistry
-from subagent.runtime.llm import LlmAdapter, LlmService
-from subagent.runtime.messages import Message
-from subagent.runtime.tools import Approver, Tool
+from subagent.runtime._inprocess_agent import DEFAULT_MAX_MODEL_CALLS, Agent, AgentClosedError, AgentRegistry
+from subagent.runtime._llm import LlmAdapter, LlmService
+from subagent.runtime._messages import Message
+from subagent.runtime._tools import Approver, Tool
 from subagent.types import (
     ErrorCode,
     Lineage,

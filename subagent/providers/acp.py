@@ -46,7 +46,7 @@ so code that awaits every result before disposing any run cannot wait on itself;
 queues for a slot again before its turn. A run cancelled or disposed while it waits never spawns a
 child. ``ready_timeout`` starts at the spawn, so time spent queued never counts against it.
 
-Where children run: the provider's ``transport`` (:mod:`subagent.acp.transport`; a local child
+Where children run: the provider's ``transport`` (:mod:`subagent.acp.transports`; a local child
 process by default) opens each one; its exit diagnosis, ``run.pid`` and ``run.kill()`` go through
 the transport's channel. A transport whose children do not see this host's files
 (``local_files`` False) gets no fs and no terminals offered to its agents.
@@ -68,10 +68,22 @@ import anyio
 import anyio.abc
 import msgspec
 
-from subagent import _structured, telemetry
-from subagent._acp_usage import usage_from_acp
+from subagent import _structured
 from subagent._outcome import DisposeOnExit, Outcome
+from subagent._usage_codec import usage_from_acp
 from subagent.acp import schema
+from subagent.acp._elicitation import ElicitationAnswer, ElicitationQuestion
+from subagent.acp._errors import (
+    AcpError,
+    AgentExitedError,
+    AgentSpawnError,
+    AuthenticationRequiredError,
+    MessageTooLargeError,
+    ProtocolError,
+    RequestError,
+    SessionSettingError,
+)
+from subagent.acp._modes import ModeChoice, mode_advice
 from subagent.acp.client import (
     DEFAULT_IDLE_CLOSE_GRACE,
     DEFAULT_MAX_KEPT_UPDATES,
@@ -85,17 +97,6 @@ from subagent.acp.client import (
     spawn_agent,
 )
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
-from subagent.acp.elicitation import ElicitationAnswer, ElicitationQuestion
-from subagent.acp.errors import (
-    AcpError,
-    AgentExitedError,
-    AgentSpawnError,
-    AuthenticationRequiredError,
-    MessageTooLargeError,
-    ProtocolError,
-    RequestError,
-    SessionSettingError,
-)
 from subagent.acp.handlers import (
     FsSandbox,
     PermissionCallback,
@@ -107,9 +108,10 @@ from subagent.acp.handlers import (
     permission_policy,
     policy_name,
 )
-from subagent.acp.modes import ModeChoice, mode_advice
-from subagent.acp.process import ExitInfo
-from subagent.acp.transport import LocalTransport, Transport, transport_from_url
+from subagent.acp.transports._channel import ExitInfo, Transport
+from subagent.acp.transports._local import LocalTransport
+from subagent.acp.transports._schemes import transport_from_url
+from subagent.observability import _telemetry as telemetry
 from subagent.types import (
     LINEAGE_META_KEY,
     ErrorCode,
@@ -234,9 +236,9 @@ class AcpProvider:
         on_stderr_line: called with each line the agent writes to stderr, as it arrives (the last
             64 KiB are kept for error messages either way).
         process_options: teardown timings and other options of
-            :func:`~subagent.acp.process.open_agent_process`, for the local transport only.
-        transport: where each child runs: a :class:`~subagent.acp.transport.Transport`, or a URL
-            for :func:`~subagent.acp.transport.transport_from_url` (``"local"``,
+            :func:`~subagent.acp.transports.open_agent_process`, for the local transport only.
+        transport: where each child runs: a :class:`~subagent.acp.transports.Transport`, or a URL
+            for :func:`~subagent.acp.transports.transport_from_url` (``"local"``,
             ``"ssh://[user@]host[:port]"``...). Default: a local child process. ``cwd`` (default:
             ours) is a path on the host the child runs on. A transport whose ``local_files`` is
             False runs the child where this host's files are not: its agent is offered no fs and
@@ -259,7 +261,7 @@ class AcpProvider:
             offer fails the start (``START_FAILED``, listing the modes it does offer). None (default):
             the agent's own, except that a session that starts in a mode which approves tool calls by
             itself, under any policy but ``allow``, is moved to the agent's asking mode where
-            :data:`~subagent.acp.modes.KNOWN_AGENT_MODES` knows it, and warned about otherwise.
+            :data:`~subagent.acp._modes.KNOWN_AGENT_MODES` knows it, and warned about otherwise.
         config_options: config options to set, by id, after the mode and before the first prompt
             (``session/set_config_option``): a select option's value id, or a boolean. An id or a
             value the agent does not offer fails the start, listing what it offers.
@@ -337,7 +339,7 @@ class AcpProvider:
         self.on_stderr_line = on_stderr_line
         self.process_options = dict(process_options or {})
         self.transport = _resolve_transport(transport, self.process_options)
-        """Where each child runs (see :mod:`subagent.acp.transport`)."""
+        """Where each child runs (see :mod:`subagent.acp.transports`)."""
         self.idle_close_grace = idle_close_grace
         self.mode = mode
         self.config_options: dict[str, str | bool] = dict(config_options or {})

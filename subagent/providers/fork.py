@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import anyio.abc
 
 from subagent.providers._inprocess import InProcessProvider, InProcessRun
-from subagent.runtime.agent import Agent
-from subagent.runtime.messages import Message
+from subagent.runtime._inprocess_agent import Agent
+from subagent.runtime._messages import Message
 from subagent.types import SubagentRequest
 
 __all__ = ["ForkProvider", "InProcessRun"]

@@ -13,17 +13,17 @@ imported on its own, as ``subagent.runtime.openai``, so that httpx loads only wh
 
 from __future__ import annotations
 
-from subagent.runtime import agent, llm, messages, scripted, tools
-from subagent.runtime.agent import *  # noqa: F403
-from subagent.runtime.llm import *  # noqa: F403
-from subagent.runtime.messages import *  # noqa: F403
-from subagent.runtime.scripted import *  # noqa: F403
-from subagent.runtime.tools import *  # noqa: F403
+from subagent.runtime import _inprocess_agent, _llm, _messages, _scripted, _tools
+from subagent.runtime._inprocess_agent import *  # noqa: F403
+from subagent.runtime._llm import *  # noqa: F403
+from subagent.runtime._messages import *  # noqa: F403
+from subagent.runtime._scripted import *  # noqa: F403
+from subagent.runtime._tools import *  # noqa: F403
 
 # Extended with `+=`, the form type checkers read as re-exporting a submodule's names.
 __all__: list[str] = []
-__all__ += agent.__all__
-__all__ += llm.__all__
-__all__ += messages.__all__
-__all__ += scripted.__all__
-__all__ += tools.__all__
+__all__ += _inprocess_agent.__all__
+__all__ += _llm.__all__
+__all__ += _messages.__all__
+__all__ += _scripted.__all__
+__all__ += _tools.__all__

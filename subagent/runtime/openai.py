@@ -1,10 +1,10 @@
 """An adapter for OpenAI-compatible chat-completions servers: OpenAI, DeepSeek, vLLM, Ollama, llama.cpp.
 
-:class:`OpenAiChatAdapter` posts a :class:`~subagent.runtime.messages.CompletionRequest` to
+:class:`OpenAiChatAdapter` posts a :class:`~subagent.runtime.CompletionRequest` to
 ``{base_url}/chat/completions`` with ``stream: true`` and turns the server-sent events into completion
 events. It retries what is worth retrying (429, 5xx, a connection that failed before any byte of the
 answer arrived) with exponential backoff and jitter, and never once output has reached the consumer.
-Every failure is a :class:`~subagent.runtime.llm.LlmError`; none of them, and no log record, carries
+Every failure is a :class:`~subagent.runtime.LlmError`; none of them, and no log record, carries
 the API key.
 
 A server is not trusted to behave: one event, one response and one answer each have a size cap, past
@@ -35,8 +35,8 @@ import anyio
 import httpx
 import msgspec
 
-from subagent.runtime.llm import LlmError, LlmErrorKind
-from subagent.runtime.messages import (
+from subagent.runtime._llm import LlmError, LlmErrorKind
+from subagent.runtime._messages import (
     Completion,
     CompletionEvent,
     CompletionRequest,

@@ -1,15 +1,18 @@
-"""Test support shipped to users: a scriptable stub ACP agent and a pytest plugin.
+"""Test support shipped to users: a scriptable stub ACP agent, fake model servers, leak checks, and
+a pytest plugin.
 
-* `subagent.testing.scenario`: the scenario format (what the stub agent answers, streams, asks, breaks).
 * ``python -m subagent.testing.stub_agent --scenario FILE``: the stub agent itself; `stub_agent_argv`
-  builds that command line.
+  builds that command line. The scenario format (what it answers, streams, asks, breaks) is `Scenario`,
+  documented in ``_scenario``.
 * `subagent.testing.pytest_plugin`: the ``stub_agent_command`` fixture, registered with pytest on install.
-* `subagent.testing.chat_server`: `serve_chat_completions`, a scripted OpenAI-compatible chat-completions
-  server on loopback, run inside the test's own event loop.
-* `subagent.testing.anthropic_server` and `subagent.testing.responses_server`: `serve_anthropic_messages`
-  (Anthropic Messages, what Claude Code speaks) and `serve_responses` (OpenAI Responses, what Codex
-  speaks), fake model servers of the same kind that answer from the request, so that a real agent can do
-  full turns offline.
+* `serve_chat_completions` (``_chat_server``): a scripted OpenAI-compatible chat-completions server on
+  loopback, run inside the test's own event loop.
+* `serve_anthropic_messages` (``_anthropic_server``, Anthropic Messages, what Claude Code speaks) and
+  `serve_responses` (``_responses_server``, OpenAI Responses, what Codex speaks): fake model servers of
+  the same kind that answer from the request, so that a real agent can do full turns offline.
+* `assert_no_leaks` (``_leaks``): a block leaves no child process, task or file descriptor behind.
+* `subagent.testing.fakes` (providers the test drives step by step) and `subagent.testing.contract`
+  (the seam's lifecycle contract, to check any provider against).
 
 This package deliberately does not import the stub agent or pytest, so importing it stays cheap.
 """
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 
 __all__ = [
     "DEFAULT_SCENARIO_PATH",
+    "LEAK_TAG_VARIABLE",
     "STUB_AGENT_MODULE",
     "AnthropicMessagesServer",
     "ChatCompletionsServer",
@@ -34,6 +38,7 @@ __all__ = [
     "MessagesError",
     "MessagesReply",
     "MessagesRequest",
+    "ProcessInfo",
     "RawStream",
     "ReceivedRequest",
     "ResponsesReply",
@@ -46,9 +51,18 @@ __all__ = [
     "StreamedReply",
     "ToolCallReply",
     "ToolUse",
+    "assert_no_leaks",
+    "assert_same_fds",
     "dump_scenario",
+    "leak_tag",
+    "leaked_processes",
+    "live_group_members",
     "load_scenario",
+    "open_fd_count",
+    "open_fds",
     "parse_scenario",
+    "process_info",
+    "process_is_gone",
     "serve_anthropic_messages",
     "serve_chat_completions",
     "serve_responses",
@@ -56,7 +70,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from subagent.testing.anthropic_server import (
+    from subagent.testing._anthropic_server import (
         AnthropicMessagesServer,
         MessagesError,
         MessagesReply,
@@ -64,7 +78,7 @@ if TYPE_CHECKING:
         ToolUse,
         serve_anthropic_messages,
     )
-    from subagent.testing.chat_server import (
+    from subagent.testing._chat_server import (
         ChatCompletionsServer,
         ChatReply,
         DropConnection,
@@ -78,14 +92,27 @@ if TYPE_CHECKING:
         ToolCallReply,
         serve_chat_completions,
     )
-    from subagent.testing.responses_server import (
+    from subagent.testing._leaks import (
+        LEAK_TAG_VARIABLE,
+        ProcessInfo,
+        assert_no_leaks,
+        assert_same_fds,
+        leak_tag,
+        leaked_processes,
+        live_group_members,
+        open_fd_count,
+        open_fds,
+        process_info,
+        process_is_gone,
+    )
+    from subagent.testing._responses_server import (
         FunctionCall,
         ResponsesReply,
         ResponsesRequest,
         ResponsesServer,
         serve_responses,
     )
-    from subagent.testing.scenario import (
+    from subagent.testing._scenario import (
         DEFAULT_SCENARIO_PATH,
         Scenario,
         ScenarioError,
@@ -103,7 +130,7 @@ else:
         __name__,
         [name for name in __all__ if name not in ("STUB_AGENT_MODULE", "stub_agent_argv")],
         {
-            "subagent.testing.anthropic_server": (
+            "subagent.testing._anthropic_server": (
                 "AnthropicMessagesServer",
                 "MessagesError",
                 "MessagesReply",
@@ -111,7 +138,7 @@ else:
                 "ToolUse",
                 "serve_anthropic_messages",
             ),
-            "subagent.testing.chat_server": (
+            "subagent.testing._chat_server": (
                 "ChatCompletionsServer",
                 "ChatReply",
                 "DropConnection",
@@ -125,14 +152,27 @@ else:
                 "ToolCallReply",
                 "serve_chat_completions",
             ),
-            "subagent.testing.responses_server": (
+            "subagent.testing._leaks": (
+                "LEAK_TAG_VARIABLE",
+                "ProcessInfo",
+                "assert_no_leaks",
+                "assert_same_fds",
+                "leak_tag",
+                "leaked_processes",
+                "live_group_members",
+                "open_fd_count",
+                "open_fds",
+                "process_info",
+                "process_is_gone",
+            ),
+            "subagent.testing._responses_server": (
                 "FunctionCall",
                 "ResponsesReply",
                 "ResponsesRequest",
                 "ResponsesServer",
                 "serve_responses",
             ),
-            "subagent.testing.scenario": (
+            "subagent.testing._scenario": (
                 "DEFAULT_SCENARIO_PATH",
                 "Scenario",
                 "ScenarioError",

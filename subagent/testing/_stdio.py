@@ -18,8 +18,8 @@ from typing import Final
 import anyio
 import anyio.abc
 
+from subagent.acp._stdio import FdSendStream
 from subagent.acp.agent import ClientPeer
-from subagent.acp.stdio import FdSendStream
 
 __all__ = ["OrderedStdout"]
 

@@ -11,7 +11,7 @@ that works until cancelled, one that fails to start) in a `ProviderContract`, th
 
 Every check drives the provider through a `~subagent.SubagentService`, bounds every wait with
 ``anyio.fail_after(contract.timeout)``, and fails (``AssertionError``) if the service's block leaves a
-task running, a file descriptor open or a process alive (`subagent.testing.leaks`; Linux). What is
+task running, a file descriptor open or a process alive (`subagent.testing._leaks`; Linux). What is
 checked, from the RFC's "The contract" and "Obligations of a provider":
 
 - ``subagent/start`` fires only once readiness succeeded, and before the caller's ``started()``
@@ -50,7 +50,7 @@ from subagent import (
     SubagentRunInfo,
     SubagentService,
 )
-from subagent.testing.leaks import assert_no_leaks
+from subagent.testing._leaks import assert_no_leaks
 
 __all__ = [
     "CONTRACT_CHECKS",

@@ -11,7 +11,7 @@ The scenario may be a dict (validated at once: a mistake fails the test with the
 value), a `Scenario`, a path to an existing scenario file, or None for the bundled default scenario. Each call
 writes a new file under the test's ``tmp_path`` and returns
 ``[sys.executable, "-m", "subagent.testing.stub_agent", "--scenario", <file>]``. See
-`subagent.testing.scenario` for the format.
+`subagent.testing._scenario` for the format.
 
 If plugin autoloading is disabled (``PYTEST_DISABLE_PLUGIN_AUTOLOAD``), enable it with
 ``pytest_plugins = ["subagent.testing.pytest_plugin"]`` in a ``conftest.py``.
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import pytest
 
 from subagent.testing import stub_agent_argv
-from subagent.testing.scenario import Scenario, dump_scenario
+from subagent.testing._scenario import Scenario, dump_scenario
 
 __all__ = ["StubAgentCommand", "stub_agent_command"]
 

@@ -1,7 +1,7 @@
 """The scriptable stub ACP agent: ``python -m subagent.testing.stub_agent [--scenario FILE]``.
 
 It speaks ACP on its stdin/stdout (an `AgentSideConnection` over `stdio_streams`, on asyncio) and does
-exactly what the scenario says (see `subagent.testing.scenario` for the format): answer the handshake, or
+exactly what the scenario says (see `subagent.testing._scenario` for the format): answer the handshake, or
 not; stream updates; ask permission and branch on the answer; call the client's file system; misbehave on
 the wire; crash; leave a grandchild behind. Without ``--scenario`` it runs the bundled default scenario, one
 friendly, complete turn.
@@ -29,6 +29,8 @@ import msgspec
 
 from subagent._version import __version__
 from subagent.acp import schema
+from subagent.acp._errors import ConnectionClosedError, RequestError
+from subagent.acp._stdio import FdReceiveStream, stdio_streams
 from subagent.acp.agent import (
     AgentHandler,
     AgentSideConnection,
@@ -36,10 +38,7 @@ from subagent.acp.agent import (
     PromptTurn,
     negotiate_protocol_version,
 )
-from subagent.acp.errors import ConnectionClosedError, RequestError
-from subagent.acp.stdio import FdReceiveStream, stdio_streams
-from subagent.testing._stdio import OrderedStdout
-from subagent.testing.scenario import (
+from subagent.testing._scenario import (
     CANCELLED_BRANCH,
     DEFAULT_SCENARIO_PATH,
     CallStep,
@@ -76,6 +75,7 @@ from subagent.testing.scenario import (
     WriteFileStep,
     load_scenario,
 )
+from subagent.testing._stdio import OrderedStdout
 
 __all__ = ["AGENT_NAME", "ScenarioAgent", "main", "serve_scenario"]
 

@@ -1,0 +1,416 @@
+"""The commands ``run``, ``demo`` and ``agents``: from parsed options to a turn, a report, or a list.
+
+``run`` and the first half of ``demo`` merge options, config and defaults into a
+:class:`~subagent.cli._turn.TurnSpec` (as :data:`~subagent.cli._options.RUN_OPTIONS` declares), drive the
+turn on the view the options ask for, and print its outcome: the answer (or one JSON object) on stdout,
+diagnostics on stderr, and an exit status. ``serve`` lives in :mod:`subagent.cli._serve_command`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import logging
+import os
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import anyio
+
+from subagent._usage_codec import usage_to_acp
+from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
+from subagent.acp.transports._channel import Transport
+from subagent.acp.transports._schemes import transport_from_url
+from subagent.acp.transports._ssh import SshTransport
+from subagent.cli._config import AgentConfig, config_search_path, find_config, load_config
+from subagent.cli._console import Console, is_terminal, print_json, print_stdout, use_color
+from subagent.cli._exits import (
+    EXIT_COMPLETED,
+    EXIT_NOT_COMPLETED,
+    EXIT_USAGE,
+    PROG,
+    PromptTooLarge,
+    UsageError,
+)
+from subagent.cli._logs import LOG_HANDLER
+from subagent.cli._options import DEMO_OPTIONS, RUN_OPTIONS, merge
+from subagent.cli._permission import AnswerSource, PermissionMode, answer_source, default_permission
+from subagent.cli._recording import FanOut, TraceRecorder, emit_prompt, write_page
+from subagent.cli._turn import TurnOutcome, TurnSpec, drive
+from subagent.cli._views import EventView, HumanView, RunView
+from subagent.providers.acp import prompt_size_error
+
+__all__ = [
+    "DEMO_PROMPT",
+    "MAX_PROMPT_MIB",
+    "agents_command",
+    "configured_agent",
+    "demo_command",
+    "run_command",
+]
+
+logger = logging.getLogger(__name__)
+
+DEMO_PROMPT: Final = "Summarise README.md and write the summary to SUMMARY.md."
+"""What ``subagent demo`` asks the stub agent (which answers from its scenario regardless)."""
+
+MAX_PROMPT_MIB: Final = DEFAULT_MAX_LINE_BYTES // (1024 * 1024)
+"""The largest prompt, in MiB, as one ``session/prompt`` message (the connection's line limit)."""
+
+_REAL_AGENT_HINT: Final = "subagent run -- npx @agentclientprotocol/claude-agent-acp"
+"""Where the demo points a user next."""
+
+
+def _check_output_options(args: argparse.Namespace) -> None:
+    if args.progress and (args.json or args.events):
+        raise UsageError("--progress cannot be combined with --json or --events")
+
+
+def _read_prompt_from_stdin() -> str:
+    stream = sys.stdin
+    if stream is None:
+        return ""
+    if stream.isatty():
+        sys.stderr.write(f"{PROG}: reading the prompt from the terminal; finish it with Ctrl-D\n")
+        sys.stderr.flush()
+    limit = DEFAULT_MAX_LINE_BYTES
+    data = stream.buffer.read(limit + 1)
+    if len(data) > limit:
+        # Each byte read is at least a byte of the message: the rest need not be read, nor held.
+        raise PromptTooLarge(
+            f"the prompt on stdin is more than {limit:,} bytes, over the {limit:,}-byte "
+            f"({MAX_PROMPT_MIB} MiB) limit on one message to the agent (max_line_bytes)"
+        )
+    return data.decode("utf-8", errors="replace")
+
+
+def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
+    """``subagent run``: one prompt through the agent ``command`` (or ``--agent NAME``); its exit status."""
+    _check_output_options(args)
+    agent: AgentConfig | None = None
+    if args.agent is not None and command is not None:
+        raise UsageError("give either --agent NAME or `-- COMMAND [ARGS...]`, not both")
+    if args.agent is None and not command:
+        raise UsageError(
+            "no agent to run: put its command after `--` (e.g. `subagent run -- npx "
+            "@agentclientprotocol/claude-agent-acp`) or name a configured one with --agent NAME"
+        )
+    if args.agent is not None:
+        agent = configured_agent(args.agent, args.config)
+        command = list(agent.command)
+    assert command
+    values = merge(RUN_OPTIONS, args, agent.options if agent else {})
+    transport = _with_ssh_options(
+        _transport(values["transport"]), values["ssh_config"], values["ssh_options"]
+    )
+    cwd = values["cwd"]
+    if cwd is not None:
+        cwd = _agent_directory(cwd, "--cwd" if args.cwd is not None else _configured("cwd", agent), transport)
+    if args.fs and not transport.local_files:
+        raise UsageError(f"--fs: an agent on {transport.name} cannot be offered this host's files")
+    # The config's directories come first (the option's merge): the rest are --add-dir's.
+    configured = len(agent.options.get("additional_directories", ())) if agent else 0
+    additional_directories = tuple(
+        _agent_directory(
+            path,
+            _configured("additional_directories", agent) if index < configured else "--add-dir",
+            transport,
+        )
+        for index, path in enumerate(values["additional_directories"])
+    )
+    prompt = values["prompt"] if values["prompt"] is not None else _read_prompt_from_stdin()
+    if not prompt.strip():
+        raise UsageError("the prompt is empty: pass -p TEXT or pipe the prompt on stdin")
+    too_large = prompt_size_error(prompt)
+    if too_large is not None:
+        # Refused before an agent is spawned: it could not be sent to one.
+        raise PromptTooLarge(too_large)
+    answers = answer_source(prompt_from_stdin=values["prompt"] is None)
+    permission: PermissionMode = values["permission"] or default_permission(answers)
+    if permission != "ask" and answers is not None:
+        answers.close()
+        answers = None
+    spec = _spec(
+        values,
+        command=command,
+        prompt=prompt,
+        cwd=cwd or os.getcwd(),
+        additional_directories=additional_directories,
+        permission=permission,
+        answers=answers,
+        transport=transport,
+        progress=_progress_wanted(values, default=is_terminal(sys.stderr)),
+    )
+    return _execute(spec)
+
+
+_SPEC_FIELDS: Final = frozenset(field.name for field in dataclasses.fields(TurnSpec))
+
+
+def _spec(values: Mapping[str, Any], **computed: Any) -> TurnSpec:
+    """The turn's spec: each option's merged value where a field is named after it, but for the fields
+    the command made of them (a checked cwd, a transport) or of nothing of the command line's."""
+    return TurnSpec(**{name: value for name, value in values.items() if name in _SPEC_FIELDS} | computed)
+
+
+def _configured(key: str, agent: AgentConfig | None) -> str:
+    """How an error names the config key ``key`` of ``agent``."""
+    assert agent is not None
+    return f"{key} of agent {agent.name!r} in {agent.source}"
+
+
+def _agent_directory(path: str, where: str, transport: Transport) -> str:
+    """``path``, a directory the agent works in: here, an existing one made absolute (relative to the
+    current directory); on another host, absolute and as written. ``where`` names it in a usage error."""
+    if not transport.local_files:
+        # A directory on the agent's host: it cannot be checked, nor resolved, from here.
+        if not os.path.isabs(path):
+            raise UsageError(f"{where}: {path!r} must be an absolute path on {transport.name}")
+        return path
+    if not os.path.isdir(path):
+        raise UsageError(f"{where}: {path!r} is not a directory")
+    return os.path.abspath(path)
+
+
+def _transport(url: str | None) -> Transport:
+    """Where the agent runs: ``--on URL``, else the configured agent's ``transport``, else here."""
+    try:
+        return transport_from_url(url)
+    except ValueError as exc:
+        # A configured URL was checked when the config was read: this is --on's.
+        raise UsageError(f"--on: {exc}") from None
+
+
+def _with_ssh_options(transport: Transport, config_file: str | None, options: Sequence[str]) -> Transport:
+    """The transport with ``--ssh-config``/``--ssh-option`` (over the agent's ``ssh_config`` and
+    ``ssh_options``) applied, when it is SSH; a usage error when it is not and they were given."""
+    if not options and config_file is None:
+        return transport
+    if not isinstance(transport, SshTransport):
+        raise UsageError(f"--ssh-config, --ssh-option: for an agent on ssh://HOST, not {transport.name}")
+    # A URL gives host, user and port only: the rest is the transport's defaults.
+    return SshTransport(
+        transport.host,
+        user=transport.user,
+        port=transport.port,
+        ssh_options=[*transport.ssh_options, *(arg for option in options for arg in ("-o", option))],
+        config_file=config_file if config_file is not None else transport.config_file,
+    )
+
+
+def _progress_wanted(values: Mapping[str, Any], *, default: bool) -> bool:
+    if values["json"] or values["events"]:
+        return False
+    return default if values["progress"] is None else bool(values["progress"])
+
+
+def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
+    """``subagent demo``: a turn against the bundled stub agent, then the in-process delegation demo."""
+    _check_output_options(args)
+    if command is not None:
+        raise UsageError(
+            "demo runs the bundled stub agent and takes no `-- COMMAND`; use `subagent run` for that"
+        )
+    stub = [sys.executable, "-m", "subagent.testing.stub_agent"]
+    if args.scenario is not None:
+        if not os.path.isfile(args.scenario):
+            raise UsageError(f"--scenario: {args.scenario!r} is not a file")
+        stub += ["--scenario", os.path.abspath(args.scenario)]
+    values = merge(DEMO_OPTIONS, args, {})
+    answers: AnswerSource | None = None
+    permission: PermissionMode | Literal["demo"] = values["permission"] or "demo"
+    if permission == "ask":
+        answers = AnswerSource.stdin()
+    spec = _spec(
+        values,
+        command=stub,
+        prompt=DEMO_PROMPT,
+        cwd=os.getcwd(),
+        permission=permission,
+        answers=answers,
+        progress=_progress_wanted(values, default=True),
+        demo=True,
+    )
+    status = EXIT_COMPLETED
+    if args.only in (None, "acp"):
+        if spec.progress:
+            console = Console(sys.stderr, color=use_color(sys.stderr))
+            console.line(console.paint(f"{PROG} demo: one turn against the bundled stub ACP agent", "1"))
+            console.line(console.paint(f"> {DEMO_PROMPT}", "2"))
+        status = _execute(spec)
+    if args.only in (None, "delegation") and status != EXIT_USAGE:
+        status = max(status, _delegation_demo(args, narrate=spec.progress and not spec.events))
+    return status
+
+
+def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
+    """The in-process half of the demo: an agent delegates to fork, spawn and acp at once."""
+    # Imported here: the rest of the command line does not need the in-process runtime.
+    from subagent.cli._demo import run_delegation_demo
+
+    # Not narrating (--events, --quiet): the narration goes nowhere.
+    console = Console(sys.stderr if narrate else io.StringIO(), color=narrate and use_color(sys.stderr))
+    if narrate:
+        console.line(
+            console.paint(f"{PROG} demo: an in-process agent delegates to fork, spawn and acp at once", "1")
+        )
+    try:
+        report = anyio.run(run_delegation_demo, console)
+    except Exception as exc:
+        logger.debug("the delegation demo failed", exc_info=True)
+        Console(sys.stderr, color=False).line(f"{PROG}: the delegation demo failed: {exc}")
+        return EXIT_NOT_COMPLETED
+    if args.json:
+        print_json({"output": report, "stopReason": "completed", "error": None, "usage": None})
+    else:
+        print_stdout(report + "\n")
+    if narrate:
+        console.line(
+            "That was the in-process runtime on a scripted model. "
+            "Serve it to any ACP client: subagent serve --script FILE"
+        )
+    return EXIT_COMPLETED
+
+
+def configured_agent(name: str, explicit_config: str | None) -> AgentConfig:
+    """The agent ``name`` of the config (``--config``, else the first found); a usage error if none."""
+    path = find_config(explicit_config)
+    if path is None:
+        looked = ", ".join(str(candidate) for candidate in config_search_path())
+        raise UsageError(f"--agent {name}: no config file found (looked for {looked})")
+    config = load_config(path)
+    agent = config.agents.get(name)
+    if agent is None:
+        known = ", ".join(config.agents) or "none"
+        raise UsageError(f"--agent {name}: no agent named {name!r} in {path} (configured: {known})")
+    return agent
+
+
+def agents_command(args: argparse.Namespace, command: list[str] | None) -> int:
+    """``subagent agents``: list the configured agents (as text, or one JSON object)."""
+    if command is not None:
+        raise UsageError("agents takes no `-- COMMAND`")
+    searched = [Path(args.config)] if args.config is not None else config_search_path()
+    path = find_config(args.config)
+    agents = list(load_config(path).agents.values()) if path is not None else []
+    if args.json:
+        print_json(
+            {
+                "config": None if path is None else str(path),
+                "searched": [str(candidate) for candidate in searched],
+                "agents": [
+                    {
+                        "name": agent.name,
+                        "command": list(agent.command),
+                        "description": agent.description,
+                        "fs": agent.fs,
+                        "transport": agent.transport or "local",
+                        "source": str(agent.source),
+                    }
+                    for agent in agents
+                ],
+            }
+        )
+        return 0
+    if path is None:
+        looked = "\n".join(f"  {candidate}" for candidate in searched)
+        print_stdout(f"no agents configured; looked for a config file at:\n{looked}\n")
+        print_stdout(f"see `{PROG} --help` for the format\n")
+        return 0
+    if not agents:
+        print_stdout(f"no agents configured in {path}\n")
+        return 0
+    width = max(len(agent.name) for agent in agents)
+    lines = [f"agents in {path}:"]
+    for agent in agents:
+        no_fs = "  (fs off: no fs/* offered)" if not agent.fs else ""
+        where = f"  (on {agent.transport})" if agent.transport not in (None, "local") else ""
+        lines.append(f"  {agent.name:<{width}}  {shlex.join(agent.command)}{where}{no_fs}")
+        if agent.description:
+            lines.append(f"  {'':<{width}}  {agent.description}")
+    print_stdout("\n".join(lines) + "\n")
+    return 0
+
+
+def _execute(spec: TurnSpec) -> int:
+    """Run the turn, print its outcome, and return the exit status."""
+    console = Console(sys.stderr, color=use_color(sys.stderr))
+    views: list[RunView] = [
+        EventView(sys.stderr)
+        if spec.events
+        else HumanView(console, progress=spec.progress, decisions=spec.progress or spec.permission == "ask")
+    ]
+    with contextlib.ExitStack() as stack:
+        if spec.events_file is not None:
+            try:
+                stream = stack.enter_context(open(spec.events_file, "w", encoding="utf-8"))
+            except OSError as exc:
+                raise UsageError(f"--events-file: cannot write {spec.events_file}: {exc.strerror}") from None
+            views.append(EventView(stream))
+        recorder = TraceRecorder() if spec.trace is not None else None
+        if recorder is not None:
+            views.append(recorder)
+        for view in views[1:]:
+            assert isinstance(view, EventView)
+            emit_prompt(view, spec.prompt)
+        view = views[0] if len(views) == 1 else FanOut(views)
+        LOG_HANDLER.view = view
+        try:
+            outcome = anyio.run(drive, spec, view)
+        finally:
+            LOG_HANDLER.view = None
+            if spec.answers is not None:
+                spec.answers.close()
+            # Written however the run ended (a failure, an interrupt): that is when a trace is wanted most.
+            trace_failed = recorder is not None and not _write_trace(recorder, spec)
+    status = _report(spec, outcome, console)
+    return EXIT_USAGE if trace_failed else status
+
+
+def _write_trace(recorder: TraceRecorder, spec: TurnSpec) -> bool:
+    """Write the trace page; False (said on stderr) if it could not be written."""
+    assert spec.trace is not None
+    # Named by what it was asked (the command line may hold a secret; the prompt is on the page anyway).
+    asked = " ".join(spec.prompt.split())
+    title = f"{PROG} trace: {asked if len(asked) <= 80 else asked[:79] + chr(0x2026)}"
+    try:
+        write_page(spec.trace, recorder.builder.page(title))
+    except OSError as exc:
+        Console(sys.stderr, color=False).line(f"{PROG}: --trace: cannot write {spec.trace}: {exc.strerror}")
+        return False
+    return True
+
+
+def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
+    """Print the turn's outcome and return the exit status."""
+    result = outcome.result
+    if spec.json:
+        report: dict[str, Any] = {
+            "output": result.output,
+            "stopReason": result.stop_reason,
+            "error": result.error,
+            "usage": usage_to_acp(result.usage),
+        }
+        if outcome.run_costs:
+            # The agent's subagent tree reported what its runs used: the whole tree's total beside its own.
+            report["subtreeUsage"] = usage_to_acp(outcome.subtree_usage)
+        print_json(report)
+    elif result.output and outcome.start_error is None:
+        print_stdout(result.output if result.output.endswith("\n") else result.output + "\n")
+    if outcome.start_error is not None:
+        if not spec.events:
+            console.line(f"{PROG}: the agent failed to start: {outcome.start_error}")
+        return EXIT_USAGE
+    if not result.ok and not spec.events:
+        detail = f": {result.error}" if result.error else ""
+        console.line(f"{PROG}: the turn ended with stop reason {result.stop_reason!r}{detail}")
+    if spec.demo and not spec.events:
+        console.line(
+            f"That was the bundled stub agent (no network, no keys). To drive a real one: {_REAL_AGENT_HINT}"
+        )
+    return EXIT_COMPLETED if result.ok else EXIT_NOT_COMPLETED

@@ -1,0 +1,357 @@
+"""One turn through the seam: :func:`drive` starts the agent through
+:class:`~subagent.service.SubagentService` and :class:`~subagent.providers.acp.AcpProvider`, exactly as
+a library caller would, reports the run to a view, and turns every way it can end (a start failure,
+an interrupt, a teardown, a denial the agent gave up on) into an :class:`TurnOutcome`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+import anyio
+
+from subagent._text import one_line
+from subagent._usage_codec import usage_from_acp
+from subagent.acp import schema
+from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
+from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
+from subagent.acp.transports._channel import Transport
+from subagent.cli._console import sanitize
+from subagent.cli._exits import UsageError
+from subagent.cli._interrupts import Interrupts
+from subagent.cli._permission import AnswerSource, PermissionMode, permission_policy
+from subagent.cli._tool_call_tracker import ToolCalls, ToolCallState
+from subagent.cli._views import RunView, StartInfo, run_meta
+from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
+from subagent.service import ServiceRun, SubagentService
+from subagent.types import SubagentError, SubagentRequest, SubagentResult, Usage, sum_usage
+
+__all__ = ["TurnOutcome", "TurnSpec", "drive"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TurnSpec:
+    """Everything one turn needs, after options, config and defaults were merged: a field named like an
+    option of :data:`~subagent.cli._options.RUN_OPTIONS` is set to its merged value."""
+
+    command: list[str]
+    prompt: str
+    cwd: str
+    permission_timeout: float
+    additional_directories: tuple[str, ...] = ()
+    """More directories the agent may work in (``--add-dir``), absolute."""
+    env: Mapping[str, str] | None = None
+    permission: PermissionMode | Literal["demo"] = "deny"
+    answers: AnswerSource | None = None
+    timeout: float | None = None
+    ready_timeout: float | None = None
+    auth_method: str | None = None
+    fs: bool = True
+    mode: str | None = None
+    """The session mode to switch to before the prompt (None: the agent's own)."""
+    config_options: Mapping[str, str | bool] = dataclasses.field(default_factory=dict)
+    """Session config options to set before the prompt."""
+    transport: Transport | None = None
+    """Where the agent runs (None: a local child process)."""
+    json: bool = False
+    """One JSON object on stdout (``--json``)."""
+    events: bool = False
+    events_file: str | None = None
+    """Where the ``--events`` lines are written too."""
+    trace: str | None = None
+    """Where the trace page is written when the run ends."""
+    progress: bool = False
+    demo: bool = False
+
+
+@dataclass(slots=True)
+class TurnOutcome:
+    """How a turn ended; ``start_error`` when the agent never became ready."""
+
+    result: SubagentResult
+    start_error: str | None = None
+    elapsed: float = 0.0
+    run_costs: dict[str, Usage] = dataclasses.field(default_factory=dict)
+    """The usage of each run of the agent's subagent tree that ended reporting one (``subagent serve``
+    sends it in the run's ``_meta``), by run id: bounded by ``MAX_COSTED_RUNS``."""
+
+    @property
+    def subtree_usage(self) -> Usage | None:
+        """The turn's own usage and its subagent tree's, added up (None when nothing reported any)."""
+        return sum_usage([self.result.usage, *self.run_costs.values()])
+
+
+MAX_COSTED_RUNS: Final = 100_000
+"""Runs of a subagent tree whose cost one turn remembers: a few MiB at most, whatever an agent sends."""
+
+
+def _note_run_cost(costs: dict[str, Usage], update: schema.SessionUpdate) -> None:
+    """Remember the usage a run's end update carries (``subagent serve``'s tree of runs)."""
+    run = run_meta(update) if isinstance(update, schema.ToolCallProgress) else None
+    if run is None:
+        return
+    run_id, raw = run["runId"], run.get("usage")
+    usage = usage_from_acp(raw) if isinstance(raw, Mapping) else None
+    if usage is not None and (run_id in costs or len(costs) < MAX_COSTED_RUNS):
+        costs[run_id] = usage  # an agent that reports a run twice is counted once
+
+
+@dataclass(frozen=True, slots=True)
+class _Denial:
+    """A permission question the policy answered with a rejection, or withdrew."""
+
+    call: ToolCallState
+    reason: str
+
+
+class _StartGate(RunView):
+    """Forwards to the real view, announcing the start (once) before anything of the session.
+    Remembers the last permission decision: a denial may be why the agent ended its turn."""
+
+    def __init__(self, inner: RunView) -> None:
+        self.inner = inner
+        self.announce: Callable[[], None] = lambda: None
+        self.last_denial: _Denial | None = None
+        """The last permission decision, if it was a denial (None after an allowing one)."""
+
+    def spawning(self, command: Sequence[str], cwd: str) -> None:
+        logger.info("starting agent `%s` in %s", shlex.join(command), cwd)
+        self.inner.spawning(command, cwd)
+
+    def started(self, info: StartInfo) -> None:
+        logger.info(
+            "agent ready: %s %s, protocol version %s, session %s",
+            info.agent_name or "(unnamed)",
+            info.agent_version or "",
+            info.protocol_version,
+            info.session_id,
+        )
+        self.inner.started(info)
+
+    def update(self, update: schema.SessionUpdate, changed_call: ToolCallState | None) -> None:
+        self.announce()
+        self.inner.update(update, changed_call)
+
+    def question(self, question: PermissionQuestion, call: ToolCallState, timeout: float) -> None:
+        self.announce()
+        self.inner.question(question, call, timeout)
+
+    def answered(self, *, echoed: bool) -> None:
+        self.inner.answered(echoed=echoed)
+
+    def decided(
+        self, question: PermissionQuestion, call: ToolCallState, decision: PermissionDecision, reason: str
+    ) -> None:
+        self.announce()
+        answer = "cancelled" if isinstance(decision, PermissionOutcome) else decision.option_id
+        logger.info("permission for tool call %r: %s (%s)", question.tool_call_id, answer, reason)
+        denied = isinstance(decision, PermissionOutcome) or decision.kind in ("reject_once", "reject_always")
+        self.last_denial = _Denial(call, reason) if denied else None
+        self.inner.decided(question, call, decision, reason)
+
+    def interrupted(self, signal_name: str, count: int, action: str) -> None:
+        self.inner.interrupted(signal_name, count, action)
+
+    def elicitation(self, question: ElicitationQuestion, timeout: float) -> None:
+        self.announce()
+        self.inner.elicitation(question, timeout)
+
+    def elicitation_field(self, field: ElicitationField, problem: str | None) -> None:
+        self.inner.elicitation_field(field, problem)
+
+    def elicited(self, question: ElicitationQuestion, action: str, reason: str) -> None:
+        self.announce()
+        logger.info("elicitation: %s (%s)", action, reason)
+        self.inner.elicited(question, action, reason)
+
+    def start_failed(self, message: str) -> None:
+        self.inner.start_failed(message)
+
+    def ended(self, result: SubagentResult, elapsed: float) -> None:
+        self.announce()
+        logger.info("turn ended: %s in %.2f s", result.stop_reason, elapsed)
+        self.inner.ended(result, elapsed)
+
+    def log(self, record: logging.LogRecord, message: str) -> None:
+        self.inner.log(record, message)
+
+
+async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
+    """Run the turn through the service; never raises for a child-level failure or an interrupt."""
+    gate = _StartGate(view)
+    tool_calls = ToolCalls()
+    try:
+        provider = AcpProvider(
+            spec.command,
+            name="acp",
+            env=spec.env,
+            cwd=spec.cwd,
+            permission=permission_policy(
+                spec.permission, gate, tool_calls, spec.answers, timeout=spec.permission_timeout
+            ),
+            auth_method=spec.auth_method,
+            fs=spec.fs,
+            transport=spec.transport,
+            mode=spec.mode,
+            config_options=spec.config_options,
+            ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
+        )
+    except (ValueError, TypeError) as exc:
+        # A command or environment no process could receive (a NUL in an argument, say).
+        raise UsageError(str(exc)) from None
+    request = SubagentRequest(
+        prompt=spec.prompt,
+        cwd=spec.cwd,
+        timeout=spec.timeout,
+        additional_directories=spec.additional_directories,
+    )
+    began = time.monotonic()
+    run_costs: dict[str, Usage] = {}
+    async with anyio.create_task_group() as outer:
+        interrupts = Interrupts(gate, outer)
+        # The receiver stays open until the service has torn the agent down, so a Ctrl-C during
+        # teardown is handled too, never raised as KeyboardInterrupt in the middle of it.
+        await outer.start(interrupts.watch)
+        # Keeps a live view's clock-driven parts current (the run block's ages); cancelled with the
+        # task group below, before the gate reports the end.
+        outer.start_soon(view.tick)
+        try:
+            async with SubagentService() as service:
+                service.register_provider(provider)
+                gate.spawning(spec.command, spec.cwd)
+                run = service.start(provider.name, request)
+                acp_run = run.provider_run
+                assert isinstance(acp_run, AcpRun)
+                announced = False
+
+                def announce() -> None:
+                    nonlocal announced
+                    if not announced and acp_run.session_id is not None:
+                        announced = True
+                        gate.started(_start_info(acp_run, spec))
+
+                gate.announce = announce
+
+                def on_update(update: schema.SessionUpdate) -> None:
+                    _note_run_cost(run_costs, update)
+                    gate.update(update, tool_calls.observe(update))
+
+                acp_run.on_update(on_update)
+                interrupts.attach(run)
+                async with run:
+                    outcome = await _await_turn(run, acp_run, spec, gate, interrupts, announce)
+        finally:
+            outer.cancel_scope.cancel()
+    outcome.elapsed = time.monotonic() - began
+    outcome.run_costs = run_costs
+    denial = gate.last_denial
+    if outcome.result.stop_reason == "cancelled" and denial is not None and not interrupts.count:
+        # Nobody pressed Ctrl-C: the agent ended its own turn on our denial (Codex, for one,
+        # offers only a reject option that aborts the turn). Say so, and how to allow it.
+        why = _denial_explanation(denial, spec.permission)
+        error = outcome.result.error
+        outcome.result = dataclasses.replace(outcome.result, error=f"{error}; {why}" if error else why)
+    if outcome.start_error is None:
+        gate.ended(outcome.result, outcome.elapsed)
+    return outcome
+
+
+_MAX_TITLE_CHARS: Final = 200
+"""The longest tool-call title a denial's explanation quotes."""
+
+
+def _denial_explanation(denial: _Denial, permission: str) -> str:
+    title = one_line(sanitize(denial.call.title or denial.call.tool_call_id), _MAX_TITLE_CHARS)
+    how = (
+        "answer yes when asked, or use --permission allow to allow every request"
+        if permission == "ask"
+        else "use --permission allow to allow every request, or --permission ask to decide each one"
+    )
+    return (
+        f"the agent ended its turn after its permission request for {title!r} was denied "
+        f"({denial.reason}); to allow it, {how}"
+    )
+
+
+async def _await_turn(
+    run: ServiceRun,
+    acp_run: AcpRun,
+    spec: TurnSpec,
+    view: RunView,
+    interrupts: Interrupts,
+    announce: Callable[[], None],
+) -> TurnOutcome:
+    try:
+        await run.started()
+    except SubagentError as exc:
+        if interrupts.count:
+            return TurnOutcome(_interrupted_result(acp_run, "interrupted before the agent was ready"))
+        message = _start_failure(exc, acp_run, spec)
+        view.start_failed(message)
+        return TurnOutcome(SubagentResult(output="", stop_reason="error", error=message), start_error=message)
+    announce()
+    try:
+        result = await run.result()
+    except SubagentError as exc:
+        if interrupts.stopped_by is not None:
+            return TurnOutcome(_torn_down_result(acp_run, interrupts.stopped_by))
+        logger.debug("the run's result failed", exc_info=True)
+        return TurnOutcome(SubagentResult(output=acp_run.output, stop_reason="error", error=exc.message))
+    if interrupts.stopped_by is not None and result.stop_reason == "error":
+        # Torn down at once while the turn ran: the child's death is our doing, not its failure.
+        return TurnOutcome(_torn_down_result(acp_run, interrupts.stopped_by))
+    return TurnOutcome(result)
+
+
+def _torn_down_result(acp_run: AcpRun, stopped_by: str) -> SubagentResult:
+    return _interrupted_result(acp_run, f"the agent was torn down at once on {stopped_by}")
+
+
+def _interrupted_result(acp_run: AcpRun, why: str) -> SubagentResult:
+    return SubagentResult(output=acp_run.output, stop_reason="cancelled", error=why)
+
+
+def _start_info(acp_run: AcpRun, spec: TurnSpec) -> StartInfo:
+    agent = acp_run.agent
+    info = agent.agent_info if agent is not None else None
+    return StartInfo(
+        run_id=acp_run.id,
+        session_id=acp_run.session_id,
+        command=spec.command,
+        cwd=spec.cwd,
+        agent_name=(info.title or info.name) if info is not None else None,
+        agent_version=info.version if info is not None else None,
+        protocol_version=agent.protocol_version if agent is not None else None,
+        mode=acp_run.current_mode,
+        config_options=[schema.to_builtins(option) for option in acp_run.config_options],
+    )
+
+
+def _start_failure(exc: SubagentError, acp_run: AcpRun, spec: TurnSpec) -> str:
+    message = exc.message
+    agent = acp_run.agent
+    if (
+        acp_run.authentication_failed
+        and spec.auth_method is None
+        and agent is not None
+        and agent.auth_methods
+    ):
+        ids = [_auth_method_id(method) for method in agent.auth_methods]
+        offered = ", ".join(repr(method_id) for method_id in ids if method_id)
+        message += f" (to authenticate with one of {offered}: --auth-method ID, or auth_method in the config)"
+    return message
+
+
+def _auth_method_id(method: schema.AuthMethod) -> str | None:
+    if isinstance(method, schema.UnknownAuthMethod):
+        value = method.raw.get("id")
+        return value if isinstance(value, str) else None
+    return method.id
