@@ -91,15 +91,18 @@ interop: $(INTEROP_AGENT) $(CLAUDE_ACP) $(QWEN_CODE) $(CODEX_ACP) $(CODEX_ACP_2)
 # The suite mostly waits on child processes, so it is spread over twice as many workers as cores;
 # tests/conftest.py schedules them: one test at a time, the Ray tests together on a worker of their own.
 TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
+# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE, as on CI): else every
+# worker rewrites every test module's asserts again, and every child agent compiles the package again.
 PYTEST_PARALLEL := -n $(TEST_WORKERS)
+PYTEST := PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest
 
 test: $(STAMP) interop ## run the whole test suite (what CI runs), spread over worker processes
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
+	$(PYTEST) $(PYTEST_PARALLEL)
 
 # The edit loop's tier: the in-process and protocol core, over memory streams and loopback sockets. Left
 # out: tests that start child processes (agents, the CLI, sshd, Ray, chromium), real agents, fuzzing.
 test-fast: $(STAMP) ## the in-process and protocol core only, for the edit loop (about a minute)
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -m "not subprocess and not real_agent and not fuzz"
+	$(PYTEST) $(PYTEST_PARALLEL) -m "not subprocess and not real_agent and not fuzz"
 
 fuzz: $(STAMP) ## the fuzz tests at length (HYPOTHESIS_PROFILE=fuzz: thousands of inputs per property)
 	HYPOTHESIS_PROFILE=fuzz $(BIN)/python -m pytest -m fuzz
