@@ -101,7 +101,14 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from subagent.acp._errors import AgentSpawnError
-from subagent.acp.transports._channel import BaseTransport, ExitInfo, Launch, TeardownReport, TeardownStep
+from subagent.acp.transports._channel import (
+    BaseTransport,
+    ExitInfo,
+    Launch,
+    TeardownReport,
+    TeardownStep,
+    own_channel,
+)
 from subagent.acp.transports._local import (
     SIGKILL_TIMEOUT,
     SIGTERM_TIMEOUT,
@@ -746,26 +753,8 @@ class RayTransport(BaseTransport["RayChannel"]):
         """
         channel = RayChannel(self, launch.argv, launch.on_stderr_line)
         await channel._start(launch.env, launch.cwd)
-        body_error: BaseException | None = None
-        try:
-            async with anyio.create_task_group() as task_group:
-                channel._start_relays(task_group)
-                try:
-                    yield channel
-                except BaseException as exc:
-                    # Re-raised after the task group, so callers see their own exception, not a group.
-                    body_error = exc
-                finally:
-                    try:
-                        await channel.aclose()
-                    finally:
-                        channel._stop_relays()
-                        task_group.cancel_scope.cancel()
-        finally:
-            await channel.aclose()
-        if body_error is not None:
-            raise body_error
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        async with own_channel(channel, channel._start_relays, channel._stop_relays):
+            yield channel
 
 
 class RayChannel:
