@@ -1,6 +1,6 @@
 """What every run class needs and none should write again: an outcome settled once and awaited any
-number of times, ``async with run:`` disposing the run, and the re-raising of a task group's one
-real error as itself.
+number of times, ``async with run:`` disposing the run (and ``async with owner:`` closing an owner of
+runs or connections), and the re-raising of a task group's one real error as itself.
 
 A run's readiness and its result are each such an outcome: a value or an error, settled once by
 whoever knows first (the first settle wins, later ones are no-ops), then handed, unchanged, to every
@@ -15,7 +15,7 @@ from typing import Generic, Self, TypeVar, cast
 
 import anyio
 
-__all__ = ["DisposeOnExit", "Outcome", "raise_sole_error"]
+__all__ = ["CloseOnExit", "DisposeOnExit", "Outcome", "raise_sole_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,20 @@ class DisposeOnExit:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.dispose()
+
+
+class CloseOnExit:
+    """An owner (of children, of a connection) used as an async context manager: leaving the block
+    awaits its ``aclose``, on every exit path."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
 
 
 def raise_sole_error(

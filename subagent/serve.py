@@ -103,6 +103,7 @@ import anyio
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
+from subagent._acp_stop_reasons import TO_ACP
 from subagent._text import cut, one_line
 from subagent._usage_codec import prompt_response_usage, usage_to_acp
 from subagent._version import __version__
@@ -180,16 +181,6 @@ REJECT_OPTION_ID: Final = "reject"
 _PERMISSION_OPTIONS: Final = (
     schema.PermissionOption(option_id=ALLOW_OPTION_ID, name="Allow", kind="allow_once"),
     schema.PermissionOption(option_id=REJECT_OPTION_ID, name="Reject", kind="reject_once"),
-)
-
-_STOP_REASONS: Final[Mapping[str, schema.StopReason]] = MappingProxyType(
-    {
-        "completed": "end_turn",
-        "cancelled": "cancelled",
-        "max_tokens": "max_tokens",
-        "max_turns": "max_turn_requests",
-        "refusal": "refusal",
-    }
 )
 
 _DEFAULT_BACKGROUND: Final = BackgroundOptions()
@@ -564,7 +555,7 @@ def _answer(result: SubagentResult | None, turn: PromptTurn) -> schema.PromptRes
     """The prompt's answer for how the turn ended (None: it was aborted)."""
     if result is None or turn.cancel_requested:
         return schema.PromptResponse(stop_reason="cancelled")
-    stop_reason = _STOP_REASONS.get(result.stop_reason)
+    stop_reason = TO_ACP.get(result.stop_reason)
     if stop_reason is None:
         # error (and timeout, which this server never sets): ACP has no stop reason for a failed turn.
         raise RequestError(

@@ -20,6 +20,7 @@ an answer); :class:`~subagent.acp.handlers.CallbackPolicy` asks its ``elicitatio
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import math
 import urllib.parse
@@ -222,42 +223,38 @@ def _field(name: str, prop: schema.ElicitationPropertySchema, required: bool) ->
     if not name or len(name) > MAX_NAME_CHARS:
         raise _refuse(f"a field name must have 1 to {MAX_NAME_CHARS} characters")
     where = f"field {name!r}"
+    # The parts of its kind first, then what every kind has.
     if isinstance(prop, schema.StringPropertySchema):
-        return _string_field(name, prop, required, where)
-    if isinstance(prop, schema.NumberPropertySchema | schema.IntegerPropertySchema):
+        made = _string_field(name, prop, where)
+    elif isinstance(prop, schema.NumberPropertySchema | schema.IntegerPropertySchema):
         kind: FieldType = "number" if isinstance(prop, schema.NumberPropertySchema) else "integer"
         low, high = _bound(prop.minimum, f"{where}: minimum"), _bound(prop.maximum, f"{where}: maximum")
         if low is not None and high is not None and low > high:
             raise _refuse(f"{where}: minimum is above maximum")
-        made = ElicitationField(
-            name,
-            kind,
-            _text(prop.title, f"{where}: title"),
-            _text(prop.description, f"{where}: description"),
-            required,
-            None,
-            minimum=low,
-            maximum=high,
+        made = ElicitationField(name, kind, minimum=low, maximum=high)
+    elif isinstance(prop, schema.BooleanPropertySchema):
+        made = ElicitationField(name, "boolean")
+    else:
+        kind_name = (
+            "a multi-select (array)" if isinstance(prop, schema.MultiSelectPropertySchema) else "an unknown"
         )
-        return _with_default(made, prop.default, where)
-    if isinstance(prop, schema.BooleanPropertySchema):
-        made = ElicitationField(
-            name,
-            "boolean",
-            _text(prop.title, f"{where}: title"),
-            _text(prop.description, f"{where}: description"),
-            required,
-        )
-        return _with_default(made, prop.default, where)
-    kind_name = (
-        "a multi-select (array)" if isinstance(prop, schema.MultiSelectPropertySchema) else "an unknown"
+        raise _refuse(f"{where} is {kind_name} field, which this client cannot show")
+    made = dataclasses.replace(
+        made,
+        title=_text(prop.title, f"{where}: title"),
+        description=_text(prop.description, f"{where}: description"),
+        required=required,
     )
-    raise _refuse(f"{where} is {kind_name} field, which this client cannot show")
+    if prop.default is None:
+        return made
+    # The default must itself be a valid value: a form offers it as the answer.
+    problem = check_value(made, prop.default)
+    if problem is not None:
+        raise _refuse(f"{where}: the default is not a valid value ({problem})")
+    return dataclasses.replace(made, default=prop.default)
 
 
-def _string_field(
-    name: str, prop: schema.StringPropertySchema, required: bool, where: str
-) -> ElicitationField:
+def _string_field(name: str, prop: schema.StringPropertySchema, where: str) -> ElicitationField:
     if prop.pattern is not None:
         raise _refuse(f"{where}: a pattern cannot be checked by this client")
     if prop.format is not None and prop.format not in _FORMATS:
@@ -278,41 +275,8 @@ def _string_field(
         raise _refuse(f"{where}: negative length bounds")
     if low is not None and high is not None and low > high:
         raise _refuse(f"{where}: minLength is above maxLength")
-    made = ElicitationField(
-        name,
-        "string",
-        _text(prop.title, f"{where}: title"),
-        _text(prop.description, f"{where}: description"),
-        required,
-        None,
-        tuple(choices),
-        min_length=low,
-        max_length=high,
-        format=prop.format,
-    )
-    return _with_default(made, prop.default, where)
-
-
-def _with_default(made: ElicitationField, default: FieldValue | None, where: str) -> ElicitationField:
-    """The field with its default, which must itself be a valid value (a form offers it as the answer)."""
-    if default is None:
-        return made
-    problem = check_value(made, default)
-    if problem is not None:
-        raise _refuse(f"{where}: the default is not a valid value ({problem})")
     return ElicitationField(
-        made.name,
-        made.type,
-        made.title,
-        made.description,
-        made.required,
-        default,
-        made.choices,
-        made.minimum,
-        made.maximum,
-        made.min_length,
-        made.max_length,
-        made.format,
+        name, "string", choices=tuple(choices), min_length=low, max_length=high, format=prop.format
     )
 
 

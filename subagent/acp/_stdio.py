@@ -13,14 +13,17 @@ import contextlib
 import fcntl
 import os
 import stat
-from collections.abc import Iterator
-from typing import Final
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Final, TypeVar
 
 import anyio
 import anyio.abc
 import anyio.lowlevel
 
 __all__ = ["FdReceiveStream", "FdSendStream", "stdio_streams"]
+
+_Argument = TypeVar("_Argument")
+_Result = TypeVar("_Result")
 
 _READ_SIZE: Final = 64 * 1024
 """How much one `FdReceiveStream.receive` reads by default: one pipe buffer."""
@@ -35,7 +38,7 @@ def _pollable(fd: int) -> bool:
 class _FdStream:
     """A file descriptor in non-blocking mode; restores its flags on close (shared with the process's 0/1)."""
 
-    def __init__(self, fd: int, *, close_fd: bool) -> None:
+    def __init__(self, fd: int, *, close_fd: bool = True) -> None:
         self._fd = fd
         self._close_fd = close_fd
         self._closed = False
@@ -61,6 +64,36 @@ class _FdStream:
             raise anyio.ClosedResourceError
         if self._busy:
             raise anyio.BusyResourceError("using")
+
+    async def _when_ready(
+        self,
+        call: Callable[[int, _Argument], _Result],
+        argument: _Argument,
+        ready: Callable[[int], Awaitable[None]],
+    ) -> _Result:
+        """``call(fd, argument)`` (a read or a write), waiting with ``ready`` each time it would block; the
+        stream is busy until it returns.
+
+        Raises:
+            anyio.ClosedResourceError: the stream is closed, before or while waiting.
+            anyio.BusyResourceError: another task is using it.
+            anyio.BrokenResourceError: the call failed (EPIPE: the reader is gone; SIGPIPE is ignored in
+                Python).
+        """
+        self._check()
+        self._busy = True
+        try:
+            while True:
+                try:
+                    return call(self._fd, argument)
+                except BlockingIOError:
+                    await ready(self._fd)
+                    if self._closed:
+                        raise anyio.ClosedResourceError from None
+                except OSError as exc:
+                    raise anyio.BrokenResourceError from exc
+        finally:
+            self._busy = False
 
     async def aclose(self) -> None:
         """Restore the descriptor's flags and close it (if this stream owns it); idempotent.
@@ -95,28 +128,10 @@ class FdReceiveStream(_FdStream, anyio.abc.ByteReceiveStream):
         close_fd: close it on `aclose` (else only its flags are restored).
     """
 
-    def __init__(self, fd: int, *, close_fd: bool = True) -> None:
-        super().__init__(fd, close_fd=close_fd)
-
     async def receive(self, max_bytes: int = _READ_SIZE) -> bytes:
         """Return up to `max_bytes` as soon as any are available."""
         await anyio.lowlevel.checkpoint_if_cancelled()
-        self._check()
-        self._busy = True
-        try:
-            while True:
-                try:
-                    data = os.read(self._fd, max_bytes)
-                except BlockingIOError:
-                    await anyio.wait_readable(self._fd)
-                    if self._closed:
-                        raise anyio.ClosedResourceError from None
-                    continue
-                except OSError as exc:
-                    raise anyio.BrokenResourceError from exc
-                break
-        finally:
-            self._busy = False
+        data = await self._when_ready(os.read, max_bytes, anyio.wait_readable)
         if not data:
             raise anyio.EndOfStream
         # A read that never had to wait still yields once, so a busy reader cannot starve other tasks.
@@ -141,29 +156,14 @@ class FdSendStream(_FdStream, anyio.abc.ByteSendStream):
         close_fd: close it on `aclose` (else only its flags are restored).
     """
 
-    def __init__(self, fd: int, *, close_fd: bool = True) -> None:
-        super().__init__(fd, close_fd=close_fd)
-
     async def send(self, item: bytes) -> None:
         """Write all of `item`."""
         await anyio.lowlevel.checkpoint_if_cancelled()
-        self._check()
-        self._busy = True
-        try:
-            view = memoryview(item)
-            while view:
-                try:
-                    written = os.write(self._fd, view)
-                except BlockingIOError:
-                    await anyio.wait_writable(self._fd)
-                    if self._closed:
-                        raise anyio.ClosedResourceError from None
-                    continue
-                except OSError as exc:  # EPIPE: the reader is gone (SIGPIPE is ignored in Python)
-                    raise anyio.BrokenResourceError from exc
-                view = view[written:]
-        finally:
-            self._busy = False
+        self._check()  # an empty item too finds out that the stream is closed
+        view = memoryview(item)
+        while view:
+            written = await self._when_ready(os.write, view, anyio.wait_writable)
+            view = view[written:]
 
 
 @contextlib.contextmanager

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import logging
-import math
 import os
 import secrets
 from collections.abc import Sequence
@@ -31,7 +29,7 @@ from typing import Any, Final
 
 import anyio
 
-from subagent._text import cut
+from subagent._finite_json import NotFiniteNumberError, loads_finite
 from subagent.acp import schema
 from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
@@ -183,21 +181,6 @@ class EventsFileError(Exception):
     file and the line)."""
 
 
-class _NotFinite(ValueError):
-    pass
-
-
-def _refuse_constant(name: str) -> float:
-    raise _NotFinite(f"{name} is not a finite number")
-
-
-def _finite(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _NotFinite(f"{cut(text, 40)} is not a finite number")
-    return value
-
-
 def parse_event(line: str) -> dict[str, Any]:
     """One event line as a JSON object, every number in it finite.
 
@@ -206,9 +189,9 @@ def parse_event(line: str) -> dict[str, Any]:
             (``NaN``, ``Infinity``, ``1e400``), or is no object.
     """
     try:
-        event = json.loads(line, parse_constant=_refuse_constant, parse_float=_finite)
-    except _NotFinite as exc:
-        raise EventsFileError(str(exc)) from None
+        event = loads_finite(line)
+    except NotFiniteNumberError as exc:
+        raise EventsFileError(f"{exc.number} is not a finite number") from None
     except ValueError as exc:
         raise EventsFileError(f"not JSON ({exc})") from None
     except RecursionError:

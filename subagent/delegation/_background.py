@@ -58,6 +58,7 @@ from typing import Literal
 
 import anyio
 
+from subagent._outcome import CloseOnExit
 from subagent._text import one_line
 from subagent.delegation._results import Spill, SubagentToolResult, map_result, seam_failure
 from subagent.events import Listeners
@@ -365,7 +366,7 @@ class _Parent:
         self.changed = anyio.Event()
 
 
-class BackgroundChildren:
+class BackgroundChildren(CloseOnExit):
     """The background children of any number of parents, started on ``service``.
 
     Use it while ``service`` is open; :meth:`aclose` (or ``async with``) cancels and disposes every
@@ -942,12 +943,6 @@ class BackgroundChildren:
         spill_dir, self._spill_dir = self._spill_dir, None
         if spill_dir is not None:
             shutil.rmtree(spill_dir, ignore_errors=True)
-
-    async def __aenter__(self) -> BackgroundChildren:
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
 
     # -- helpers -----------------------------------------------------------------------------------------
 

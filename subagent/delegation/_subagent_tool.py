@@ -37,7 +37,7 @@ from typing import Any, Literal, Self, TypeVar
 
 import anyio
 
-from subagent._outcome import raise_sole_error
+from subagent._outcome import CloseOnExit, raise_sole_error
 from subagent.delegation._background import (
     BackgroundChildren,
     BackgroundError,
@@ -286,7 +286,7 @@ async def _awaited_beside(awaitable: Awaitable[T], companion: Callable[[], Corou
 # -- the tool ---------------------------------------------------------------------------------------
 
 
-class SubagentTool:
+class SubagentTool(CloseOnExit):
     """The ``subagent`` tool over a :class:`~subagent.service.SubagentService`.
 
     Args:
@@ -409,17 +409,6 @@ class SubagentTool:
         self._stop_following()
         if self._background is not None:
             await self._background.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def close(self) -> None:
         """Stop following the registry: the definition and version stay as they are. Idempotent.

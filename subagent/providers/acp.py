@@ -69,6 +69,7 @@ import anyio.abc
 import msgspec
 
 from subagent import _structured
+from subagent._acp_stop_reasons import FROM_ACP
 from subagent._outcome import DisposeOnExit, Outcome
 from subagent._usage_codec import usage_from_acp
 from subagent.acp import schema
@@ -158,15 +159,6 @@ hold the teardown up longer than the grace its stdin close gets anyway."""
 _IDLE_POLL_WHILE_ASKING: float = 0.5
 """While a permission question waits, how often the inactivity watchdog looks again (the clock is
 paused then, so this only bounds how late it notices the answer)."""
-
-_STOP_REASONS: dict[str, StopReason] = {
-    "end_turn": "completed",
-    "cancelled": "cancelled",
-    "max_tokens": "max_tokens",
-    "max_turn_requests": "max_turns",
-    "refusal": "refusal",
-}
-"""ACP's stop reasons as the seam's; one not listed (a newer protocol's) ends the turn ``error``."""
 
 _run_ids = itertools.count(1)
 
@@ -1134,7 +1126,7 @@ class AcpRun(DisposeOnExit):
             return SubagentResult(output=output.text, stop_reason=reason, error=self._child_lost)
         self.permissions_denied = turn.permissions_denied
         self.last_denied = turn.last_denied
-        stop = _STOP_REASONS.get(turn.stop_reason, "error")
+        stop = FROM_ACP.get(turn.stop_reason, "error")
         error: str | None = None
         if timed_out and stop == "cancelled":
             stop = "timeout"

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final, Protocol, runtime_checkable
 
+from subagent._finite_json import loads_finite
 from subagent._text import cut
 from subagent.runtime._messages import ToolSpec
 from subagent.types import thaw_json
@@ -186,24 +187,13 @@ def _invalid(problems: Sequence[str]) -> InvalidArguments:
     return InvalidArguments(f"invalid arguments, nothing was run:\n{lines}", problems)
 
 
-def _refuse_constant(token: str) -> Any:
-    raise ValueError(f"{token} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    number = float(text)
-    if not math.isfinite(number):
-        raise ValueError(f"the number {cut(text, _SHOWN_CHARS)} is too large")
-    return number
-
-
 def _decode(arguments: Mapping[str, Any] | str | bytes) -> Any:
     if not isinstance(arguments, str | bytes):
         return arguments
     if not arguments.strip():
         return {}
     try:
-        return json.loads(arguments, parse_constant=_refuse_constant, parse_float=_finite_float)
+        return loads_finite(arguments)
     except RecursionError:
         raise _invalid(["the arguments are nested too deeply to decode"]) from None
     except ValueError as exc:  # JSONDecodeError, bad UTF-8, an over-long integer, the hooks above

@@ -28,13 +28,13 @@ import time
 import urllib.parse
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, aclosing
-from types import TracebackType
 from typing import Any, Self
 
 import anyio
 import httpx
 import msgspec
 
+from subagent._outcome import CloseOnExit
 from subagent.runtime._llm import LlmError, LlmErrorKind
 from subagent.runtime._messages import (
     Completion,
@@ -690,7 +690,7 @@ class _Body:
                     pass
 
 
-class OpenAiChatAdapter:
+class OpenAiChatAdapter(CloseOnExit):
     """Streams completions from an OpenAI-compatible ``/chat/completions`` endpoint over httpx.
 
     Use it as an async context manager (``async with OpenAiChatAdapter(...) as llm:``), or without one:
@@ -825,11 +825,6 @@ class OpenAiChatAdapter:
     async def __aenter__(self) -> Self:
         self._ensure_client()
         return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the HTTP client if the adapter created it. Idempotent; the adapter is unusable after."""

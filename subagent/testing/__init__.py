@@ -138,20 +138,6 @@ else:
                 "ToolUse",
                 "serve_anthropic_messages",
             ),
-            "subagent.testing._chat_server": (
-                "ChatCompletionsServer",
-                "ChatReply",
-                "DropConnection",
-                "ErrorReply",
-                "JsonReply",
-                "MalformedChunk",
-                "RawStream",
-                "ReceivedRequest",
-                "StallReply",
-                "StreamedReply",
-                "ToolCallReply",
-                "serve_chat_completions",
-            ),
             "subagent.testing._leaks": (
                 "LEAK_TAG_VARIABLE",
                 "ProcessInfo",
@@ -182,6 +168,7 @@ else:
                 "parse_scenario",
             ),
         },
+        default="subagent.testing._chat_server",
     )
 
 STUB_AGENT_MODULE = "subagent.testing.stub_agent"

@@ -19,16 +19,19 @@ Files and terminals
 from __future__ import annotations
 
 import abc
+import contextlib
 import enum
 import os
 import shlex
 import signal
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar, runtime_checkable
 
+import anyio
 import anyio.abc
+import anyio.lowlevel
 
 from subagent.acp._errors import AgentSpawnError
 
@@ -42,6 +45,7 @@ __all__ = [
     "TeardownStep",
     "Transport",
     "check_command",
+    "own_channel",
 ]
 
 UNKNOWN_RETURNCODE = 255
@@ -361,3 +365,42 @@ class BaseTransport(abc.ABC, Generic[ChannelT]):
     @abc.abstractmethod
     def launch(self, launch: Launch) -> AbstractAsyncContextManager[ChannelT]:
         """Start a checked command and own it until the block exits (`Transport.open` says the rest)."""
+
+
+OwnedT = TypeVar("OwnedT", bound=Channel)
+
+
+@contextlib.asynccontextmanager
+async def own_channel(
+    channel: OwnedT, start: Callable[[anyio.abc.TaskGroup], object], stop: Callable[[], object]
+) -> AsyncIterator[OwnedT]:
+    """The body of a ``launch``: yield ``channel`` with its background tasks running (``start`` starts
+    them in a task group), and tear it down on every exit path, ``channel.aclose()`` while the tasks
+    still run (they drain what teardown waits for: stderr, the relays), then ``stop`` them.
+
+    An exception from the block propagates unchanged (not wrapped in an exception group) after teardown.
+    Leaving the block is a cancellation point: a cancellation that arrives during the (shielded) teardown
+    is delivered once it completes, on every backend.
+    """
+    body_error: BaseException | None = None
+    try:
+        async with anyio.create_task_group() as task_group:
+            start(task_group)
+            try:
+                yield channel
+            except BaseException as exc:
+                # Re-raised below, after the task group has exited, so callers see their own exception
+                # rather than an exception group wrapping it.
+                body_error = exc
+            finally:
+                try:
+                    await channel.aclose()
+                finally:
+                    stop()
+                    task_group.cancel_scope.cancel()
+    finally:
+        # A no-op after the teardown above; it matters only if the task group itself failed to start.
+        await channel.aclose()
+    if body_error is not None:
+        raise body_error
+    await anyio.lowlevel.checkpoint_if_cancelled()

@@ -86,6 +86,7 @@ from subagent.acp.transports._channel import (
     TeardownReport,
     TeardownStep,
     check_command,
+    own_channel,
 )
 
 __all__ = [
@@ -929,31 +930,12 @@ async def open_agent_process(
     logger.debug(
         "spawned agent `%s` as pid %d (supervisor: %s)", shlex.join(command), agent.pid, agent.supervisor_pid
     )
-    body_error: BaseException | None = None
     try:
-        async with anyio.create_task_group() as task_group:
-            agent._start_background_tasks(task_group)
-            try:
-                yield agent
-            except BaseException as exc:
-                # Re-raised below, after the task group has exited, so callers see their own exception rather
-                # than an exception group wrapping it.
-                body_error = exc
-            finally:
-                # Teardown runs while stderr is still drained; only then are the background tasks stopped.
-                try:
-                    await agent.aclose()
-                finally:
-                    agent._stop_stderr_drain()
-                    task_group.cancel_scope.cancel()
+        # Teardown runs while stderr is still drained; only then is the drain stopped.
+        async with own_channel(agent, agent._start_background_tasks, agent._stop_stderr_drain):
+            yield agent
     finally:
-        # A no-op after the teardown above; it matters only if the task group itself failed to start.
-        await agent.aclose()
         agent._close_status()
-    if body_error is not None:
-        raise body_error
-    # A cancellation that arrived during the shielded teardown is delivered here, on every backend.
-    await anyio.lowlevel.checkpoint_if_cancelled()
 
 
 class LocalTransport(BaseTransport[Channel]):

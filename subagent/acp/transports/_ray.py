@@ -101,7 +101,14 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from subagent.acp._errors import AgentSpawnError
-from subagent.acp.transports._channel import BaseTransport, ExitInfo, Launch, TeardownReport, TeardownStep
+from subagent.acp.transports._channel import (
+    BaseTransport,
+    ExitInfo,
+    Launch,
+    TeardownReport,
+    TeardownStep,
+    own_channel,
+)
 from subagent.acp.transports._local import (
     SIGKILL_TIMEOUT,
     SIGTERM_TIMEOUT,
@@ -172,23 +179,33 @@ def _ray() -> Any:
 # -- the node side ---------------------------------------------------------------------------------------
 
 
-class _Outbox:
+class _Changes:
+    """What a relay's tasks wait on: every task in `wait` wakes at the next `notify`, and looks again."""
+
+    def __init__(self) -> None:
+        self._changed = anyio.Event()
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def wait(self) -> None:
+        await self._changed.wait()
+
+
+class _Outbox(_Changes):
     """Events for the stream, in order, bounded: stdout waits for room, stderr past its budget is dropped."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._items: collections.deque[tuple[Any, ...]] = collections.deque()
         self._stdout_bytes = 0
         self._stderr_bytes = 0
         self._closed = False
-        self._changed = anyio.Event()
-
-    def _notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
 
     async def wait_for_room(self) -> None:
         while self._stdout_bytes >= CHUNK_BYTES and not self._closed:
-            await self._changed.wait()
+            await self.wait()
 
     def put_stdout(self, data: bytes) -> None:
         last = self._items[-1] if self._items else None
@@ -197,7 +214,7 @@ class _Outbox:
         else:
             self._items.append(("o", bytearray(data)))
         self._stdout_bytes += len(data)
-        self._notify()
+        self.notify()
 
     def put_stderr_line(self, line: str) -> None:
         if self._stderr_bytes + len(line) > STDERR_RELAY_BYTES:
@@ -207,22 +224,22 @@ class _Outbox:
 
     def put(self, item: tuple[Any, ...]) -> None:
         self._items.append(item)
-        self._notify()
+        self.notify()
 
     def close(self) -> None:
         self._closed = True
-        self._notify()
+        self.notify()
 
     async def take(self) -> list[tuple[Any, ...]] | None:
         """Everything queued (waiting for something), or None once closed and empty."""
         while not self._items:
             if self._closed:
                 return None
-            await self._changed.wait()
+            await self.wait()
         items = [("o", bytes(item[1])) if item[0] == "o" else item for item in self._items]
         self._items.clear()
         self._stdout_bytes = self._stderr_bytes = 0
-        self._notify()
+        self.notify()
         return items
 
 
@@ -444,23 +461,16 @@ def _why_actor_died(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-class _StdinRelay(anyio.abc.ByteSendStream):
+class _StdinRelay(_Changes, anyio.abc.ByteSendStream):
     """The agent's stdin here: a bounded buffer that the channel's sender ships in numbered batches."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.buffer = bytearray()
         self.closed = False
         """``aclose`` was called: the sender sends stdin's end after the last batch."""
         self.broken = False
         """The agent's stdin is gone (it exited, or its actor died): writes fail."""
-        self._changed = anyio.Event()
-
-    def notify(self) -> None:
-        self._changed.set()
-        self._changed = anyio.Event()
-
-    async def wait(self) -> None:
-        await self._changed.wait()
 
     def is_broken(self) -> bool:
         return self.broken
@@ -746,26 +756,8 @@ class RayTransport(BaseTransport["RayChannel"]):
         """
         channel = RayChannel(self, launch.argv, launch.on_stderr_line)
         await channel._start(launch.env, launch.cwd)
-        body_error: BaseException | None = None
-        try:
-            async with anyio.create_task_group() as task_group:
-                channel._start_relays(task_group)
-                try:
-                    yield channel
-                except BaseException as exc:
-                    # Re-raised after the task group, so callers see their own exception, not a group.
-                    body_error = exc
-                finally:
-                    try:
-                        await channel.aclose()
-                    finally:
-                        channel._stop_relays()
-                        task_group.cancel_scope.cancel()
-        finally:
-            await channel.aclose()
-        if body_error is not None:
-            raise body_error
-        await anyio.lowlevel.checkpoint_if_cancelled()
+        async with own_channel(channel, channel._start_relays, channel._stop_relays):
+            yield channel
 
 
 class RayChannel:
