@@ -88,9 +88,10 @@ $(VIBE_ACP):
 
 interop: $(INTEROP_AGENT) $(CLAUDE_ACP) $(QWEN_CODE) $(CODEX_ACP) $(CODEX_ACP_2) $(COPILOT) $(VIBE_ACP) ## install the third-party ACP agents the interop and real-agent tests drive
 
-# The suite mostly waits on child processes, so it is spread over twice as many workers as cores;
-# tests/conftest.py schedules them: one test at a time, the Ray tests together on a worker of their own.
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 2 )))
+# The suite mostly waits (on child processes and timeouts), so it is spread over four workers a core (on 2
+# cores, 8 workers used 1.4 cores on average); tests/conftest.py schedules them: one test at a time, the Ray
+# tests as two units, each on a worker of its own.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc 2>/dev/null || echo 2) * 4 )))
 # Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE, as on CI): else every
 # worker rewrites every test module's asserts again, and every child agent compiles the package again.
 PYTEST_PARALLEL := -n $(TEST_WORKERS)
