@@ -106,9 +106,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     would see as a leak. The Ray tests count descriptors but sockets; every other test runs before Ray
     is ever connected, or, under xdist, in another worker (see `pytest_xdist_make_scheduler`).
     """
-    drives_ray = [item for item in items if item.path.name.startswith(RAY_MODULE_PREFIX)]
-    if drives_ray:
-        items[:] = [item for item in items if item not in drives_ray] + drives_ray
+    items.sort(key=lambda item: item.path.name.startswith(RAY_MODULE_PREFIX))  # stable: order kept otherwise
 
 
 def ray_unit(module: str) -> str | None:
