@@ -55,7 +55,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,7 +144,9 @@ class Agent:
     """A real agent: how to start it, and how to serve its model and set its environment for one turn.
     ``asks``: whether it asks before a write at the mode it starts in; ``asking_mode``: its mode that asks
     (None: it has no modes); ``other_mode``: a mode it offers that is neither its start mode nor its
-    asking mode; ``moved``: the mode it starts in, when the CLI moves it to its asking mode under ``deny``."""
+    asking mode; ``moved``: the mode it starts in, when the CLI moves it to its asking mode under ``deny``;
+    ``one_process``: environment that keeps the agent to one process, for a test that is about the turn
+    rather than the agent's process tree (the signal tests keep the tree it has when users run it)."""
 
     name: str
     command: list[str]
@@ -153,6 +155,7 @@ class Agent:
     asking_mode: str | None
     other_mode: str | None
     moved: str | None = None
+    one_process: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -415,6 +418,9 @@ async def serve_copilot(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, d
 # -- Mistral Vibe ----------------------------------------------------------------------------------------
 
 
+NULL_KEYRING: Final = "keyring.backends.null.Keyring"
+
+
 def vibe_config(base_url: str) -> str:
     """Vibe's ``config.toml``: the fake server as a ``generic`` (OpenAI-style) provider and its only model,
     no telemetry, no update check, and no session titles (a model call of its own after each turn).
@@ -450,7 +456,9 @@ async def serve_vibe(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict
         (home / ".vibe").mkdir(parents=True)
         (home / ".vibe" / "config.toml").write_text(vibe_config(server.base_url))
         env = base_env(home, server.base_url.removesuffix("/v1"))
-        env |= {"STUB_API_KEY": "sk-stub-not-a-key"}
+        # No keyring of whoever runs the tests (Vibe looks its key up there too); the null backend also
+        # spares the probe of every keyring backend, which runs gcc to look for macOS libraries.
+        env |= {"STUB_API_KEY": "sk-stub-not-a-key", "PYTHON_KEYRING_BACKEND": NULL_KEYRING}
         yield server, env, log
 
 
@@ -476,7 +484,10 @@ def make_agent(name: str) -> Agent:
         return Agent(name, require(CLAUDE_ACP_SCRIPT), serve_claude, False, "default", "plan", "auto")
     if name == "qwen":
         command = [*require(QWEN_CODE), "--acp", "--auth-type", "openai"]
-        return Agent(name, command, serve_qwen, False, "default", "plan", "auto")
+        # Qwen Code relaunches itself as a child node with a bigger heap (a second start of its bundle, about
+        # a second of CPU) unless told it already has.
+        quick = {"QWEN_CODE_NO_RELAUNCH": "true"}
+        return Agent(name, command, serve_qwen, False, "default", "plan", "auto", one_process=quick)
     if name == "codex-zed":
         return Agent(name, require(CODEX_ZED), serve_codex(name), True, None, None)
     if name == "codex-acp":
@@ -552,7 +563,7 @@ async def run_cli(
         process = await anyio.open_process(
             argv,
             stdin=subprocess.DEVNULL,
-            env={**env, LEAK_TAG_VARIABLE: tag},
+            env={**env, **(agent.one_process if interrupt is None else {}), LEAK_TAG_VARIABLE: tag},
             cwd=workdir,
             start_new_session=True,  # no controlling terminal, like CI
         )
