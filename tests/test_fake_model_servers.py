@@ -336,6 +336,24 @@ async def test_a_response_streams_its_message_then_its_function_calls_then_compl
     ]  # fmt: skip
 
 
+async def test_a_function_call_of_a_namespaced_tool_names_its_namespace_beside_the_tool() -> None:
+    spawn = FunctionCall("call_1", "spawn_agent", '{"task_name": "t"}', namespace="collaboration")
+    with anyio.fail_after(WAIT):
+        reply = ResponsesReply(function_calls=[spawn])
+        async with serve_responses(lambda _: reply) as server, httpx.AsyncClient() as client:
+            response = await client.post(f"{server.base_url}/responses", json={"input": [], "stream": True})
+    (item,) = [data["item"] for _, data in anthropic_events(response.text) if "item" in data]
+    assert item == {
+        "type": "function_call",
+        "id": "fc_call_1",
+        "call_id": "call_1",
+        "name": "spawn_agent",
+        "arguments": '{"task_name": "t"}',
+        "status": "completed",
+        "namespace": "collaboration",
+    }
+
+
 async def test_the_responses_responder_sees_only_the_outputs_since_the_last_user_message() -> None:
     seen: list[tuple[list[str], list[Any]]] = []
 

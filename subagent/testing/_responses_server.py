@@ -42,11 +42,14 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class FunctionCall:
-    """One ``function_call`` output item: the model calls tool ``name`` with ``arguments`` (JSON text)."""
+    """One ``function_call`` output item: the model calls tool ``name`` with ``arguments`` (JSON text);
+    ``namespace``: the namespace of a tool offered inside one (``{"type": "namespace", "tools": [...]}``,
+    as Codex offers its subagent tools), which the item names beside the tool."""
 
     call_id: str
     name: str
     arguments: str = "{}"
+    namespace: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,8 @@ def _events(reply: ResponsesReply, index: int) -> list[dict[str, Any]]:
             "arguments": call.arguments,
             "status": "completed",
         }
+        if call.namespace is not None:
+            item["namespace"] = call.namespace
         events.append({"type": "response.output_item.done", "output_index": position, "item": item})
         position += 1
     usage = {
