@@ -32,9 +32,7 @@ How each agent is made to delegate (read from the pinned agents' own code and re
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
@@ -53,7 +51,7 @@ from subagent.testing import (
     serve_anthropic_messages,
     serve_responses,
 )
-from tests.test_real_agents import ModelLog, Serve, Served, Turn, base_env, codex_config
+from tests.test_real_agents import ModelLog, Serve, Served, Turn, base_env, claude_env, codex_config
 
 USER_PROMPT: Final = "Delegate the errand to a subagent, then report."
 CHILD_PROMPT: Final = "Child errand: reply with the child's answer."
@@ -241,27 +239,6 @@ def _claude_child(
         output_tokens=output_tokens,
         stall_after=step.stall_after,
     )
-
-
-def claude_env(home: Path, base_url: str) -> dict[str, str]:
-    """Claude Code's environment for a run against the fake Messages server at ``base_url``: as
-    `tests.test_real_agents.serve_claude` sets it (no telemetry, no update check, the billing notice of
-    its ``auto`` mode acknowledged)."""
-    env = base_env(home, base_url)
-    acknowledged = {"autoModeClassifierBillingNoticeAcknowledgedAt": int(time.time() * 1000)}
-    (home / ".claude.json").write_text(json.dumps(acknowledged))
-    env |= {
-        "ANTHROPIC_BASE_URL": base_url,
-        "ANTHROPIC_API_KEY": "sk-ant-stub-not-a-key",
-        "DISABLE_TELEMETRY": "1",
-        "DISABLE_ERROR_REPORTING": "1",
-        "DISABLE_AUTOUPDATER": "1",
-        "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
-    if os.geteuid() == 0:
-        env["IS_SANDBOX"] = "1"  # Claude Code refuses to run as root outside a declared sandbox
-    return env
 
 
 def _serving(

@@ -204,6 +204,29 @@ def base_env(home: Path, server_url: str) -> dict[str, str]:
 # -- Claude Code -----------------------------------------------------------------------------------------
 
 
+def claude_env(home: Path, base_url: str) -> dict[str, str]:
+    """Claude Code's environment for a run against the fake Messages server at ``base_url``: no telemetry,
+    no update check, no side traffic."""
+    env = base_env(home, base_url)
+    # At its start mode, "auto", with a base URL of its own, Claude Code tells the user (in an
+    # agent_message_chunk of its own, once a day until acknowledged) that its classifier billing
+    # changes: acknowledged now, so that the turn's messages are the model's.
+    acknowledged = {"autoModeClassifierBillingNoticeAcknowledgedAt": int(time.time() * 1000)}
+    (home / ".claude.json").write_text(json.dumps(acknowledged))
+    env |= {
+        "ANTHROPIC_BASE_URL": base_url,
+        "ANTHROPIC_API_KEY": "sk-ant-stub-not-a-key",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    if os.geteuid() == 0:
+        env["IS_SANDBOX"] = "1"  # Claude Code refuses to run as root outside a declared sandbox
+    return env
+
+
 @asynccontextmanager
 async def serve_claude(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict[str, str], ModelLog]]:
     log = ModelLog()
@@ -225,23 +248,7 @@ async def serve_claude(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, di
         return MessagesReply(text=ANSWER)
 
     async with serve_anthropic_messages(respond) as server:
-        env = base_env(home, server.base_url)
-        # At its start mode, "auto", with a base URL of its own, Claude Code tells the user (in an
-        # agent_message_chunk of its own, once a day until acknowledged) that its classifier billing
-        # changes: acknowledged now, so that the turn's messages are the model's.
-        acknowledged = {"autoModeClassifierBillingNoticeAcknowledgedAt": int(time.time() * 1000)}
-        (home / ".claude.json").write_text(json.dumps(acknowledged))
-        env |= {
-            "ANTHROPIC_BASE_URL": server.base_url,
-            "ANTHROPIC_API_KEY": "sk-ant-stub-not-a-key",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1",
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-        }
-        if os.geteuid() == 0:
-            env["IS_SANDBOX"] = "1"  # Claude Code refuses to run as root outside a declared sandbox
+        env = claude_env(home, server.base_url)
         yield server, env, log
 
 
