@@ -23,10 +23,11 @@ from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import Agent, AgentRegistry, Reply, ScriptedLlm
+from subagent.testing import InProcessChannel, InProcessTransport
 from subagent.testing.contract import CONTRACT_CHECKS, ContractCheck, ProviderContract
 from subagent.testing.fakes import FakeProvider, FakeRun, completes, fails_to_start, waits_until_cancelled
 from subagent.testing.pytest_plugin import StubAgentCommand
-from tests.transports import InProcessChannel, InProcessTransport, RelayTransport, ScriptedHandler
+from tests.transports import RelayTransport, ScriptedHandler
 
 pytestmark = pytest.mark.anyio
 
