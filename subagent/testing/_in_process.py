@@ -23,7 +23,7 @@ import signal
 import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Final
+from typing import Any, Final, TypedDict, Unpack
 
 import anyio
 import anyio.abc
@@ -59,6 +59,7 @@ __all__ = [
     "MEMORY_CHUNK_BYTES",
     "MEMORY_PIPE_CHUNKS",
     "InProcessChannel",
+    "InProcessOptions",
     "InProcessTransport",
     "MemoryByteReceiveStream",
     "MemoryByteSendStream",
@@ -312,19 +313,38 @@ class InProcessChannel:
 # -- the transports --------------------------------------------------------------------------------------
 
 
+class InProcessOptions(TypedDict, total=False):
+    """The options of both in-process transports (`InProcessTransport`, `StubAgentTransport`).
+
+    ``name``: what to call the transport in messages. ``local_files``: whether the client may serve the
+    agent's files and terminals here (default True: it runs here). ``stdin_close_timeout`` and
+    ``sigterm_timeout``: teardown's graces after closing the agent's stdin (1 s) and after its SIGTERM step.
+    ``stderr_tail_bytes``: how much of an agent's stderr a channel keeps. ``record_sent``: keep every chunk
+    clients write (``sent``, ``sent_messages``), for tests of the client.
+    """
+
+    name: str
+    local_files: bool
+    stdin_close_timeout: float
+    sigterm_timeout: float
+    stderr_tail_bytes: int
+    record_sent: bool
+
+
 class _InProcessTransportBase(BaseTransport[InProcessChannel]):
     """What both in-process transports share: `Transport`'s members, the record of what was opened, and
-    ``launch``, which runs `_agent_main` on a fresh channel for the block."""
+    ``launch``, which runs `_agent_main` on a fresh channel for the block (`InProcessOptions` says the
+    options)."""
 
     def __init__(
         self,
         *,
-        name: str,
-        local_files: bool,
-        stdin_close_timeout: float,
-        sigterm_timeout: float,
-        stderr_tail_bytes: int,
-        record_sent: bool,
+        name: str = "in-process",
+        local_files: bool = True,
+        stdin_close_timeout: float = 1.0,
+        sigterm_timeout: float = SIGTERM_TIMEOUT,
+        stderr_tail_bytes: int = STDERR_TAIL_BYTES,
+        record_sent: bool = False,
     ) -> None:
         self.name = name
         """What the transport is called in messages."""
@@ -385,12 +405,6 @@ class InProcessTransport(_InProcessTransportBase):
     Args:
         make_handler: Makes the agent for one channel (it may keep the channel, to `InProcessChannel.exit`
             or `InProcessChannel.write_stderr`).
-        name: What to call the transport in messages.
-        local_files: Whether the client may serve the agent's files and terminals here (it runs here).
-        stdin_close_timeout: Teardown's grace after closing the agent's stdin.
-        sigterm_timeout: Teardown's grace after its SIGTERM step.
-        stderr_tail_bytes: How much of an agent's stderr a channel keeps.
-        record_sent: Keep every chunk clients write (``sent``, `sent_messages`), for tests of the client.
         strict_cancel: The agent connection's (`AgentSideConnection`).
         connection_options: For the agent's `Connection` (``max_line_bytes``...; ``name`` is ``name``).
     """
@@ -399,26 +413,14 @@ class InProcessTransport(_InProcessTransportBase):
         self,
         make_handler: Callable[[InProcessChannel], AgentHandler],
         *,
-        name: str = "in-process",
-        local_files: bool = True,
-        stdin_close_timeout: float = 1.0,
-        sigterm_timeout: float = SIGTERM_TIMEOUT,
-        stderr_tail_bytes: int = STDERR_TAIL_BYTES,
-        record_sent: bool = False,
         strict_cancel: bool = True,
         connection_options: ConnectionOptions | None = None,
+        **options: Unpack[InProcessOptions],
     ) -> None:
-        super().__init__(
-            name=name,
-            local_files=local_files,
-            stdin_close_timeout=stdin_close_timeout,
-            sigterm_timeout=sigterm_timeout,
-            stderr_tail_bytes=stderr_tail_bytes,
-            record_sent=record_sent,
-        )
+        super().__init__(**options)
         self._make_handler = make_handler
         self._strict_cancel = strict_cancel
-        self._connection_options: ConnectionOptions = {"name": name, **(connection_options or {})}
+        self._connection_options: ConnectionOptions = {"name": self.name, **(connection_options or {})}
 
     async def _agent_main(self, channel: InProcessChannel) -> None:
         connection = AgentSideConnection(
@@ -480,12 +482,7 @@ class StubAgentTransport(_InProcessTransportBase):
 
     Args:
         scenario: A `Scenario`, its dict (validated now), a scenario file, or None for the default one.
-        name: What to call the transport in messages.
-        local_files: Whether the client serves the agent's files and terminals (it runs here: yes).
-        stdin_close_timeout: Teardown's grace after closing the agent's stdin.
-        sigterm_timeout: Teardown's grace after its SIGTERM step.
-        stderr_tail_bytes: How much of an agent's stderr a channel keeps.
-        record_sent: Keep every chunk clients write (``sent``, `sent_messages`).
+        options: `InProcessOptions` (``name`` is ``"stub-agent"`` unless given).
 
     Raises:
         ScenarioError: the scenario is invalid, or has a step that needs a real process (the message names
@@ -495,22 +492,10 @@ class StubAgentTransport(_InProcessTransportBase):
     def __init__(
         self,
         scenario: Scenario | Mapping[str, Any] | str | os.PathLike[str] | None = None,
-        *,
-        name: str = "stub-agent",
-        local_files: bool = True,
-        stdin_close_timeout: float = 1.0,
-        sigterm_timeout: float = SIGTERM_TIMEOUT,
-        stderr_tail_bytes: int = STDERR_TAIL_BYTES,
-        record_sent: bool = False,
+        **options: Unpack[InProcessOptions],
     ) -> None:
-        super().__init__(
-            name=name,
-            local_files=local_files,
-            stdin_close_timeout=stdin_close_timeout,
-            sigterm_timeout=sigterm_timeout,
-            stderr_tail_bytes=stderr_tail_bytes,
-            record_sent=record_sent,
-        )
+        options.setdefault("name", "stub-agent")
+        super().__init__(**options)
         if scenario is None or isinstance(scenario, str | os.PathLike):
             scenario = load_scenario(DEFAULT_SCENARIO_PATH if scenario is None else scenario)
         self.scenario = parse_scenario(scenario)
