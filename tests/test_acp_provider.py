@@ -1,4 +1,5 @@
-"""The ACP provider through the service, against the stub agent as a real child process."""
+"""The ACP provider through the service, against the stub agent: served in process (`StubAgentTransport`),
+and as a real child process where the process is the point (its exit status, signals, stderr, teardown)."""
 
 from __future__ import annotations
 
@@ -24,14 +25,24 @@ from subagent import (
 from subagent.acp import schema
 from subagent.acp.handlers import PermissionQuestion
 from subagent.providers.acp import AcpProvider, AcpRun
+from subagent.testing import StubAgentTransport
 from tests.leaks import assert_no_leaks
 
-pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
+pytestmark = pytest.mark.anyio
 
 WAIT = 20  # seconds: a bound on a whole run, never a sleep
 FAST = {"stdin_close_timeout": 1.0, "sigterm_timeout": 1.0, "sigkill_timeout": 2.0}
 
-MakeCommand = Callable[[dict[str, Any]], list[str]]
+
+class StubCommand(list[str]):
+    """argv running the stub agent on ``scenario``, which `provider_for` may serve in process instead."""
+
+    def __init__(self, argv: list[str], scenario: dict[str, Any]) -> None:
+        super().__init__(argv)
+        self.scenario = scenario
+
+
+MakeCommand = Callable[[dict[str, Any]], StubCommand]
 
 
 @pytest.fixture
@@ -39,10 +50,11 @@ def stub(tmp_path: Path) -> MakeCommand:
     """argv running the stub agent with `scenario` (written under tmp_path)."""
     counter = iter(range(1000))
 
-    def make(scenario: dict[str, Any]) -> list[str]:
+    def make(scenario: dict[str, Any]) -> StubCommand:
         path = tmp_path / f"scenario-{next(counter)}.json"
         path.write_text(json.dumps(scenario))
-        return [sys.executable, "-m", "subagent.testing.stub_agent", "--scenario", str(path)]
+        argv = [sys.executable, "-m", "subagent.testing.stub_agent", "--scenario", str(path)]
+        return StubCommand(argv, scenario)
 
     return make
 
@@ -69,8 +81,18 @@ async def first_update(run: AcpRun) -> None:
         dispose()
 
 
-def provider_for(command: list[str], tmp_path: Path, **options: Any) -> AcpProvider:
-    options.setdefault("process_options", FAST)
+def provider_for(
+    command: list[str], tmp_path: Path, *, real_process: bool = False, **options: Any
+) -> AcpProvider:
+    """A provider for ``command``: a stub agent's scenario is served in process unless ``real_process``."""
+    if isinstance(command, StubCommand) and not real_process:
+        options["transport"] = StubAgentTransport(
+            command.scenario,
+            stdin_close_timeout=FAST["stdin_close_timeout"],
+            sigterm_timeout=FAST["sigterm_timeout"],
+        )
+    else:
+        options.setdefault("process_options", FAST)
     return AcpProvider(command, cwd=tmp_path, **options)
 
 
@@ -158,11 +180,12 @@ async def test_a_full_turn_gives_the_final_message_and_keeps_every_update_readab
     assert acp_run.exit_info.returncode == 0  # it exited on stdin close: the graceful path
 
 
+@pytest.mark.subprocess
 async def test_an_acp_run_is_resumable_and_not_steerable(stub: MakeCommand, tmp_path: Path) -> None:
     command = stub(
         {"turns": [[{"step": "echo", "prefix": "first: "}], [{"step": "echo", "prefix": "second: "}]]}
     )
-    provider = provider_for(command, tmp_path)
+    provider = provider_for(command, tmp_path, real_process=True)
     async with (
         service_with(provider) as (service, _),
         service.start("acp", SubagentRequest(prompt="one")) as run,
@@ -182,6 +205,7 @@ async def test_an_acp_run_is_resumable_and_not_steerable(stub: MakeCommand, tmp_
     assert second == SubagentResult(output="second: two", stop_reason="completed")
 
 
+@pytest.mark.subprocess
 async def test_the_agents_stderr_lines_reach_the_callback_as_they_arrive(
     stub: MakeCommand, tmp_path: Path
 ) -> None:
@@ -189,7 +213,9 @@ async def test_the_agents_stderr_lines_reach_the_callback_as_they_arrive(
     command = stub(
         {"turns": [[{"step": "stderr", "text": "warming up\nready\n"}, {"step": "message", "text": "hi"}]]}
     )
-    result, _ = await run_once(provider_for(command, tmp_path, on_stderr_line=lines.append))
+    result, _ = await run_once(
+        provider_for(command, tmp_path, real_process=True, on_stderr_line=lines.append)
+    )
     assert result.output == "hi"
     assert lines == ["warming up", "ready"]
 
@@ -214,6 +240,7 @@ async def test_a_json_rpc_error_answer_is_an_error_result_with_the_agents_code(
     assert "answered session/prompt with error -32603: model overloaded" in result.error
 
 
+@pytest.mark.subprocess
 async def test_a_child_crashing_mid_turn_is_an_error_result_with_exit_status_and_stderr(
     stub: MakeCommand, tmp_path: Path
 ) -> None:
@@ -227,7 +254,7 @@ async def test_a_child_crashing_mid_turn_is_an_error_result_with_exit_status_and
             ]
         }
     )
-    result, run = await run_once(provider_for(command, tmp_path))
+    result, run = await run_once(provider_for(command, tmp_path, real_process=True))
     assert result.stop_reason == "error"
     assert result.output == "working"
     assert result.error is not None
@@ -255,23 +282,26 @@ async def assert_start_fails(provider: AcpProvider) -> SubagentError:
     return caught.value
 
 
+@pytest.mark.subprocess
 async def test_a_child_crashing_during_initialize_fails_the_start_with_status_and_stderr(
     stub: MakeCommand, tmp_path: Path
 ) -> None:
     command = stub({"initialize": {"steps": [{"step": "exit", "code": 3, "stderr": "missing API key"}]}})
-    error = await assert_start_fails(provider_for(command, tmp_path))
+    error = await assert_start_fails(provider_for(command, tmp_path, real_process=True))
     assert "exited with status 3" in error.message
     assert "missing API key" in error.message
 
 
+@pytest.mark.subprocess
 async def test_a_child_killed_during_session_new_fails_the_start_naming_the_signal(
     stub: MakeCommand, tmp_path: Path
 ) -> None:
     command = stub({"newSession": {"steps": [{"step": "kill", "signal": "SIGKILL"}]}})
-    error = await assert_start_fails(provider_for(command, tmp_path))
+    error = await assert_start_fails(provider_for(command, tmp_path, real_process=True))
     assert "SIGKILL" in error.message
 
 
+@pytest.mark.subprocess
 async def test_a_child_that_never_answers_initialize_fails_the_start_after_the_ready_timeout(
     tmp_path: Path,
 ) -> None:
@@ -283,6 +313,7 @@ async def test_a_child_that_never_answers_initialize_fails_the_start_after_the_r
     assert "loading model..." in error.message
 
 
+@pytest.mark.subprocess
 async def test_a_missing_executable_fails_the_start_with_a_clear_message(tmp_path: Path) -> None:
     error = await assert_start_fails(provider_for(["definitely-not-an-acp-agent-xyz"], tmp_path))
     assert "definitely-not-an-acp-agent-xyz" in error.message
@@ -378,13 +409,14 @@ async def test_cancel_during_a_pending_permission_question_answers_it_cancelled(
     assert result == SubagentResult(output="not deleted", stop_reason="cancelled")
 
 
+@pytest.mark.subprocess
 async def test_a_child_ignoring_cancel_is_torn_down_after_the_grace(
     stub: MakeCommand, tmp_path: Path
 ) -> None:
     command = stub(
         {"turns": [[{"step": "message", "text": "stubborn"}, {"step": "hang"}]], "ignoreSigterm": True}
     )
-    provider = provider_for(command, tmp_path, cancel_grace=0.3)
+    provider = provider_for(command, tmp_path, real_process=True, cancel_grace=0.3)
     async with (
         service_with(provider) as (service, _),
         service.start("acp", SubagentRequest(prompt="go")) as run,
@@ -455,11 +487,12 @@ async def test_the_permission_policy_answers_a_headless_child(
     assert result.output == outcome
 
 
+@pytest.mark.subprocess
 async def test_disposing_mid_turn_leaves_no_process(stub: MakeCommand, tmp_path: Path) -> None:
     command = stub(
         {"turns": [[{"step": "message", "text": "busy"}, {"step": "hang"}]], "onStdinEof": "ignore"}
     )
-    provider = provider_for(command, tmp_path)
+    provider = provider_for(command, tmp_path, real_process=True)
     async with service_with(provider) as (service, events):
         run = service.start("acp", SubagentRequest(prompt="go"))
         acp_run = run.provider_run
@@ -479,6 +512,7 @@ async def test_disposing_mid_turn_leaves_no_process(stub: MakeCommand, tmp_path:
 # -- file system ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 async def test_the_child_reads_and_writes_inside_its_cwd_and_is_refused_outside(
     stub: MakeCommand, tmp_path: Path
 ) -> None:

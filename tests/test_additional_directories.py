@@ -12,15 +12,16 @@ import pytest
 from subagent import ErrorCode, SubagentCapabilities, SubagentError, SubagentRequest, SubagentService
 from subagent.acp import AgentCapabilityError, schema
 from subagent.providers.acp import AcpProvider, AcpRun
+from subagent.testing import StubAgentTransport
 from subagent.testing.fakes import FakeProvider, completes
-from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks
 from tests.test_client import FakeAgent, connected
 
 pytestmark = pytest.mark.anyio
 
 WAIT = 20  # seconds: a bound on a whole run, never a sleep
-FAST = {"stdin_close_timeout": 1.0, "sigterm_timeout": 1.0, "sigkill_timeout": 2.0}
+STUB = ["stub-agent"]
+"""The command of a stub agent served in process: a name only."""
 ADVERTISED: dict[str, Any] = {
     "initialize": {"agentCapabilities": {"sessionCapabilities": {"additionalDirectories": {}}}}
 }
@@ -112,13 +113,10 @@ async def test_session_new_with_additional_directories_to_an_agent_without_them_
     assert [method for method, _ in agent.received] == ["initialize"]
 
 
-# -- the provider, with a real child --------------------------------------------------------------------
+# -- the provider, with the stub agent served in process --------------------------------------------------
 
 
-@pytest.mark.subprocess
-async def test_the_agent_may_write_in_an_additional_directory_it_was_given(
-    stub_agent_command: StubAgentCommand, tmp_path: Path
-) -> None:
+async def test_the_agent_may_write_in_an_additional_directory_it_was_given(tmp_path: Path) -> None:
     work, extra, elsewhere = (tmp_path / name for name in ("work", "extra", "elsewhere"))
     for directory in (work, extra, elsewhere):
         directory.mkdir()
@@ -126,8 +124,8 @@ async def test_the_agent_may_write_in_an_additional_directory_it_was_given(
         {"step": "write_file", "path": str(extra / "out.txt"), "content": "written"},
         {"step": "write_file", "path": str(elsewhere / "out.txt"), "content": "refused"},
     ]
-    command = stub_agent_command({**ADVERTISED, "turns": [turn]})
-    provider = AcpProvider(command, cwd=work, permission="allow", process_options=FAST)
+    transport = StubAgentTransport({**ADVERTISED, "turns": [turn]})
+    provider = AcpProvider(STUB, cwd=work, permission="allow", transport=transport)
     request = SubagentRequest(prompt="go", additional_directories=["../extra"])
     async with assert_no_leaks(), SubagentService() as service:
         service.register_provider(provider)
@@ -148,11 +146,10 @@ async def test_the_agent_may_write_in_an_additional_directory_it_was_given(
     assert not (elsewhere / "out.txt").exists()
 
 
-@pytest.mark.subprocess
 async def test_additional_directories_to_an_agent_that_cannot_take_them_fail_the_start_naming_the_capability(
-    stub_agent_command: StubAgentCommand, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
-    provider = AcpProvider(stub_agent_command({}), cwd=tmp_path, process_options=FAST)
+    provider = AcpProvider(STUB, cwd=tmp_path, transport=StubAgentTransport({}))
     async with assert_no_leaks(), SubagentService() as service:
         service.register_provider(provider)
         async with service.start(
@@ -164,11 +161,11 @@ async def test_additional_directories_to_an_agent_that_cannot_take_them_fail_the
     assert "sessionCapabilities.additionalDirectories" in caught.value.message
 
 
-@pytest.mark.subprocess
 async def test_an_additional_directory_that_does_not_exist_fails_the_start_before_a_child_is_spawned(
-    stub_agent_command: StubAgentCommand, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
-    provider = AcpProvider(stub_agent_command(ADVERTISED), cwd=tmp_path, process_options=FAST)
+    transport = StubAgentTransport(ADVERTISED)
+    provider = AcpProvider(STUB, cwd=tmp_path, transport=transport)
     request = SubagentRequest(prompt="go", additional_directories=["missing"])
     async with assert_no_leaks(), SubagentService() as service:
         service.register_provider(provider)
@@ -179,4 +176,4 @@ async def test_an_additional_directory_that_does_not_exist_fails_the_start_befor
             assert isinstance(acp_run, AcpRun)
     assert caught.value.code == ErrorCode.START_FAILED
     assert str(tmp_path / "missing") in caught.value.message
-    assert acp_run.pid is None
+    assert transport.opened == []  # no child was started

@@ -20,7 +20,6 @@ import anyio
 import anyio.abc
 import msgspec
 import pytest
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from subagent.acp import RequestError, schema
 from subagent.acp._stdio import FdReceiveStream, FdSendStream
@@ -32,36 +31,11 @@ from subagent.acp.agent import (
     negotiate_protocol_version,
 )
 from subagent.acp.connection import Connection
+from subagent.testing import MemoryByteReceiveStream, MemoryByteSendStream
 
 pytestmark = pytest.mark.anyio
 
 TIMEOUT = 5
-
-
-class MemoryByteReceiveStream(anyio.abc.ByteReceiveStream):
-    """One end of an in-memory byte pipe: each receive returns one whole item that was sent."""
-
-    def __init__(self, items: MemoryObjectReceiveStream[bytes]) -> None:
-        self._items = items
-
-    async def receive(self, max_bytes: int = 65536) -> bytes:
-        return await self._items.receive()
-
-    async def aclose(self) -> None:
-        self._items.close()
-
-
-class MemoryByteSendStream(anyio.abc.ByteSendStream):
-    """The other end: every send is one item; closing it is EOF for the reader."""
-
-    def __init__(self, items: MemoryObjectSendStream[bytes]) -> None:
-        self._items = items
-
-    async def send(self, item: bytes) -> None:
-        await self._items.send(item)
-
-    async def aclose(self) -> None:
-        self._items.close()
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""`subagent run --on URL`, the config's ``transport`` key and `subagent agents`, run in this process with a
-transport scheme of the test's own (an agent served in this process: see `tests.transports`)."""
+"""`subagent run --on URL`, the config's ``transport`` key and `subagent agents`, run in this process with
+a transport scheme of the test's own: an agent served here by `subagent.testing.InProcessTransport`."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 
 from subagent.acp.transports import TRANSPORT_SCHEMES, Transport
 from subagent.cli._main import main
-from tests.transports import InProcessChannel, InProcessTransport, ScriptedHandler
+from subagent.testing import InProcessChannel, InProcessTransport
+from tests.transports import ScriptedHandler
 
 EXPECTED = "expected 'local', 'ssh://…', 'ray://…' or 'inproc://…'"
 
@@ -27,7 +28,8 @@ def opened(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[InProcessTra
         def handler(channel: InProcessChannel) -> ScriptedHandler:
             return ScriptedHandler(channel, text=f"hello from {url}")
 
-        built.append(InProcessTransport(handler, name=url))
+        # Like a remote host's, the agent's files are not ours to serve.
+        built.append(InProcessTransport(handler, name=url, local_files=False, record_sent=True))
         return built[-1]
 
     module = types.ModuleType("subagent_test_inproc_transport")

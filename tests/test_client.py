@@ -27,8 +27,8 @@ from subagent.acp.client import AcpClient, AcpSession, TurnResult, final_message
 from subagent.acp.connection import Connection
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
 from subagent.acp.terminals import TerminalHost
+from subagent.testing import MemoryByteReceiveStream, MemoryByteSendStream
 from tests.leaks import assert_no_leaks
-from tests.wiring import MemoryReceive, MemorySend
 
 pytestmark = pytest.mark.anyio
 
@@ -46,7 +46,7 @@ class FakeAgent:
     received: list[tuple[str, Any]] = field(default_factory=list)
     cancelled: anyio.Event = field(default_factory=anyio.Event)
     connection: Connection | None = None
-    agent_to_client: MemorySend | None = None
+    agent_to_client: MemoryByteSendStream | None = None
 
     async def serve_request(self, method: str, params: msgspec.Raw | None) -> Any:
         decoded = None if params is None else msgspec.json.decode(params)
@@ -91,9 +91,9 @@ async def connected(agent: FakeAgent, **client_options: Any) -> AsyncIterator[Ac
     agent.handlers.setdefault("session/new", answer_new_session)
     to_agent_send, to_agent_receive = anyio.create_memory_object_stream[bytes](100)
     to_client_send, to_client_receive = anyio.create_memory_object_stream[bytes](100)
-    agent.agent_to_client = MemorySend(to_client_send)
+    agent.agent_to_client = MemoryByteSendStream(to_client_send)
     agent.connection = Connection(
-        MemoryReceive(to_agent_receive),
+        MemoryByteReceiveStream(to_agent_receive),
         agent.agent_to_client,
         request_handler=agent.serve_request,
         notification_handler=agent.serve_notification,
@@ -108,7 +108,9 @@ async def connected(agent: FakeAgent, **client_options: Any) -> AsyncIterator[Ac
         async with (
             agent.connection,
             AcpClient(
-                MemoryReceive(to_client_receive), MemorySend(to_agent_send), **client_options
+                MemoryByteReceiveStream(to_client_receive),
+                MemoryByteSendStream(to_agent_send),
+                **client_options,
             ) as client,
         ):
             yield client

@@ -29,7 +29,7 @@ from subagent.acp._elicitation import (
 )
 from subagent.acp.handlers import CallbackPolicy, PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.providers.acp import AcpProvider, AcpRun
-from subagent.testing.pytest_plugin import StubAgentCommand
+from subagent.testing import StubAgentTransport
 from tests.leaks import assert_no_leaks
 from tests.test_client import FakeAgent, connected
 
@@ -345,11 +345,12 @@ async def test_cancelling_the_turn_answers_a_pending_elicitation_cancel() -> Non
 # -- with the stub agent, through the provider ----------------------------------------------------------
 
 TOOL_CALL = {"step": "tool_call", "toolCallId": "c1", "title": "Deploy"}  # ends the report's message
-FAST = {"stdin_close_timeout": 1.0, "sigterm_timeout": 1.0, "sigkill_timeout": 2.0}
 
 
-async def provider_reply(command: list[str], tmp_path: Path, permission: Any) -> tuple[Any, str]:
-    provider = AcpProvider(command, cwd=tmp_path, permission=permission, process_options=FAST)
+async def provider_reply(scenario: dict[str, Any], tmp_path: Path, permission: Any) -> tuple[Any, str]:
+    """The stub agent's report of its elicitation and its output, playing ``scenario`` in process."""
+    transport = StubAgentTransport(scenario)
+    provider = AcpProvider(["stub-agent"], cwd=tmp_path, permission=permission, transport=transport)
     async with assert_no_leaks(), SubagentService() as service:
         service.register_provider(provider)
         async with service.start("acp", SubagentRequest(prompt="go")) as run:
@@ -367,22 +368,18 @@ async def provider_reply(command: list[str], tmp_path: Path, permission: Any) ->
     return reports[0], result.output
 
 
-@pytest.mark.subprocess
 @pytest.mark.parametrize("permission", ["deny", "allow"])
 async def test_the_stub_agents_elicitation_is_declined_under_deny_and_allow(
-    stub_agent_command: StubAgentCommand, tmp_path: Path, permission: str
+    tmp_path: Path, permission: str
 ) -> None:
     step = {"step": "elicit", "message": "Where to?", "requestedSchema": FORM,
             "branches": {"decline": [TOOL_CALL, {"step": "message", "text": "fine, I won't"}]}}  # fmt: skip
-    report, output = await provider_reply(stub_agent_command({"turns": [[step]]}), tmp_path, permission)
+    report, output = await provider_reply({"turns": [[step]]}, tmp_path, permission)
     assert report == {"method": "elicitation/create", "result": {"action": "decline"}}
     assert output == "fine, I won't"
 
 
-@pytest.mark.subprocess
-async def test_the_stub_agents_elicitation_gets_the_callbacks_answer(
-    stub_agent_command: StubAgentCommand, tmp_path: Path
-) -> None:
+async def test_the_stub_agents_elicitation_gets_the_callbacks_answer(tmp_path: Path) -> None:
     async def permission(question: PermissionQuestion) -> str | None:
         return None
 
@@ -392,7 +389,7 @@ async def test_the_stub_agents_elicitation_gets_the_callbacks_answer(
     step = {"step": "elicit", "message": "Where to?", "requestedSchema": FORM,
             "branches": {"accept": [TOOL_CALL, {"step": "message", "text": "deploying"}]}}  # fmt: skip
     policy = CallbackPolicy(permission, elicitation=answer)
-    report, output = await provider_reply(stub_agent_command({"turns": [[step]]}), tmp_path, policy)
+    report, output = await provider_reply({"turns": [[step]]}, tmp_path, policy)
     assert report == {
         "method": "elicitation/create",
         "result": {"action": "accept", "content": {"target": "prod", "confirm": True}},

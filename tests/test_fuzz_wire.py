@@ -46,7 +46,7 @@ from subagent.acp.client import AcpClient
 from subagent.acp.connection import Connection
 from subagent.runtime import ScriptedLlm
 from subagent.serve import ServedAgent
-from tests.wiring import MemoryReceive, MemorySend
+from subagent.testing import MemoryByteReceiveStream, MemoryByteSendStream
 
 pytestmark = [pytest.mark.anyio, pytest.mark.fuzz]
 
@@ -315,15 +315,15 @@ class Wire:
 
 
 @asynccontextmanager
-async def wire() -> AsyncIterator[tuple[Wire, MemoryReceive, MemorySend]]:
+async def wire() -> AsyncIterator[tuple[Wire, MemoryByteReceiveStream, MemoryByteSendStream]]:
     """A wire and the target's two ends of it."""
     to_target_send, to_target_receive = anyio.create_memory_object_stream[bytes](math.inf)
     from_target_send, from_target_receive = anyio.create_memory_object_stream[bytes](math.inf)
     with to_target_send, to_target_receive, from_target_send, from_target_receive:
         yield (
             Wire(to_target_send, from_target_receive),
-            MemoryReceive(to_target_receive),
-            MemorySend(from_target_send),
+            MemoryByteReceiveStream(to_target_receive),
+            MemoryByteSendStream(from_target_send),
         )
 
 

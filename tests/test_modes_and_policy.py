@@ -9,9 +9,7 @@ the first prompt, and moves a session that starts in an approving mode to the ag
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 from pathlib import Path
 from typing import Any, Literal
 
@@ -22,6 +20,7 @@ from subagent.acp import ModeChoice, SessionSettingError, schema
 from subagent.acp._modes import KNOWN_AGENT_MODES, mode_advice, reads_as_approving
 from subagent.acp.handlers import FsSandbox, PermissionQuestion
 from subagent.providers.acp import AcpProvider
+from subagent.testing import StubAgentTransport
 from subagent.types import ErrorCode, SubagentError, SubagentResult
 from tests.test_acp_provider import run_once
 from tests.test_client import FakeAgent, connected, ready_session
@@ -29,7 +28,8 @@ from tests.test_client import FakeAgent, connected, ready_session
 pytestmark = pytest.mark.anyio
 
 WAIT = 30.0
-FAST = {"stdin_close_timeout": 1.0, "sigterm_timeout": 1.0, "sigkill_timeout": 2.0}
+STUB = ["stub-agent"]
+"""The command of a stub agent served in process: a name only."""
 
 MODES: dict[str, Any] = {
     "currentModeId": "auto",
@@ -329,29 +329,26 @@ def test_mode_advice_follows_the_table_for_known_agents_and_the_name_for_others(
 # -- the provider: before the first prompt -------------------------------------------------------------
 
 
-def scenario(tmp_path: Path, *, agent_name: str, out: Path, modes: dict[str, Any] = MODES) -> list[str]:
-    """A stub agent that, unless its mode approves by itself, asks before it writes ``out``."""
-    path = tmp_path / f"scenario-{agent_name}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "initialize": {"agentInfo": {"name": agent_name, "version": "1.0"}},
-                "newSession": {"modes": modes, "configOptions": CONFIG_OPTIONS},
-                "turns": [
-                    [
-                        {
-                            "step": "permission",
-                            "skipInModes": ["auto", "yolo"],
-                            "toolCall": {"toolCallId": "w", "title": "Write out.txt", "kind": "edit"},
-                            "branches": {"allow": [{"step": "write_file", "path": str(out), "content": "x"}]},
-                        },
-                        {"step": "message", "text": "done"},
-                    ]
-                ],
-            }
-        )
+def scenario(*, agent_name: str, out: Path, modes: dict[str, Any] = MODES) -> StubAgentTransport:
+    """A stub agent (served in process) that, unless its mode approves by itself, asks before it writes
+    ``out``."""
+    return StubAgentTransport(
+        {
+            "initialize": {"agentInfo": {"name": agent_name, "version": "1.0"}},
+            "newSession": {"modes": modes, "configOptions": CONFIG_OPTIONS},
+            "turns": [
+                [
+                    {
+                        "step": "permission",
+                        "skipInModes": ["auto", "yolo"],
+                        "toolCall": {"toolCallId": "w", "title": "Write out.txt", "kind": "edit"},
+                        "branches": {"allow": [{"step": "write_file", "path": str(out), "content": "x"}]},
+                    },
+                    {"step": "message", "text": "done"},
+                ]
+            ],
+        }
     )
-    return [sys.executable, "-m", "subagent.testing.stub_agent", "--scenario", str(path)]
 
 
 async def run_turn(provider: AcpProvider, cwd: Path) -> tuple[SubagentResult, tuple[str | None, list[Any]]]:
@@ -364,13 +361,12 @@ async def test_the_callers_mode_and_config_options_are_applied_before_the_first_
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "out.txt"
-    command = scenario(tmp_path, agent_name="some-agent", out=out)
     provider = AcpProvider(
-        command,
+        STUB,
+        transport=scenario(agent_name="some-agent", out=out),
         mode="default",
         config_options={"model": "big", "thinking": "on"},
         permission="allow",
-        process_options=FAST,
     )
     result, (mode, options) = await run_turn(provider, tmp_path)
     assert (result.stop_reason, mode) == ("completed", "default")
@@ -379,8 +375,8 @@ async def test_the_callers_mode_and_config_options_are_applied_before_the_first_
 
 
 async def test_a_mode_the_agent_does_not_offer_fails_the_start_with_the_modes_it_does(tmp_path: Path) -> None:
-    command = scenario(tmp_path, agent_name="some-agent", out=tmp_path / "out.txt")
-    provider = AcpProvider(command, mode="plan", process_options=FAST)
+    transport = scenario(agent_name="some-agent", out=tmp_path / "out.txt")
+    provider = AcpProvider(STUB, transport=transport, mode="plan")
     with pytest.raises(SubagentError) as failed:
         await run_turn(provider, tmp_path)
     assert failed.value.code == ErrorCode.START_FAILED
@@ -394,9 +390,7 @@ async def test_a_known_agent_starting_in_an_approving_mode_is_moved_to_its_askin
     tmp_path: Path, caplog: pytest.LogCaptureFixture, permission: Literal["allow", "deny"]
 ) -> None:
     out = tmp_path / "out.txt"
-    provider = AcpProvider(
-        scenario(tmp_path, agent_name="qwen-code", out=out), permission=permission, process_options=FAST
-    )
+    provider = AcpProvider(STUB, transport=scenario(agent_name="qwen-code", out=out), permission=permission)
     result, (mode, _) = await run_turn(provider, tmp_path)
     assert result.stop_reason == "completed"
     if permission == "deny":
@@ -418,9 +412,9 @@ async def test_an_unknown_agent_in_a_mode_named_like_approval_is_warned_about_an
     out = tmp_path / "out.txt"
     modes = dict(MODES, currentModeId="yolo")
     provider = AcpProvider(
-        scenario(tmp_path, agent_name="some-agent", out=out, modes=modes),
+        STUB,
+        transport=scenario(agent_name="some-agent", out=out, modes=modes),
         permission="deny",
-        process_options=FAST,
     )
     with caplog.at_level(logging.WARNING):
         result, (mode, _) = await run_turn(provider, tmp_path)
@@ -436,10 +430,10 @@ async def test_a_mode_chosen_by_the_caller_always_wins_and_the_write_is_still_re
 ) -> None:
     out = tmp_path / "out.txt"
     provider = AcpProvider(
-        scenario(tmp_path, agent_name="qwen-code", out=out),
+        STUB,
+        transport=scenario(agent_name="qwen-code", out=out),
         mode="auto",
         permission="deny",
-        process_options=FAST,
     )
     result, (mode, _) = await run_turn(provider, tmp_path)
     assert (result.stop_reason, mode) == ("completed", "auto")

@@ -1,9 +1,10 @@
 """The seam's lifecycle contract (`subagent.testing.contract`) over every provider, on asyncio and trio.
 
-Each provider is one parameter: the fake, spawn and fork on a `ScriptedLlm`, and ACP on the stub agent,
-also through transports written in the tests (`tests.transports`): one relaying a local child, one serving
-an agent in this process over memory streams. A new provider or transport gets the whole contract by
-adding one `ProviderContract` here.
+Each provider is one parameter: the fake, spawn and fork on a `ScriptedLlm`, and ACP on the stub agent, as
+a child process and in process (`StubAgentTransport`), also through a relay written in the tests
+(`tests.transports`, which hands the client nothing but the `Channel` protocol), and on a handler of the
+tests' own served in process (`InProcessTransport`). A new provider or transport gets the whole contract
+by adding one `ProviderContract` here.
 """
 
 from __future__ import annotations
@@ -18,15 +19,16 @@ import pytest
 from anyio.abc import TaskGroup
 
 from subagent import SubagentProvider, SubagentRequest, SubagentResult, SubagentRun
-from subagent.acp.transports import LocalTransport, Transport
+from subagent.acp.transports import Transport
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import Agent, AgentRegistry, Reply, ScriptedLlm
+from subagent.testing import InProcessChannel, InProcessTransport, StubAgentTransport
 from subagent.testing.contract import CONTRACT_CHECKS, ContractCheck, ProviderContract
 from subagent.testing.fakes import FakeProvider, FakeRun, completes, fails_to_start, waits_until_cancelled
 from subagent.testing.pytest_plugin import StubAgentCommand
-from tests.transports import InProcessChannel, InProcessTransport, RelayTransport, ScriptedHandler
+from tests.transports import RelayTransport, ScriptedHandler
 
 pytestmark = pytest.mark.anyio
 
@@ -109,13 +111,34 @@ async def first_update(run: SubagentRun) -> None:
 def acp_contract(
     stub_agent_command: StubAgentCommand, cwd: Path, transport: Transport | None = None
 ) -> ProviderContract:
-    """ACP on the stub agent, through ``transport`` (None: a local child with fast teardown)."""
+    """ACP on the stub agent as a child process, through ``transport`` (None: a local child with fast
+    teardown)."""
 
     def agent(scenario: dict[str, object]) -> Callable[[], SubagentProvider]:
         if transport is None:
             return lambda: AcpProvider(stub_agent_command(scenario), cwd=cwd, process_options=FAST)
         return lambda: AcpProvider(stub_agent_command(scenario), cwd=cwd, transport=transport)
 
+    return stub_agent_contract(agent)
+
+
+def in_process_stub_contract(cwd: Path, *, relayed: bool = False) -> ProviderContract:
+    """ACP on the stub agent served in process (`StubAgentTransport`), behind a relay if ``relayed``."""
+
+    def agent(scenario: dict[str, object]) -> Callable[[], SubagentProvider]:
+        def provider() -> SubagentProvider:
+            stub = StubAgentTransport(scenario, stdin_close_timeout=1.0, sigterm_timeout=1.0)
+            return AcpProvider(["stub-agent"], cwd=cwd, transport=RelayTransport(stub) if relayed else stub)
+
+        return provider
+
+    return stub_agent_contract(agent)
+
+
+def stub_agent_contract(
+    agent: Callable[[dict[str, object]], Callable[[], SubagentProvider]],
+) -> ProviderContract:
+    """The contract's scenarios for the stub agent, each made a provider factory by ``agent``."""
     return ProviderContract(
         completing=agent({"turns": [[{"step": "message", "text": OUTPUT}]]}),
         working=agent({"turns": [[{"step": "message", "text": "working"}, {"step": "wait_for_cancel"}]]}),
@@ -124,11 +147,6 @@ def acp_contract(
         resumable=True,  # an ACP session takes further prompts; steering mid-turn it cannot
         turn_under_way=first_update,
     )
-
-
-def relayed_acp_contract(stub_agent_command: StubAgentCommand, cwd: Path) -> ProviderContract:
-    """ACP on the stub agent, each child opened through a transport of the test's own around the local one."""
-    return acp_contract(stub_agent_command, cwd, RelayTransport(LocalTransport(**FAST)))
 
 
 def in_process_acp_contract(cwd: Path) -> ProviderContract:
@@ -155,7 +173,8 @@ PROVIDERS = [
     "spawn",
     "fork",
     pytest.param("acp", marks=pytest.mark.subprocess),
-    pytest.param("acp-relayed", marks=pytest.mark.subprocess),
+    "acp-stub-in-process",
+    "acp-relayed",
     "acp-in-process",
 ]
 
@@ -171,8 +190,10 @@ def contract(
         return spawn_contract()
     if name == "fork":
         return fork_contract()
+    if name == "acp-stub-in-process":
+        return in_process_stub_contract(tmp_path)
     if name == "acp-relayed":
-        return relayed_acp_contract(stub_agent_command, tmp_path)
+        return in_process_stub_contract(tmp_path, relayed=True)
     if name == "acp-in-process":
         return in_process_acp_contract(tmp_path)
     return acp_contract(stub_agent_command, tmp_path)

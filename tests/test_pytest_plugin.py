@@ -1,4 +1,5 @@
-"""The ``stub_agent_command`` fixture, as a user's test suite sees it (run with pytest's own ``pytester``)."""
+"""The ``stub_agent_command`` and ``stub_agent_transport`` fixtures, as a user's test suite sees them (run
+with pytest's own ``pytester``)."""
 
 from __future__ import annotations
 
@@ -70,18 +71,40 @@ def test_no_scenario_runs_the_default_one(stub_agent_command):
 def test_a_broken_scenario_fails_the_test_with_its_path(stub_agent_command):
     with pytest.raises(ScenarioError, match=r"unknown field `chunk` - at `\\$\\.turns\\[0\\]\\[0\\]`"):
         stub_agent_command({"turns": [[{"step": "message", "text": "hi", "chunk": 2}]]})
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])
+async def test_the_transport_fixture_serves_a_turn_with_no_process(stub_agent_transport, anyio_backend):
+    from subagent import SubagentRequest, SubagentService
+    from subagent.providers.acp import AcpProvider
+
+    transport = stub_agent_transport({"turns": [[{"step": "message", "text": "hi"}]]})
+    async with SubagentService() as service:
+        service.register_provider(AcpProvider(["stub-agent"], transport=transport))
+        async with service.start("acp", SubagentRequest(prompt="go")) as run:
+            result = await run.result()
+    assert (result.stop_reason, result.output) == ("completed", "hi")
+    [channel] = transport.channels
+    assert (channel.pid, channel.exit_info().returncode) == (None, 0)
+
+
+def test_the_transport_fixture_refuses_a_step_that_needs_a_process(stub_agent_transport):
+    with pytest.raises(ScenarioError, match="step 'grandchild' starts a grandchild process"):
+        stub_agent_transport({"turns": [[{"step": "grandchild", "pidFile": "pid"}]]})
 """
 
 
-def test_the_fixture_serves_a_users_tests(pytester: pytest.Pytester) -> None:
+def test_the_fixtures_serve_a_users_tests(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_user=USER_TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=6)
 
 
-def test_the_fixture_is_registered_under_the_plugin_entry_point(pytester: pytest.Pytester) -> None:
+def test_the_fixtures_are_registered_under_the_plugin_entry_point(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("--fixtures", "-p", "no:cacheprovider")
     result.stdout.fnmatch_lines(["*stub_agent_command*", "*Build stub ACP agent command lines*"])
+    result.stdout.fnmatch_lines(["*stub_agent_transport*", "*serve the stub agent on a scenario*"])
 
 
 def readme_testing_examples() -> list[str]:

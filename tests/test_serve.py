@@ -23,7 +23,6 @@ import anyio
 import anyio.abc
 import anyio.streams.buffered
 import pytest
-from anyio.streams.memory import MemoryObjectSendStream
 
 from subagent import SubagentRequest, SubagentService
 from subagent._version import __version__
@@ -35,9 +34,9 @@ from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import FunctionTool, Reply, ScriptedLlm, When, call
 from subagent.serve import ServedAgent
+from subagent.testing import MemoryByteReceiveStream, MemoryByteSendStream
 from subagent.types import LINEAGE_META_KEY, Usage
 from tests.leaks import assert_no_leaks
-from tests.wiring import MemoryReceive, MemorySend
 
 pytestmark = pytest.mark.anyio
 
@@ -81,30 +80,20 @@ async def served(
     limits: dict[str, Any] = {} if max_line_bytes is None else {"max_line_bytes": max_line_bytes}
     to_agent_send, to_agent_receive = anyio.create_memory_object_stream[bytes](math.inf)
     to_client_send, to_client_receive = anyio.create_memory_object_stream[bytes](math.inf)
-    to_client = MemorySend(to_client_send) if transcript is None else _Recorded(to_client_send, transcript)
+    to_client = MemoryByteSendStream(to_client_send, transcript)
     with to_agent_send, to_agent_receive, to_client_send, to_client_receive:
         async with (
             ServedAgent(llm, **options) as handler,
-            AgentSideConnection(handler, MemoryReceive(to_agent_receive), to_client, **limits),
+            AgentSideConnection(handler, MemoryByteReceiveStream(to_agent_receive), to_client, **limits),
             AcpClient(
-                MemoryReceive(to_client_receive), MemorySend(to_agent_send), permission=permission
+                MemoryByteReceiveStream(to_client_receive),
+                MemoryByteSendStream(to_agent_send),
+                permission=permission,
             ) as client,
         ):
             with anyio.fail_after(WAIT):
                 await client.initialize()
             yield handler, client
-
-
-class _Recorded(MemorySend):
-    """A `MemorySend` that also keeps what it sends."""
-
-    def __init__(self, stream: MemoryObjectSendStream[bytes], record: list[bytes]) -> None:
-        super().__init__(stream)
-        self._record = record
-
-    async def send(self, item: bytes) -> None:
-        self._record.append(item)
-        await super().send(item)
 
 
 def fixture_llm() -> ScriptedLlm:
@@ -535,7 +524,7 @@ async def test_the_end_of_the_connection_closes_every_agent_and_the_service(tmp_
     with anyio.fail_after(WAIT), to_agent_send, to_agent_receive, to_client_send, to_client_receive:
         async with ServedAgent(hanging_delegation(arrived)) as handler:
             connection = AgentSideConnection(
-                handler, MemoryReceive(to_agent_receive), MemorySend(to_client_send)
+                handler, MemoryByteReceiveStream(to_agent_receive), MemoryByteSendStream(to_client_send)
             )
 
             async def serve() -> None:
@@ -544,7 +533,9 @@ async def test_the_end_of_the_connection_closes_every_agent_and_the_service(tmp_
 
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(serve)
-                async with AcpClient(MemoryReceive(to_client_receive), MemorySend(to_agent_send)) as client:
+                async with AcpClient(
+                    MemoryByteReceiveStream(to_client_receive), MemoryByteSendStream(to_agent_send)
+                ) as client:
                     await client.initialize()
                     session = await client.new_session(tmp_path)
                     task_group.start_soon(session.prompt, "start")

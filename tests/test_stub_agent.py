@@ -1,13 +1,17 @@
-"""The stub agent as a real child process, driven by a raw client-role `Connection` over its stdio.
+"""The stub agent, driven by a raw client-role `Connection`: in process (`StubAgentTransport`) for the
+scenario semantics, and as a real child process for each step whose meaning is the process's (exit, kill,
+stderr, raw bytes, huge lines, closing stdout, a grandchild, the stdin-EOF and SIGTERM policies), which
+also run in process to show that their in-memory meaning matches.
 
-Each test writes a scenario (inline, or one of ``fixtures/scenarios/``), spawns
-``python -m subagent.testing.stub_agent`` with `open_agent_process`, and checks exact wire payloads, exit
-statuses and teardown reports, inside `assert_no_leaks`. Nothing sleeps to wait for something: each wait is
-for the event itself, under `anyio.fail_after`.
+Each test takes a scenario (inline, or one of ``fixtures/scenarios/``), serves it with `StubAgentTransport`
+or spawns ``python -m subagent.testing.stub_agent`` with `open_agent_process`, and checks exact wire
+payloads, exit statuses and teardown reports, inside `assert_no_leaks`. Nothing sleeps to wait for
+something: each wait is for the event itself, under `anyio.fail_after`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 import msgspec
@@ -32,7 +36,9 @@ from subagent.acp.connection import Connection
 from subagent.acp.transports import AgentProcess, TeardownStep, open_agent_process
 from subagent.testing import (
     DEFAULT_SCENARIO_PATH,
+    InProcessChannel,
     ScenarioError,
+    StubAgentTransport,
     dump_scenario,
     load_scenario,
     parse_scenario,
@@ -40,7 +46,12 @@ from subagent.testing import (
 )
 from tests.leaks import assert_no_leaks, process_info, process_is_gone
 
-pytestmark = [pytest.mark.anyio, pytest.mark.subprocess]
+pytestmark = pytest.mark.anyio
+
+Where = Literal["process", "in_process"]
+"""How the stub agent runs: as a child process, or in this process over memory streams."""
+BOTH = [pytest.param("process", marks=pytest.mark.subprocess), "in_process"]
+"""For a step whose meaning is the process's: the real thing, and its in-memory equivalent."""
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "fixtures" / "scenarios"
 SHIPPED_SCENARIOS = DEFAULT_SCENARIO_PATH.parent
@@ -54,10 +65,10 @@ Answer = Callable[[str, Any], Awaitable[Any]]
 
 @dataclass
 class Client:
-    """A raw ACP client: the connection, what it received, and the agent process."""
+    """A raw ACP client: the connection, what it received, and the agent (a process or a channel)."""
 
     connection: Connection
-    process: AgentProcess
+    process: AgentProcess | InProcessChannel
     notifications: list[tuple[str, Any]] = field(default_factory=list)
     requests: list[tuple[str, Any]] = field(default_factory=list)
     protocol_errors: list[ProtocolError] = field(default_factory=list)
@@ -102,15 +113,21 @@ async def stub_agent(
     tmp_path: Path,
     *,
     answer: Answer | None = None,
+    where: Where = "in_process",
     **process_options: Any,
 ) -> AsyncIterator[Client]:
-    """Run the stub agent on `scenario` (a dict, a file, or None for the default) with a raw client."""
-    if isinstance(scenario, dict):
-        path: Path | None = tmp_path / "scenario.json"
-        await anyio.Path(tmp_path / "scenario.json").write_text(dump_scenario(scenario))
+    """Run the stub agent on `scenario` (a dict, a file, or None for the default) with a raw client; the
+    teardown graces in ``process_options`` apply in process too."""
+    opened: contextlib.AbstractAsyncContextManager[AgentProcess | InProcessChannel]
+    if where == "in_process":
+        opened = StubAgentTransport(scenario, **process_options).open(["stub-agent"])
+    elif isinstance(scenario, dict):
+        path = tmp_path / "scenario.json"
+        await anyio.Path(path).write_text(dump_scenario(scenario))
+        opened = open_agent_process(stub_agent_argv(path), **process_options)
     else:
-        path = scenario
-    async with open_agent_process(stub_agent_argv(path), **process_options) as process:
+        opened = open_agent_process(stub_agent_argv(scenario), **process_options)
+    async with opened as process:
         client: Client
 
         async def serve(method: str, params: msgspec.Raw | None) -> Any:
@@ -237,15 +254,19 @@ async def test_an_initialize_that_is_never_answered_is_bounded_by_the_caller(tmp
             with anyio.move_on_after(0.5) as waiting:
                 await client.request("initialize", {"protocolVersion": 1})
             assert waiting.cancelled_caught
-            assert client.process.returncode is None
+            assert client.process.exit_info() is None
     # The agent was only slow, not deaf: closing stdin was enough.
     report = client.process.teardown_report
     assert report is not None
     assert report.graceful
 
 
-async def test_a_crash_at_initialize_reports_its_exit_status_and_stderr(tmp_path: Path) -> None:
-    async with assert_no_leaks(), stub_agent(SCENARIOS / "crash_at_initialize.json", tmp_path) as client:
+@pytest.mark.parametrize("where", BOTH)
+async def test_a_crash_at_initialize_reports_its_exit_status_and_stderr(tmp_path: Path, where: Where) -> None:
+    async with (
+        assert_no_leaks(),
+        stub_agent(SCENARIOS / "crash_at_initialize.json", tmp_path, where=where) as client,
+    ):
         with anyio.fail_after(TIMEOUT):
             with pytest.raises(ConnectionClosedError):
                 await client.request("initialize", {"protocolVersion": 1})
@@ -255,8 +276,12 @@ async def test_a_crash_at_initialize_reports_its_exit_status_and_stderr(tmp_path
     assert info.stderr_tail == "stub agent: fatal: no API key configured\n"
 
 
-async def test_a_kill_at_session_new_dies_by_that_signal(tmp_path: Path) -> None:
-    async with assert_no_leaks(), stub_agent(SCENARIOS / "killed_at_session_new.json", tmp_path) as client:
+@pytest.mark.parametrize("where", BOTH)
+async def test_a_kill_at_session_new_dies_by_that_signal(tmp_path: Path, where: Where) -> None:
+    async with (
+        assert_no_leaks(),
+        stub_agent(SCENARIOS / "killed_at_session_new.json", tmp_path, where=where) as client,
+    ):
         with anyio.fail_after(TIMEOUT):
             await client.request("initialize", {"protocolVersion": 1})
             with pytest.raises(ConnectionClosedError):
@@ -455,8 +480,14 @@ async def test_garbage_lines_are_skipped_and_the_next_valid_message_arrives(tmp_
     assert errors[2].reason == "not UTF-8"
 
 
-async def test_half_a_line_then_a_crash_arrives_in_order_before_the_exit(tmp_path: Path) -> None:
-    async with assert_no_leaks(), stub_agent(SCENARIOS / "half_line_then_crash.json", tmp_path) as client:
+@pytest.mark.parametrize("where", BOTH)
+async def test_half_a_line_then_a_crash_arrives_in_order_before_the_exit(
+    tmp_path: Path, where: Where
+) -> None:
+    async with (
+        assert_no_leaks(),
+        stub_agent(SCENARIOS / "half_line_then_crash.json", tmp_path, where=where) as client,
+    ):
         with anyio.fail_after(TIMEOUT):
             session_id = await client.handshake()
             with pytest.raises(ConnectionClosedError):
@@ -478,16 +509,24 @@ async def test_a_duplicate_response_is_reported_as_unexpected(tmp_path: Path) ->
     assert error.request_id == 0
 
 
-async def test_a_stderr_flood_does_not_stop_the_agent_answering(tmp_path: Path) -> None:
-    async with assert_no_leaks(), stub_agent(SCENARIOS / "stderr_flood.json", tmp_path) as client:
+@pytest.mark.parametrize("where", BOTH)
+async def test_a_stderr_flood_does_not_stop_the_agent_answering(tmp_path: Path, where: Where) -> None:
+    async with (
+        assert_no_leaks(),
+        stub_agent(SCENARIOS / "stderr_flood.json", tmp_path, where=where) as client,
+    ):
         with anyio.fail_after(TIMEOUT):
             initialized = await client.request("initialize", {"protocolVersion": 1})
     assert initialized["protocolVersion"] == 1
     assert client.process.stderr_bytes_total == 4 * 1024 * 1024
 
 
-async def test_a_10_mib_line_arrives_whole(tmp_path: Path) -> None:
-    async with assert_no_leaks(), stub_agent(SCENARIOS / "huge_line_10mib.json", tmp_path) as client:
+@pytest.mark.parametrize("where", BOTH)
+async def test_a_10_mib_line_arrives_whole(tmp_path: Path, where: Where) -> None:
+    async with (
+        assert_no_leaks(),
+        stub_agent(SCENARIOS / "huge_line_10mib.json", tmp_path, where=where) as client,
+    ):
         with anyio.fail_after(TIMEOUT):
             session_id = await client.handshake()
             result = await client.prompt(session_id)
@@ -510,25 +549,30 @@ async def test_a_flood_of_10000_chunks_arrives_complete_and_in_order(tmp_path: P
     assert client.texts() == [f"chunk {index};" for index in range(10_000)]
 
 
-async def test_closing_stdout_ends_the_stream_while_the_agent_lives_on(tmp_path: Path) -> None:
-    async with assert_no_leaks(), stub_agent(SCENARIOS / "close_stdout.json", tmp_path) as client:
+@pytest.mark.parametrize("where", BOTH)
+async def test_closing_stdout_ends_the_stream_while_the_agent_lives_on(tmp_path: Path, where: Where) -> None:
+    async with (
+        assert_no_leaks(),
+        stub_agent(SCENARIOS / "close_stdout.json", tmp_path, where=where) as client,
+    ):
         with anyio.fail_after(TIMEOUT):
             session_id = await client.handshake()
             with pytest.raises(ConnectionClosedError):
                 await client.prompt(session_id)
-            assert client.process.returncode is None
+            assert client.process.exit_info() is None
     assert client.texts() == ["last words"]
     report = client.process.teardown_report
     assert report is not None
     assert report.graceful
 
 
+@pytest.mark.subprocess
 async def test_a_grandchild_is_reported_and_gone_after_teardown(tmp_path: Path) -> None:
     pid_file = tmp_path / "grandchild.pid"
     scenario = {"turns": [[{"step": "grandchild", "pidFile": str(pid_file)}]]}
     async with assert_no_leaks():
         async with stub_agent(
-            scenario, tmp_path, stdin_close_timeout=SHORT_GRACE, sigterm_timeout=SHORT_GRACE
+            scenario, tmp_path, where="process", stdin_close_timeout=SHORT_GRACE, sigterm_timeout=SHORT_GRACE
         ) as client:
             with anyio.fail_after(TIMEOUT):
                 session_id = await client.handshake()
@@ -538,6 +582,7 @@ async def test_a_grandchild_is_reported_and_gone_after_teardown(tmp_path: Path) 
             assert pid_file.read_text() == f"{pid}\n"
             grandchild = process_info(pid)
             assert grandchild is not None
+            assert isinstance(client.process, AgentProcess)
             assert grandchild.pgrp == client.process.pgid
         assert process_is_gone(pid)
     report = client.process.teardown_report
@@ -547,13 +592,15 @@ async def test_a_grandchild_is_reported_and_gone_after_teardown(tmp_path: Path) 
     assert report.group_gone
 
 
-async def test_an_agent_ignoring_stdin_eof_is_torn_down_by_sigterm(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", BOTH)
+async def test_an_agent_ignoring_stdin_eof_is_torn_down_by_sigterm(tmp_path: Path, where: Where) -> None:
     async with (
         assert_no_leaks(),
         # SIGTERM is honoured: a generous grace ends when the agent is gone, so load cannot force SIGKILL.
         stub_agent(
             SCENARIOS / "ignore_stdin_eof.json",
             tmp_path,
+            where=where,
             stdin_close_timeout=SHORT_GRACE,
             sigterm_timeout=30.0,
         ) as client,
@@ -569,12 +616,14 @@ async def test_an_agent_ignoring_stdin_eof_is_torn_down_by_sigterm(tmp_path: Pat
     assert info.killed_by is signal.SIGTERM
 
 
-async def test_an_agent_ignoring_sigterm_and_stdin_eof_takes_sigkill(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", BOTH)
+async def test_an_agent_ignoring_sigterm_and_stdin_eof_takes_sigkill(tmp_path: Path, where: Where) -> None:
     async with (
         assert_no_leaks(),
         stub_agent(
             SCENARIOS / "ignore_sigterm_and_stdin_eof.json",
             tmp_path,
+            where=where,
             stdin_close_timeout=SHORT_GRACE,
             sigterm_timeout=SHORT_GRACE,
         ) as client,
@@ -599,3 +648,67 @@ def test_stub_agent_argv_runs_this_python() -> None:
     ]
     assert stub_agent_argv()[1:] == ["-m", "subagent.testing.stub_agent"]
     assert os.path.isfile(DEFAULT_SCENARIO_PATH)
+
+
+# -- in process: what has no in-memory meaning is refused up front ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("step", "reason", "path"),
+    [
+        (
+            {"step": "grandchild", "pidFile": "/nowhere"},
+            "'grandchild' starts a grandchild process",
+            "$.turns[0][1]",
+        ),
+        (
+            {"step": "kill", "signal": "SIGSTOP"},
+            "'kill' stops the agent's process with SIGSTOP",
+            "$.turns[0][1]",
+        ),
+    ],
+)
+def test_in_process_a_step_that_needs_a_process_is_refused_naming_it_and_its_path(
+    step: dict[str, Any], reason: str, path: str
+) -> None:
+    scenario = {"turns": [[{"step": "message", "text": "hi"}, step]]}
+    with pytest.raises(ScenarioError) as caught:
+        StubAgentTransport(scenario)
+    assert str(caught.value) == (
+        f"scenario: step {reason}, which needs the stub agent as a process (stub_agent_argv) - at `{path}`"
+    )
+
+
+@pytest.mark.parametrize("where", BOTH)
+async def test_a_signal_whose_default_is_to_do_nothing_leaves_the_agent_answering(
+    tmp_path: Path, where: Where
+) -> None:
+    scenario = {"turns": [[{"step": "kill", "signal": "SIGCHLD"}, {"step": "message", "text": "still here"}]]}
+    async with assert_no_leaks(), stub_agent(scenario, tmp_path, where=where) as client:
+        with anyio.fail_after(TIMEOUT):
+            session_id = await client.handshake()
+            result = await client.prompt(session_id)
+    assert result == {"stopReason": "end_turn"}
+    assert client.texts() == ["still here"]
+    report = client.process.teardown_report
+    assert report is not None
+    assert report.graceful
+
+
+async def test_in_process_stderr_lines_reach_on_stderr_line_and_the_tail_stays_bounded() -> None:
+    scenario = {
+        "initialize": {"steps": [{"step": "stderr", "text": "one\ntwo\n"}, {"step": "stderr", "bytes": 5000}]}
+    }
+    lines: list[str] = []
+    transport = StubAgentTransport(scenario, stderr_tail_bytes=100)
+    async with (
+        assert_no_leaks(),
+        transport.open(["stub-agent"], on_stderr_line=lines.append) as channel,
+        Connection(channel.stdout, channel.stdin, name="test-client") as connection,
+    ):
+        with anyio.fail_after(TIMEOUT):
+            await connection.request("initialize", {"protocolVersion": 1}, result_type=object)
+        assert channel.stderr_bytes_total == 8 + 5000
+        assert len(channel.stderr_tail().encode()) == 100
+    assert lines[:2] == ["one", "two"]
+    assert len(lines) == 2 + 5000 // 75 + 1  # the filler's 75-byte lines, the last one cut short

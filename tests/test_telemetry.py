@@ -35,7 +35,7 @@ from subagent.runtime import (
     When,
     call,
 )
-from subagent.testing import stub_agent_argv
+from subagent.testing import StubAgentTransport
 from subagent.tool import SubagentTool
 from subagent.types import SubagentResult, Usage
 from tests.test_serve import served
@@ -383,27 +383,24 @@ async def test_an_approval_wait_is_a_permission_span_inside_its_tool_call(
 async def test_a_permission_question_of_an_acp_child_is_a_span_below_its_run(
     spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
-    scenario = tmp_path / "scenario.json"
-    scenario.write_text(
-        json.dumps(
-            {
-                "turns": [
-                    [
-                        {"step": "tool_call", "toolCallId": "c1", "title": "edit", "kind": "edit"},
-                        {
-                            "step": "permission",
-                            "toolCall": {"toolCallId": "c1", "kind": "edit"},
-                            "branches": {
-                                "allow": [{"step": "message", "text": "allowed"}],
-                                "reject": [{"step": "message", "text": "denied"}],
-                            },
+    transport = StubAgentTransport(
+        {
+            "turns": [
+                [
+                    {"step": "tool_call", "toolCallId": "c1", "title": "edit", "kind": "edit"},
+                    {
+                        "step": "permission",
+                        "toolCall": {"toolCallId": "c1", "kind": "edit"},
+                        "branches": {
+                            "allow": [{"step": "message", "text": "allowed"}],
+                            "reject": [{"step": "message", "text": "denied"}],
                         },
-                    ]
+                    },
                 ]
-            }
-        )
+            ]
+        }
     )
-    provider = AcpProvider(stub_agent_argv(scenario), name="stub", cwd=tmp_path, permission="allow")
+    provider = AcpProvider(["stub-agent"], name="stub", cwd=tmp_path, permission="allow", transport=transport)
     async with SubagentService(progress_interval=None) as service:
         service.register_provider(provider)
         with anyio.fail_after(30):

@@ -28,12 +28,10 @@ from subagent.acp.transports import (
     transport_from_url,
 )
 from subagent.providers.acp import AcpProvider, AcpRun
+from subagent.testing import IN_PROCESS_VIA, InProcessChannel, InProcessTransport
 from subagent.testing.pytest_plugin import StubAgentCommand
 from tests.leaks import assert_no_leaks
 from tests.transports import (
-    IN_PROCESS_VIA,
-    InProcessChannel,
-    InProcessTransport,
     Opened,
     RelayChannel,
     RelayTransport,
@@ -262,7 +260,7 @@ def test_a_transport_module_that_fails_to_import_for_another_reason_is_not_hidde
 
 
 async def test_spawn_agent_refuses_process_options_for_another_transport() -> None:
-    transport = InProcessTransport(lambda channel: ScriptedHandler(channel, text="hi"))
+    transport = InProcessTransport(lambda channel: ScriptedHandler(channel, text="hi"), local_files=False)
     expected = "process_options configure the default local transport; configure in-process itself"
     with pytest.raises(ValueError, match=exactly(expected)):
         async with spawn_agent(["agent"], transport=transport, process_options=FAST):
@@ -271,7 +269,7 @@ async def test_spawn_agent_refuses_process_options_for_another_transport() -> No
 
 
 async def test_spawn_agent_offers_no_local_files_to_an_agent_that_cannot_see_them(tmp_path: Path) -> None:
-    transport = InProcessTransport(lambda channel: ScriptedHandler(channel, text="hi"))
+    transport = InProcessTransport(lambda channel: ScriptedHandler(channel, text="hi"), local_files=False)
     expected = (
         "the agent runs on in-process, where this host's files are not: it can be offered no fs sandbox "
         "or terminals here"
@@ -354,7 +352,7 @@ async def test_an_agent_that_cannot_see_our_files_is_offered_neither_fs_nor_term
         return handlers[-1]
 
     (tmp_path / "x.txt").write_text("secret")
-    transport = InProcessTransport(make)
+    transport = InProcessTransport(make, local_files=False, record_sent=True)
     provider = AcpProvider(["remote-agent"], fs=True, terminal=True, transport=transport)
     result, run = await run_one(provider, tmp_path)
     assert (result.stop_reason, result.output) == ("completed", "read nothing")
@@ -380,7 +378,7 @@ async def test_an_agent_that_cannot_see_our_files_is_offered_neither_fs_nor_term
 
 
 async def test_an_agent_that_sees_our_files_is_offered_them_through_any_transport(tmp_path: Path) -> None:
-    transport = InProcessTransport(lambda channel: ScriptedHandler(channel, text="ok"), local_files=True)
+    transport = InProcessTransport(lambda channel: ScriptedHandler(channel, text="ok"), record_sent=True)
     provider = AcpProvider(["agent"], fs=True, terminal=True, transport=transport)
     result, _ = await run_one(provider, tmp_path)
     assert result.stop_reason == "completed"

@@ -4,7 +4,11 @@ a pytest plugin.
 * ``python -m subagent.testing.stub_agent --scenario FILE``: the stub agent itself; `stub_agent_argv`
   builds that command line. The scenario format (what it answers, streams, asks, breaks) is `Scenario`,
   documented in ``_scenario``.
-* `subagent.testing.pytest_plugin`: the ``stub_agent_command`` fixture, registered with pytest on install.
+* `StubAgentTransport` (``_in_process``): the same stub agent served inside the test's own event loop, over
+  memory streams: a `Transport` to pass to ``AcpProvider(..., transport=...)``, with no process to start.
+  `InProcessTransport` serves any `AgentHandler` that way; `memory_byte_pipe` is the byte stream under it.
+* `subagent.testing.pytest_plugin`: the ``stub_agent_command`` and ``stub_agent_transport`` fixtures,
+  registered with pytest on install.
 * `serve_chat_completions` (``_chat_server``): a scripted OpenAI-compatible chat-completions server on
   loopback, run inside the test's own event loop.
 * `serve_anthropic_messages` (``_anthropic_server``, Anthropic Messages, what Claude Code speaks) and
@@ -25,7 +29,10 @@ from typing import TYPE_CHECKING
 
 __all__ = [
     "DEFAULT_SCENARIO_PATH",
+    "IN_PROCESS_VIA",
     "LEAK_TAG_VARIABLE",
+    "MEMORY_CHUNK_BYTES",
+    "MEMORY_PIPE_CHUNKS",
     "STUB_AGENT_MODULE",
     "AnthropicMessagesServer",
     "ChatCompletionsServer",
@@ -33,8 +40,13 @@ __all__ = [
     "DropConnection",
     "ErrorReply",
     "FunctionCall",
+    "InProcessChannel",
+    "InProcessOptions",
+    "InProcessTransport",
     "JsonReply",
     "MalformedChunk",
+    "MemoryByteReceiveStream",
+    "MemoryByteSendStream",
     "MessagesError",
     "MessagesReply",
     "MessagesRequest",
@@ -49,6 +61,7 @@ __all__ = [
     "StallReply",
     "Step",
     "StreamedReply",
+    "StubAgentTransport",
     "ToolCallReply",
     "ToolUse",
     "assert_no_leaks",
@@ -58,6 +71,7 @@ __all__ = [
     "leaked_processes",
     "live_group_members",
     "load_scenario",
+    "memory_byte_pipe",
     "open_fd_count",
     "open_fds",
     "parse_scenario",
@@ -91,6 +105,18 @@ if TYPE_CHECKING:
         StreamedReply,
         ToolCallReply,
         serve_chat_completions,
+    )
+    from subagent.testing._in_process import (
+        IN_PROCESS_VIA,
+        MEMORY_CHUNK_BYTES,
+        MEMORY_PIPE_CHUNKS,
+        InProcessChannel,
+        InProcessOptions,
+        InProcessTransport,
+        MemoryByteReceiveStream,
+        MemoryByteSendStream,
+        StubAgentTransport,
+        memory_byte_pipe,
     )
     from subagent.testing._leaks import (
         LEAK_TAG_VARIABLE,
@@ -137,6 +163,18 @@ else:
                 "MessagesRequest",
                 "ToolUse",
                 "serve_anthropic_messages",
+            ),
+            "subagent.testing._in_process": (
+                "IN_PROCESS_VIA",
+                "MEMORY_CHUNK_BYTES",
+                "MEMORY_PIPE_CHUNKS",
+                "InProcessChannel",
+                "InProcessOptions",
+                "InProcessTransport",
+                "MemoryByteReceiveStream",
+                "MemoryByteSendStream",
+                "StubAgentTransport",
+                "memory_byte_pipe",
             ),
             "subagent.testing._leaks": (
                 "LEAK_TAG_VARIABLE",

@@ -1,4 +1,5 @@
-"""The stub agent's stdout: protocol lines from the connection, with raw output spliced in exactly in order.
+"""The stub agent's stdout (a pipe, or an in-process channel's memory stream): protocol lines from the
+connection, with raw output spliced in exactly in order.
 
 Misbehaviour steps (a garbage line, half a line, closing stdout, exiting) must happen *after* every message
 the scenario sent before them has been written. `Connection.notify` returns once its writer task has taken
@@ -18,7 +19,6 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from subagent.acp._stdio import FdSendStream
 from subagent.acp.agent import ClientPeer
 
 __all__ = ["OrderedStdout"]
@@ -26,14 +26,14 @@ __all__ = ["OrderedStdout"]
 _MARKER_MAX_BYTES: Final = 200
 """The longest a marker line can be: a longer line is no marker, so big messages cost no search."""
 
-Action = Callable[[FdSendStream], Awaitable[None]]
+Action = Callable[[anyio.abc.ByteSendStream], Awaitable[None]]
 """What a marker line stands for: run on stdout when the line's turn to be written comes."""
 
 
 class OrderedStdout(anyio.abc.ByteSendStream):
-    """A send stream over stdout that runs injected actions in the order the connection's lines flow."""
+    """A send stream over the agent's stdout that runs injected actions in the order its lines flow."""
 
-    def __init__(self, inner: FdSendStream) -> None:
+    def __init__(self, inner: anyio.abc.ByteSendStream) -> None:
         self._inner = inner
         self._secret = secrets.token_hex(16)
         self._prefix = f"_subagent.stub/{self._secret}/"
@@ -79,7 +79,7 @@ class OrderedStdout(anyio.abc.ByteSendStream):
     async def write(self, client: ClientPeer, data: bytes) -> None:
         """Write raw bytes, in order."""
 
-        async def write(stdout: FdSendStream) -> None:
+        async def write(stdout: anyio.abc.ByteSendStream) -> None:
             await stdout.send(data)
 
         await self.run_in_order(client, write)
@@ -87,7 +87,7 @@ class OrderedStdout(anyio.abc.ByteSendStream):
     async def flush(self, client: ClientPeer) -> None:
         """Return once everything sent so far is written."""
 
-        async def nothing(stdout: FdSendStream) -> None:
+        async def nothing(stdout: anyio.abc.ByteSendStream) -> None:
             pass
 
         await self.run_in_order(client, nothing)
@@ -95,7 +95,7 @@ class OrderedStdout(anyio.abc.ByteSendStream):
     async def close(self, client: ClientPeer) -> None:
         """Close stdout, in order: the client reads everything sent before, then EOF."""
 
-        async def close(stdout: FdSendStream) -> None:
+        async def close(stdout: anyio.abc.ByteSendStream) -> None:
             self.closed = True
             await stdout.aclose()
 

@@ -20,9 +20,10 @@ import signal
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 import msgspec
@@ -30,7 +31,7 @@ import msgspec
 from subagent._version import __version__
 from subagent.acp import schema
 from subagent.acp._errors import ConnectionClosedError, RequestError
-from subagent.acp._stdio import FdReceiveStream, stdio_streams
+from subagent.acp._stdio import stdio_streams
 from subagent.acp.agent import (
     AgentHandler,
     AgentSideConnection,
@@ -77,7 +78,7 @@ from subagent.testing._scenario import (
 )
 from subagent.testing._stdio import OrderedStdout
 
-__all__ = ["AGENT_NAME", "ScenarioAgent", "main", "serve_scenario"]
+__all__ = ["AGENT_NAME", "AgentHost", "ScenarioAgent", "main", "play_scenario", "serve_scenario"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +109,9 @@ _STDERR_FILLER: Final = b"stub agent stderr filler line to make the pipe work ha
 
 _grandchildren: list[Any] = []
 """Keeps grandchild Popen objects alive: they must outlive the step (and never be reaped by us)."""
+
+_STDERR_INLINE_BYTES: Final = 64 * 1024
+"""A longer stderr write goes through a worker thread (stderr stays blocking: it may be a terminal)."""
 
 _Reopening = TypeVar("_Reopening", LoadSessionConfig, ResumeSessionConfig)
 """The configuration of ``session/load`` or of ``session/resume``."""
@@ -142,16 +146,66 @@ class _Context:
     state: _Session = field(default_factory=_Session)
 
 
+class AgentHost(Protocol):
+    """Where a scenario's process-level steps act (stderr, exit, kill, grandchild): this process when the
+    stub agent runs as a command, or an in-process channel (`subagent.testing.StubAgentTransport`)."""
+
+    async def write_stderr(self, data: bytes) -> None:
+        """Write ``data`` to the agent's stderr."""
+        ...
+
+    async def exit(self, code: int) -> None:
+        """End the agent at once with status ``code``; does not return."""
+        ...
+
+    async def kill(self, signum: signal.Signals, *, ignore_sigterm: bool) -> None:
+        """Send the agent ``signum`` with its default action (SIGTERM ignored under ``ignore_sigterm``);
+        returns only if the agent survives it."""
+        ...
+
+    async def spawn_grandchild(self, pid_file: str, *, ignore_sigterm: bool) -> int:
+        """Start a grandchild in the agent's process group; its pid, also written to ``pid_file``."""
+        ...
+
+
+class _ThisProcess:
+    """The `AgentHost` of the stub agent run as a command: the process itself."""
+
+    async def write_stderr(self, data: bytes) -> None:
+        if len(data) <= _STDERR_INLINE_BYTES:
+            _write_stderr(data)
+        else:
+            await anyio.to_thread.run_sync(_write_stderr, data)
+
+    async def exit(self, code: int) -> None:
+        os._exit(code)
+
+    async def kill(self, signum: signal.Signals, *, ignore_sigterm: bool) -> None:
+        catchable = signum not in (signal.SIGKILL, signal.SIGSTOP)
+        if catchable and not (signum == signal.SIGTERM and ignore_sigterm):
+            # Python installs handlers for some signals (SIGINT raises KeyboardInterrupt): restore the default
+            # action so the process really dies by this signal.
+            signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        # Only a signal that is ignored, or whose default action is not to terminate, comes back here.
+        await anyio.lowlevel.checkpoint()
+
+    async def spawn_grandchild(self, pid_file: str, *, ignore_sigterm: bool) -> int:
+        return await anyio.to_thread.run_sync(_spawn_grandchild, pid_file, ignore_sigterm)
+
+
 StepRunner = Callable[[Any, _Context], Coroutine[Any, Any, "_Stop | None"]]
 """Runs one kind of step; a `_Stop` when the step answered the prompt."""
 
 
 class ScenarioAgent(AgentHandler):
-    """An `AgentHandler` that plays a `Scenario`. ``stdout`` splices raw output into the protocol stream."""
+    """An `AgentHandler` that plays a `Scenario`. ``stdout`` splices raw output into the protocol stream;
+    ``host`` is where the process-level steps act (this process by default)."""
 
-    def __init__(self, scenario: Scenario, stdout: OrderedStdout) -> None:
+    def __init__(self, scenario: Scenario, stdout: OrderedStdout, host: AgentHost | None = None) -> None:
         self._scenario = scenario
         self._stdout = stdout
+        self._host: AgentHost = _ThisProcess() if host is None else host
         self._authenticated = scenario.require_auth is None
         self._sessions: dict[str, _Session] = {}
         self._sessions_created = 0
@@ -285,7 +339,7 @@ class ScenarioAgent(AgentHandler):
             raise RequestError.method_not_found(schema.SESSION_CLOSE)
         state = self._sessions.get(params.session_id, _Session())
         await self._run(config.steps, _Context(client, params.session_id, state=state))
-        _write_stderr(f"stub agent: session/close {params.session_id}\n".encode())
+        await self._host.write_stderr(f"stub agent: session/close {params.session_id}\n".encode())
         self._sessions.pop(params.session_id, None)
         return _raw({})
 
@@ -540,7 +594,7 @@ class ScenarioAgent(AgentHandler):
     async def _report(self, context: _Context, outcome: dict[str, Any]) -> None:
         text = msgspec.json.encode(outcome).decode()
         if context.session_id is None:
-            _write_stderr(f"stub agent: {text}\n".encode())
+            await self._host.write_stderr(f"stub agent: {text}\n".encode())
             return
         await self._send_update(
             context, {"sessionUpdate": "agent_message_chunk", "content": {"type": "text", "text": text}}
@@ -620,34 +674,25 @@ class ScenarioAgent(AgentHandler):
 
     async def _stderr(self, step: StderrStep, context: _Context) -> None:
         if step.text is not None:
-            _write_stderr(step.text.encode())
+            await self._host.write_stderr(step.text.encode())
             return
         assert step.bytes is not None
         whole, rest = divmod(step.bytes, len(_STDERR_FILLER))
         data = _STDERR_FILLER * whole + _STDERR_FILLER[:rest]
-        # stderr stays blocking (it may be the user's terminal); a thread keeps the event loop free meanwhile.
-        await anyio.to_thread.run_sync(_write_stderr, data)
+        await self._host.write_stderr(data)
 
     async def _exit(self, step: ExitStep, context: _Context) -> None:
         await self._flush(context)
         if step.stderr is not None:
-            _write_stderr(step.stderr.encode())
-        os._exit(step.code)
+            await self._host.write_stderr(step.stderr.encode())
+        await self._host.exit(step.code)
 
     async def _kill(self, step: KillStep, context: _Context) -> None:
         await self._flush(context)
-        signum = step.signum()
-        catchable = signum not in (signal.SIGKILL, signal.SIGSTOP)
-        if catchable and not (signum == signal.SIGTERM and self._scenario.ignore_sigterm):
-            # Python installs handlers for some signals (SIGINT raises KeyboardInterrupt): restore the default
-            # action so the process really dies by this signal.
-            signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        # Only a signal that is ignored, or whose default action is not to terminate, comes back here.
-        await anyio.lowlevel.checkpoint()
+        await self._host.kill(step.signum(), ignore_sigterm=self._scenario.ignore_sigterm)
 
     async def _grandchild(self, step: GrandchildStep, context: _Context) -> None:
-        pid = await anyio.to_thread.run_sync(_spawn_grandchild, step.pid_file, step.ignore_sigterm)
+        pid = await self._host.spawn_grandchild(step.pid_file, ignore_sigterm=step.ignore_sigterm)
         if step.report:
             await self._report(context, {"grandchild": pid})
 
@@ -689,7 +734,7 @@ def _write_stderr(data: bytes) -> None:
         view = view[os.write(2, view) :]
 
 
-async def _drain_until_eof(stdin: FdReceiveStream) -> None:
+async def _drain_until_eof(stdin: anyio.abc.ByteReceiveStream) -> None:
     """Read and discard stdin until the client closes it (after the connection stopped reading)."""
     try:
         while True:
@@ -698,25 +743,37 @@ async def _drain_until_eof(stdin: FdReceiveStream) -> None:
         return
 
 
+async def play_scenario(
+    scenario: Scenario,
+    stdin: anyio.abc.ByteReceiveStream,
+    stdout: anyio.abc.ByteSendStream,
+    host: AgentHost | None = None,
+) -> None:
+    """Play `scenario` as an agent reading ``stdin`` and writing ``stdout`` until stdin closes (or forever,
+    per ``onStdinEof``), its process-level steps acting on ``host`` (this process by default)."""
+    host = _ThisProcess() if host is None else host
+    ordered = OrderedStdout(stdout)
+    agent = AgentSideConnection(
+        ScenarioAgent(scenario, ordered, host),
+        stdin,
+        ordered,
+        # Scenarios decide for themselves how to answer a cancelled turn (compliance is what is tested).
+        strict_cancel=False,
+        name="stub-agent",
+    )
+    await agent.run()
+    # The connection also stops when stdout is closed under it; the agent lives on until stdin closes.
+    await _drain_until_eof(stdin)
+    if scenario.close_session is not None:
+        await host.write_stderr(b"stub agent: stdin closed\n")
+    if scenario.on_stdin_eof == "ignore":
+        await anyio.sleep_forever()
+
+
 async def serve_scenario(scenario: Scenario) -> None:
     """Play `scenario` on this process's stdin/stdout until stdin closes (or forever, per ``onStdinEof``)."""
-    with stdio_streams() as (stdin, raw_stdout):
-        stdout = OrderedStdout(raw_stdout)
-        agent = AgentSideConnection(
-            ScenarioAgent(scenario, stdout),
-            stdin,
-            stdout,
-            # Scenarios decide for themselves how to answer a cancelled turn (compliance is what is tested).
-            strict_cancel=False,
-            name="stub-agent",
-        )
-        await agent.run()
-        # The connection also stops when stdout is closed under it; the process lives on until stdin closes.
-        await _drain_until_eof(stdin)
-        if scenario.close_session is not None:
-            _write_stderr(b"stub agent: stdin closed\n")
-        if scenario.on_stdin_eof == "ignore":
-            await anyio.sleep_forever()
+    with stdio_streams() as (stdin, stdout):
+        await play_scenario(scenario, stdin, stdout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

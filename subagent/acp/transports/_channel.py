@@ -41,6 +41,7 @@ __all__ = [
     "Channel",
     "ExitInfo",
     "Launch",
+    "StderrTail",
     "TeardownReport",
     "TeardownStep",
     "Transport",
@@ -52,6 +53,8 @@ UNKNOWN_RETURNCODE = 255
 """The returncode of an agent whose exit status never reached us: its supervisor died before reporting
 it, or the connection to it was lost (asyncio's choice for a child whose status was lost);
 ExitInfo.status_known is False then."""
+_STDERR_LINE_LIMIT = 8 * 1024
+"""Longer stderr lines are forwarded to on_stderr_line in pieces, so a newline-free flood stays bounded."""
 _DIAGNOSIS_STDERR_CHARS = 600
 """How much of the stderr tail ExitInfo.__str__ quotes; the full tail stays on ExitInfo.stderr_tail."""
 
@@ -169,6 +172,61 @@ class ExitInfo:
         if len(excerpt) > _DIAGNOSIS_STDERR_CHARS:
             excerpt = "…" + excerpt[-_DIAGNOSIS_STDERR_CHARS:]
         return f"last stderr: {excerpt}"
+
+
+class StderrTail:
+    """What a channel keeps of an agent's stderr: its last ``limit`` bytes, how many bytes came in all, and
+    each line handed to ``on_line`` (decoded, without its newline; a longer line in 8 KiB pieces) as it
+    completes. Memory stays bounded whatever the agent writes."""
+
+    def __init__(self, limit: int, on_line: Callable[[str], object] | None) -> None:
+        self._limit = limit
+        self._on_line = on_line
+        self._tail = bytearray()
+        self._partial_line = b""
+        self.bytes_total = 0
+        """How many bytes the agent has written to stderr so far."""
+
+    def absorb(self, chunk: bytes) -> None:
+        """Take in the next bytes the agent wrote."""
+        self.bytes_total += len(chunk)
+        self._tail += chunk
+        excess = len(self._tail) - self._limit
+        if excess > 0:
+            del self._tail[:excess]
+        if self._on_line is not None:
+            *lines, partial = (self._partial_line + chunk).split(b"\n")
+            for line in lines:
+                self._forward(line)
+            while len(partial) > _STDERR_LINE_LIMIT:
+                self._forward(partial[:_STDERR_LINE_LIMIT])
+                partial = partial[_STDERR_LINE_LIMIT:]
+            self._partial_line = partial
+
+    def finish(self) -> None:
+        """stderr ended: hand on the last line, even without its newline."""
+        if self._partial_line:
+            self._forward(self._partial_line)
+            self._partial_line = b""
+
+    def raw(self) -> bytes:
+        """The tail exactly as written."""
+        return bytes(self._tail)
+
+    def text(self) -> str:
+        """The tail decoded as UTF-8 with replacement, minus a character cut in half by the trim."""
+        tail = bytes(self._tail)
+        if self.bytes_total > len(tail):
+            # The tail was trimmed at an arbitrary byte: skip UTF-8 continuation bytes of a clipped character.
+            skip = 0
+            while skip < min(3, len(tail)) and 0x80 <= tail[skip] <= 0xBF:
+                skip += 1
+            tail = tail[skip:]
+        return tail.decode("utf-8", errors="replace")
+
+    def _forward(self, line: bytes) -> None:
+        if self._on_line is not None:
+            self._on_line(line.rstrip(b"\r").decode("utf-8", errors="replace"))
 
 
 @runtime_checkable

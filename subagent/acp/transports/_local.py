@@ -83,6 +83,7 @@ from subagent.acp.transports._channel import (
     Channel,
     ExitInfo,
     Launch,
+    StderrTail,
     TeardownReport,
     TeardownStep,
     check_command,
@@ -131,8 +132,6 @@ _GROUP_POLL_MAX_INTERVAL = 0.05
 """The longest wait between two checks that the group is gone."""
 _READ_SIZE = 64 * 1024
 """One pipe buffer's worth per read."""
-_STDERR_LINE_LIMIT = 8 * 1024
-"""Longer stderr lines are forwarded to on_stderr_line in pieces, so a newline-free flood stays bounded."""
 SUPERVISOR_START_TIMEOUT = 30.0
 """A hang guard only: the supervisor reports the agent's pid about 14 ms after it was spawned."""
 SUPERVISOR_DIED = "via a supervisor that died before reporting its exit"
@@ -286,15 +285,11 @@ class AgentProcess:
         self._stdin = process.stdin
         self._stdout = _SerializedReceiveStream(process.stdout)
         self._stderr = process.stderr
-        self._stderr_tail_limit = stderr_tail_bytes
-        self._on_stderr_line = on_stderr_line
+        self._stderr_tail = StderrTail(stderr_tail_bytes, on_stderr_line)
         self._stdin_close_timeout = stdin_close_timeout
         self._sigterm_timeout = sigterm_timeout
         self._sigkill_timeout = sigkill_timeout
         self._stderr_settle_timeout = stderr_settle_timeout
-        self._stderr_tail = bytearray()
-        self._stderr_partial_line = b""
-        self._stderr_bytes_total = 0
         self._stderr_done = anyio.Event()
         self._stderr_scope: anyio.CancelScope | None = None
         self._exited = anyio.Event()
@@ -348,22 +343,15 @@ class AgentProcess:
     @property
     def stderr_bytes_total(self) -> int:
         """How many bytes the agent has written to stderr so far."""
-        return self._stderr_bytes_total
+        return self._stderr_tail.bytes_total
 
     def stderr_tail_raw(self) -> bytes:
         """The last bytes of stderr received so far (at most ``stderr_tail_bytes``), exactly as written."""
-        return bytes(self._stderr_tail)
+        return self._stderr_tail.raw()
 
     def stderr_tail(self) -> str:
         """The stderr tail decoded as UTF-8 with replacement, minus a character cut in half by the trim."""
-        tail = bytes(self._stderr_tail)
-        if self._stderr_bytes_total > len(tail):
-            # The tail was trimmed at an arbitrary byte: skip UTF-8 continuation bytes of a clipped character.
-            skip = 0
-            while skip < min(3, len(tail)) and 0x80 <= tail[skip] <= 0xBF:
-                skip += 1
-            tail = tail[skip:]
-        return tail.decode("utf-8", errors="replace")
+        return self._stderr_tail.text()
 
     def exit_info(self) -> ExitInfo | None:
         """How the child ended, or None while it runs. Prefer `wait_exit`, which also lets stderr settle."""
@@ -378,7 +366,7 @@ class AgentProcess:
             pid=self.pid,
             returncode=returncode,
             stderr_tail=self.stderr_tail(),
-            stderr_bytes_total=self._stderr_bytes_total,
+            stderr_bytes_total=self.stderr_bytes_total,
             teardown_signal=self._teardown_signal,
             status_known=self._exit_status_known,
             via=None if self._exit_status_known else SUPERVISOR_DIED,
@@ -453,31 +441,10 @@ class AgentProcess:
                     chunk = await self._stderr.receive(_READ_SIZE)
                 except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
                     break
-                self._absorb_stderr(chunk)
-            if self._stderr_partial_line:
-                self._forward_stderr_line(self._stderr_partial_line)
-                self._stderr_partial_line = b""
+                self._stderr_tail.absorb(chunk)
+            self._stderr_tail.finish()
         finally:
             self._stderr_done.set()
-
-    def _absorb_stderr(self, chunk: bytes) -> None:
-        self._stderr_bytes_total += len(chunk)
-        self._stderr_tail += chunk
-        excess = len(self._stderr_tail) - self._stderr_tail_limit
-        if excess > 0:
-            del self._stderr_tail[:excess]
-        if self._on_stderr_line is not None:
-            *lines, partial = (self._stderr_partial_line + chunk).split(b"\n")
-            for line in lines:
-                self._forward_stderr_line(line)
-            while len(partial) > _STDERR_LINE_LIMIT:
-                self._forward_stderr_line(partial[:_STDERR_LINE_LIMIT])
-                partial = partial[_STDERR_LINE_LIMIT:]
-            self._stderr_partial_line = partial
-
-    def _forward_stderr_line(self, line: bytes) -> None:
-        if self._on_stderr_line is not None:
-            self._on_stderr_line(line.rstrip(b"\r").decode("utf-8", errors="replace"))
 
     async def _watch_exit(self) -> None:
         if self._status is not None:
