@@ -525,7 +525,7 @@ class EventView(RunView):
         self.emit(
             "permission_request",
             toolCallId=question.tool_call_id,
-            **({"subagent": question.subagent} if question.subagent is not None else {}),
+            **_asker(question),
             title=call.title,
             kind=call.kind,
             rawInput=call.raw_input,
@@ -540,6 +540,7 @@ class EventView(RunView):
         self.emit(
             "permission",
             toolCallId=question.tool_call_id,
+            **_asker(question),
             title=call.title,
             outcome="cancelled" if chosen is None else "selected",
             option=chosen,
@@ -624,6 +625,12 @@ def run_meta(update: schema.ToolCall | schema.ToolCallProgress) -> Mapping[str, 
     if not isinstance(run, Mapping) or not isinstance(run.get("runId"), str):
         return None
     return run
+
+
+def _asker(question: PermissionQuestion) -> dict[str, str]:
+    """The ``subagent`` member of a question's event: the child that asks, when one of the agent's
+    subagent sessions does (left out for the session's own questions)."""
+    return {"subagent": question.subagent} if question.subagent is not None else {}
 
 
 def _agent_text(text: str, limit: int) -> str:
