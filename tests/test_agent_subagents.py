@@ -23,6 +23,7 @@ from subagent.testing._scenario import ScenarioError, parse_scenario
 from subagent.types import RUN_META_KEY
 from tests.test_acp_provider import WAIT, MakeCommand, provider_for, service_with, stub
 from tests.test_cli import run_cli, scenario
+from tests.test_trace_page import trace_data
 
 __all__ = ["stub"]  # the fixture, used by name
 
@@ -218,3 +219,19 @@ def test_events_and_progress_show_the_agents_children_as_the_tree_below_the_clis
         "  run Explore: completed",
     ]
     assert (asked["toolCallId"], asked["subagent"], asked["outcome"]) == ("c-1", "Explore", "selected")
+
+
+@pytest.mark.subprocess
+def test_the_trace_page_shows_the_agents_children_below_its_run_with_their_usage(tmp_path: Path) -> None:
+    command = scenario(tmp_path, DELEGATING)
+    page = tmp_path / "trace.html"
+    done = run_cli(tmp_path, "run", "--trace", str(page), "--permission", "allow", "-p", "go", "--", *command)
+    assert done.status == 0, done.stderr
+    runs = trace_data(page.read_text())["runs"]
+    assert [
+        (run["depth"], run["title"], run["state"], run["stopReason"], run["usage"]) for run in runs[1:]
+    ] == [
+        (1, "Explore", "completed", "completed", USAGE),
+        (2, "Deeper", "completed", "completed", USAGE),
+    ]
+    assert [run["parent"] for run in runs[1:]] == [runs[0]["id"], runs[1]["id"]]
