@@ -367,6 +367,7 @@ async def test_an_agent_that_cannot_see_our_files_is_offered_neither_fs_nor_term
         "fs": {},
         "elicitation": {"form": {}},
         "session": {"notices": {}, "compaction": {}, "configOptions": {"boolean": {}}},
+        "subagents": {},  # the ACP provider's default
     }
     [handler] = handlers
     assert handler.read_error is not None
@@ -391,6 +392,7 @@ async def test_an_agent_that_sees_our_files_is_offered_them_through_any_transpor
         "terminal": True,
         "elicitation": {"form": {}},
         "session": {"notices": {}, "compaction": {}, "configOptions": {"boolean": {}}},
+        "subagents": {},  # the ACP provider's default
     }
 
 
