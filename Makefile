@@ -125,7 +125,7 @@ bench: $(STAMP) ## run every benchmark under bench/ (installs the bench-only ext
 	@start=$$(date +%s); for script in bench/[!_]*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done; \
 		echo "== make bench: every script ran in $$(( $$(date +%s) - start )) s"
 
-schema: $(STAMP) ## regenerate subagent/acp/schema.py from schema/acp/v1/schema.json
+schema: $(STAMP) ## regenerate subagent/acp/schema.py and schema_unstable.py from schema/acp/v1/
 	$(BIN)/python scripts/gen_schema.py
 
 trace-screenshot: $(STAMP) ## regenerate docs/trace-page.png: the trace page of a three-level run, in headless chromium

@@ -83,6 +83,7 @@ def samples(root: Path) -> dict[str, Sample]:
             ["--auth-method", "login"], 'auth_method = "login"', lambda spec: spec.auth_method, "login"
         ),
         "fs": Sample(["--no-fs"], "fs = false", lambda spec: spec.fs, False),
+        "subagents": Sample(["--no-subagents"], "subagents = false", lambda spec: spec.subagents, False),
         "mode": Sample(["--mode", "plan"], 'mode = "plan"', lambda spec: spec.mode, "plan"),
         "config_options": Sample(
             ["--set", "model=fast"],

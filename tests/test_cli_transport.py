@@ -59,6 +59,7 @@ def test_run_on_a_url_runs_the_agent_through_that_transport(
         "fs": {},
         "elicitation": {"form": {}},
         "session": {"notices": {}, "compaction": {}, "configOptions": {"boolean": {}}},
+        "subagents": {},  # the ACP provider's default
     }
 
 

@@ -240,8 +240,17 @@ def test_json_output_gives_the_whole_trees_usage_beside_the_agents_own(tmp_path:
     served = [sys.executable, "-m", "subagent", "serve", "--script", str(script)]
     finished = run_cli(tmp_path, "run", "--json", "-p", "go", "--", *served)
     assert finished.status == 0
+    report = finished.json()
+    # Each run of the tree, as last reported: the child below the session, the grandchild below it.
+    runs = report.pop("runs")
+    shown = [(run["provider"], run["depth"], run["state"], run["stopReason"], run["usage"]) for run in runs]
+    assert shown == [
+        ("spawn", 1, "completed", "completed", {"inputTokens": 20, "outputTokens": 2}),
+        ("spawn", 2, "completed", "completed", {"inputTokens": 100, "outputTokens": 10}),
+    ]
+    assert runs[1]["parentId"] == runs[0]["runId"]
     # The agent's own turn is the last reply (3 + 1); the tree adds the child's and the grandchild's.
-    assert finished.json() == {
+    assert report == {
         "output": "Done.",
         "stopReason": "completed",
         "error": None,

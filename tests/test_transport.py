@@ -365,6 +365,7 @@ async def test_an_agent_that_cannot_see_our_files_is_offered_neither_fs_nor_term
         "fs": {},
         "elicitation": {"form": {}},
         "session": {"notices": {}, "compaction": {}, "configOptions": {"boolean": {}}},
+        "subagents": {},  # the ACP provider's default
     }
     [handler] = handlers
     assert handler.read_error is not None
@@ -389,6 +390,7 @@ async def test_an_agent_that_sees_our_files_is_offered_them_through_any_transpor
         "terminal": True,
         "elicitation": {"form": {}},
         "session": {"notices": {}, "compaction": {}, "configOptions": {"boolean": {}}},
+        "subagents": {},  # the ACP provider's default
     }
 
 

@@ -68,7 +68,7 @@ import anyio.abc
 import anyio.lowlevel
 import msgspec
 
-from subagent.acp import schema
+from subagent.acp import schema, schema_unstable
 from subagent.acp._errors import ConnectionClosedError, InvalidResponseError, RequestError
 from subagent.acp._stdio import stdio_streams
 from subagent.acp.connection import Connection, ConnectionOptions
@@ -125,6 +125,9 @@ class ClientPeer:
         """The client's name and version from `initialize`, if it sent them."""
         self.protocol_version: int | None = None
         """The protocol version the agent answered `initialize` with (None before it)."""
+        self.subagents = False
+        """Whether the client advertised ACP's (unstable) ``subagents`` capability in `initialize`: only
+        then may the agent announce child sessions with ``subagent_update``."""
 
     async def request(self, method: str, params: Any = None, *, result_type: type[T]) -> T:
         """Send any request; `params` is a schema struct, plain JSON data, `msgspec.Raw`, or None.
@@ -498,6 +501,9 @@ class AgentSideConnection:
         request = _decode(params, schema.InitializeRequest)
         self._client.capabilities = request.client_capabilities
         self._client.client_info = request.client_info
+        # The stable capabilities have no `subagents`: the unstable request's do (read once a connection).
+        unstable_request = _decode(params, schema_unstable.InitializeRequest)
+        self._client.subagents = unstable_request.client_capabilities.subagents is not None
         result = await self._handler.initialize(request, self._client)
         self._initialized = True
         if isinstance(result, schema.InitializeResponse):

@@ -25,6 +25,12 @@ What the client guarantees:
 * The agent's file-system requests are served only inside the sandbox roots (see
   :class:`~subagent.acp.handlers.FsSandbox`); terminals only when enabled; any other method is
   answered -32601.
+* With ``subagents=True`` the client advertises ACP's (unstable) subagents capability and keeps each
+  child session the agent announces with ``subagent_update`` (:class:`SubagentSession`, reachable as
+  :attr:`AcpSession.subagent`): its traffic is served like a session of ours (the same permission
+  policy, naming the child in the question; the same sandbox), its updates are kept bounded, and
+  :meth:`AcpSession.cancel` cancels it alone where the agent permits. A session id nobody announced
+  gets nothing served.
 """
 
 from __future__ import annotations
@@ -52,6 +58,7 @@ import msgspec
 
 from subagent._version import __version__
 from subagent.acp import schema
+from subagent.acp import schema_unstable as unstable
 from subagent.acp._elicitation import (
     ElicitationAnswer,
     ElicitationQuestion,
@@ -71,6 +78,7 @@ from subagent.acp._errors import (
 from subagent.acp._file_router import serve_file_request
 from subagent.acp._frozen import freeze_json
 from subagent.acp._modes import ModeChoice, current_mode, offered_modes, select_values
+from subagent.acp._subagents import MAX_SUBAGENT_SESSIONS, SubagentSession
 from subagent.acp._turn_usage import TurnUsage
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES, Connection
 from subagent.acp.handlers import (
@@ -98,9 +106,12 @@ __all__ = [
     "MAX_EARLY_UPDATES",
     "MAX_EARLY_UPDATE_BYTES",
     "MAX_ERROR_QUOTE_CHARS",
+    "MAX_SUBAGENT_SESSIONS",
     "AcpClient",
     "AcpSession",
     "ClientOptions",
+    "SubagentListener",
+    "SubagentSession",
     "TurnMessage",
     "TurnOutput",
     "TurnResult",
@@ -162,6 +173,10 @@ Past either bound the oldest are dropped, with one warning, and counted in
 
 UpdateCallback = Callable[[schema.SessionUpdate], object]
 """Receives each session update in order; may be sync or async (an awaitable result is awaited)."""
+
+SubagentListener = Callable[[SubagentSession, bool], object]
+"""Called (synchronously) after each ``subagent_update`` the client applied, with the child and
+whether the snapshot ended one of its runs; a new child's first call is its announcement."""
 
 
 def describe_request_error(
@@ -489,6 +504,9 @@ class AcpSession:
         (``session/new``: Copilot announces its commands that way, mistral-vibe its usage), in order, as
         many as :data:`MAX_EARLY_UPDATES` kept. They are also delivered to the session like later
         ones, right after the answer is adopted, before :meth:`AcpClient.new_session` returns."""
+        self.subagent: SubagentSession | None = None
+        """What the agent announced of this session when it is one of its subagent sessions (None
+        for a session of ours)."""
         self._turn: _Turn | None = None
         self._permission_scopes: set[anyio.CancelScope] = set()
         self._listeners: list[UpdateCallback] = []
@@ -590,7 +608,32 @@ class AcpSession:
 
     async def cancel(self) -> None:
         """Ask the agent to stop the running turn; pending permission questions are answered
-        ``cancelled``. The turn's :meth:`prompt` then returns (normally with ``cancelled``)."""
+        ``cancelled``. The turn's :meth:`prompt` then returns (normally with ``cancelled``).
+
+        For a subagent session, ask the agent to stop that child's current work alone (its parent
+        and siblings go on), which the child's ``cancel`` capability must permit; the questions
+        pending in it and below it are answered ``cancelled``. Its ``idle`` snapshot says when it stopped.
+
+        Raises:
+            AgentCapabilityError: a subagent session whose capabilities do not permit a cancel (nothing
+                is sent).
+        """
+        child = self.subagent
+        if child is not None:
+            if not child.can_cancel:
+                name = _clip_id(self.session_id)
+                raise AgentCapabilityError(
+                    f"the agent does not permit cancelling its subagent session {name!r} "
+                    "(it grants no cancel capability)"
+                )
+            for session in self._client._subtree(self.session_id):
+                for scope in tuple(session._permission_scopes):
+                    scope.cancel()
+            with contextlib.suppress(ConnectionClosedError):
+                await self._client.connection.notify(
+                    schema.SESSION_CANCEL, schema.CancelNotification(session_id=self.session_id)
+                )
+            return
         turn = self._turn
         if turn is None:
             return
@@ -790,6 +833,9 @@ class AcpSession:
         if kind is _MODE_UPDATE or kind is _CONFIG_UPDATE:
             self._apply_state(update)
         turn = self._turn
+        if self.subagent is not None:
+            self.subagent.record(update)
+            self._client._touch_ancestors(self.subagent)
         if self._loading:
             self.replayed.append(update)
         elif turn is not None:
@@ -887,7 +933,10 @@ class AcpSession:
         turn = self._turn
         if turn is not None and turn.cancel_requested:
             return None  # the turn is being cancelled: every question is answered cancelled
-        self.pending_permissions += 1
+        # A child's question holds up the sessions above it too: their clocks pause as well.
+        waiting = self._client._lineage(self)
+        for session in waiting:
+            session.pending_permissions += 1
         decision: PermissionOption | Literal[PermissionOutcome.CANCELLED] = PermissionOutcome.CANCELLED
         try:
             with anyio.CancelScope() as scope:
@@ -895,9 +944,11 @@ class AcpSession:
                 decision = await policy.decide(question)
         finally:
             self._permission_scopes.discard(scope)
-            self.pending_permissions -= 1
-            # The clock restarts when the answer goes out: waiting on the policy is not silence.
-            self.last_activity = time.monotonic()
+            now = time.monotonic()
+            for session in waiting:
+                session.pending_permissions -= 1
+                # The clock restarts when the answer goes out: waiting on the policy is not silence.
+                session.last_activity = now
         if scope.cancelled_caught or decision is PermissionOutcome.CANCELLED:
             chosen = None
         elif decision not in question.options:
@@ -947,6 +998,7 @@ class AcpSession:
             kind="edit",
             raw_input=freeze_json({"path": path, "bytes": size}),
             options=WRITE_QUESTION_OPTIONS,
+            subagent=_subagent_name(self.subagent),
         )
         chosen = await self._ask(question, policy)
         if chosen is None or not chosen.kind.startswith("allow"):
@@ -981,6 +1033,7 @@ class ClientOptions(TypedDict, total=False):
     max_kept_updates: int | None
     max_output_chars: int | None
     on_protocol_error: Callable[[ProtocolError], None] | None
+    subagents: bool
 
 
 class AcpClient:
@@ -999,6 +1052,8 @@ class AcpClient:
         max_output_chars: the longest final message a turn keeps (see :class:`TurnOutput`);
             None: no limit.
         on_protocol_error: told about every malformed line the agent sends (they are skipped).
+        subagents: advertise ACP's (unstable) ``subagents`` capability and keep the child sessions the
+            agent announces (see the module docstring); off by default here.
         exit_diagnosis: builds the error for a closed connection (a child-process owner passes one
             that adds the exit status and stderr tail).
     """
@@ -1018,6 +1073,7 @@ class AcpClient:
         on_protocol_error: Callable[[ProtocolError], None] | None = None,
         exit_diagnosis: Callable[[ConnectionClosedError], Awaitable[AgentExitedError]] | None = None,
         name: str = "acp-client",
+        subagents: bool = False,
     ) -> None:
         _check_bound("max_kept_updates", max_kept_updates)
         _check_bound("max_output_chars", max_output_chars)
@@ -1042,6 +1098,15 @@ class AcpClient:
         )
         self._exit_diagnosis = exit_diagnosis
         self._sessions: dict[str, AcpSession] = {}
+        self.subagents = subagents
+        """Whether the client advertises ``subagents`` and keeps the child sessions announced to it."""
+        self.subagent_sessions: dict[str, SubagentSession] = {}
+        """Every subagent session the agent announced, by id, in announcement order (at most
+        :data:`~subagent.acp._subagents.MAX_SUBAGENT_SESSIONS`)."""
+        self._subagent_listeners: list[SubagentListener] = []
+        self.subagents_refused = 0
+        """Announcements not taken: past the limit, on a session nobody opened or announced, or naming
+        a session that already has another parent (ownership never changes)."""
         # Updates for sessions not known yet, kept while a request that opens one is in flight.
         self._opening = 0
         self._early: deque[tuple[str, schema.SessionUpdate, int]] = deque()
@@ -1067,8 +1132,104 @@ class AcpClient:
         return await self.connection.__aexit__(exc_type, exc, tb)
 
     def session(self, session_id: str) -> AcpSession | None:
-        """A session this client created or loaded, by id."""
+        """A session this client created or loaded, or a subagent session the agent announced, by id."""
         return self._sessions.get(session_id)
+
+    def on_subagent(self, listener: SubagentListener) -> Callable[[], None]:
+        """Call ``listener`` after each ``subagent_update`` applied (see :data:`SubagentListener`);
+        returns a disposer."""
+        self._subagent_listeners.append(listener)
+
+        def dispose() -> None:
+            if listener in self._subagent_listeners:
+                self._subagent_listeners.remove(listener)
+
+        return dispose
+
+    # -- subagent sessions ---------------------------------------------------------------------------
+
+    def _on_subagent_update(self, parent: AcpSession, raw: dict[str, Any]) -> None:
+        """Apply a ``subagent_update`` the agent sent on ``parent``: announce a new child, or patch one
+        of ``parent``'s children. Anything else is refused (logged, counted), never applied."""
+        try:
+            update = schema.convert(raw, type=unstable.SubagentUpdate)
+        except msgspec.ValidationError as exc:
+            logger.warning("ignoring a malformed subagent_update: %s", exc)
+            self.subagents_refused += 1
+            return
+        child_id = update.session_id
+        child = self.subagent_sessions.get(child_id)
+        if child is None:
+            refusal = self._announcement_refusal(parent, child_id)
+            if refusal is not None:
+                logger.warning("refusing the agent's subagent session %r: %s", _clip_id(child_id), refusal)
+                self.subagents_refused += 1
+                return
+            depth = parent.subagent.depth + 1 if parent.subagent is not None else 1
+            child = SubagentSession(
+                child_id, parent.session_id, depth, updates=deque(maxlen=self.max_kept_updates)
+            )
+            session = AcpSession(self, child_id, parent.cwd)
+            session.subagent = child
+            self.subagent_sessions[child_id] = child
+            self._sessions[child_id] = session
+        elif child.parent_session_id != parent.session_id:
+            logger.warning(
+                "ignoring a subagent_update for %r on %r: it was announced on %r, and a child's parent "
+                "never changes",
+                _clip_id(child_id),
+                _clip_id(parent.session_id),
+                _clip_id(child.parent_session_id),
+            )
+            self.subagents_refused += 1
+            return
+        ended = child.apply(update, raw)
+        own = self._sessions.get(child_id)
+        if own is not None:
+            # A child with no cwd of its own works in its parent's (the RFD's inheritance).
+            own.cwd = child.cwd if child.cwd is not None else parent.cwd
+        self._touch_ancestors(child)
+        for listener in tuple(self._subagent_listeners):
+            try:
+                listener(child, ended)
+            except Exception:
+                logger.exception("subagent listener raised; ignored")
+
+    def _announcement_refusal(self, parent: AcpSession, child_id: str) -> str | None:
+        """Why announcing ``child_id`` on ``parent`` is refused, or None when it is taken."""
+        if child_id in self._sessions:
+            return "it is a session of ours, not a child the agent created"
+        if len(self.subagent_sessions) >= MAX_SUBAGENT_SESSIONS:
+            return f"the client keeps at most {MAX_SUBAGENT_SESSIONS} subagent sessions"
+        return None
+
+    def _lineage(self, session: AcpSession) -> list[AcpSession]:
+        """``session`` and the sessions above it, nearest first."""
+        found = [session]
+        child = session.subagent
+        while child is not None:
+            parent = self._sessions.get(child.parent_session_id)
+            if parent is None or parent in found:
+                break
+            found.append(parent)
+            child = parent.subagent
+        return found
+
+    def _subtree(self, session_id: str) -> list[AcpSession]:
+        """The session ``session_id`` and every subagent session below it."""
+        wanted = {session_id}
+        for child in self.subagent_sessions.values():  # announcement order: parents come first
+            if child.parent_session_id in wanted:
+                wanted.add(child.session_id)
+        return [session for sid in wanted if (session := self._sessions.get(sid)) is not None]
+
+    def _touch_ancestors(self, child: SubagentSession) -> None:
+        """A child's traffic is a sign of life of every session above it: a parent that waits for its
+        child is not silent."""
+        now = time.monotonic()
+        parent = self._sessions.get(child.parent_session_id)
+        for session in self._lineage(parent) if parent is not None else ():
+            session.last_activity = now
 
     @property
     def supports_close(self) -> bool:
@@ -1089,14 +1250,16 @@ class AcpClient:
             ProtocolVersionError: the agent answered another version (the caller should close).
         """
         fs_access = self.fs is not None
-        request = schema.InitializeRequest(
+        # The unstable schema's request: its capabilities hold `subagents`, left out when off.
+        request = unstable.InitializeRequest(
             protocol_version=schema.PROTOCOL_VERSION,
-            client_capabilities=schema.ClientCapabilities(
+            client_capabilities=unstable.ClientCapabilities(
                 fs=schema.FileSystemCapabilities(read_text_file=fs_access, write_text_file=fs_access),
                 terminal=self.terminals is not None,
                 session=_SESSION_CAPABILITIES,
                 # Form mode only: every question goes to the permission policy, which may decline.
                 elicitation=schema.ElicitationCapabilities(form=schema.ElicitationFormCapabilities()),
+                subagents=unstable.SubagentCapabilities() if self.subagents else None,
             ),
             client_info=self.client_info,
         )
@@ -1359,6 +1522,7 @@ class AcpClient:
             kind=tool_call.kind,
             raw_input=freeze_json(tool_call.raw_input),
             options=tuple(PermissionOption(o.option_id, o.name, o.kind) for o in request.options),
+            subagent=_subagent_name(session.subagent),
         )
         chosen = await session._ask(question, self.permission)
         session._cover(question, chosen, _named_paths(tool_call, session.cwd))
@@ -1411,9 +1575,21 @@ class AcpClient:
                 # The agent may be announcing the session it is about to answer with (Copilot, vibe).
                 self._keep_early(notification.session_id, notification.update)
                 return None
-            logger.warning("ignoring an update for unknown session %r", notification.session_id)
+            logger.warning("ignoring an update for unknown session %r", _clip_id(notification.session_id))
             return None
-        return session._deliver(notification.update)
+        update = notification.update
+        if self.subagents and type(update) is _UNKNOWN_UPDATE:
+            raw = update.raw
+            if raw.get("sessionUpdate") == "subagent_update":
+                self._on_subagent_update(session, raw)
+        return session._deliver(update)
+
+
+def _subagent_name(child: SubagentSession | None) -> str | None:
+    """How a question names the subagent session that asks it: its title, else its id."""
+    if child is None:
+        return None
+    return child.title or child.session_id
 
 
 def _path_key(path: str, cwd: str | None) -> str:

@@ -501,6 +501,9 @@ class PermissionQuestion:
     kind: str | None
     raw_input: Any  # frozen with freeze_json
     options: tuple[PermissionOption, ...]
+    subagent: str | None = None
+    """The subagent session that asks, by its title (else its id), when the question comes from a
+    child session the agent announced rather than from the session itself."""
 
     def first_option(self, *kinds: str) -> PermissionOption | None:
         """The first offered option whose kind is in ``kinds``, trying the kinds in order, among

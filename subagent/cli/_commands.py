@@ -399,6 +399,8 @@ def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
         if outcome.run_costs:
             # The agent's subagent tree reported what its runs used: the whole tree's total beside its own.
             report["subtreeUsage"] = usage_to_acp(outcome.subtree_usage)
+        if outcome.runs:
+            report["runs"] = list(outcome.runs.values())
         print_json(report)
     elif result.output and outcome.start_error is None:
         print_stdout(result.output if result.output.endswith("\n") else result.output + "\n")

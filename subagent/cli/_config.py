@@ -21,6 +21,7 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     ready_timeout = 120                           # spawn to a ready session, in seconds
     auth_method = "claude-login"                  # used when the agent demands authentication
     fs = false                                    # offer no fs/* to the agent (default: true)
+    subagents = false                             # do not advertise ACP subagents (default: true)
     mode = "default"                              # the session mode to switch to (session/set_mode)
     config_options = { model = "fast", thinking = true }  # session config options to set
     transport = "ssh://build-1"                   # where it runs (default: "local"); see below

@@ -296,6 +296,17 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
         config=ConfigKey(bool, "true or false"),
     ),
     Option(
+        "subagents",
+        ("--subagents",),
+        "advertise ACP's subagents capability, so the agent's own subagents (Claude Code's Task, "
+        "Codex's spawn_agent) show in the tree, --events, --json and the trace page with their usage. "
+        "--no-subagents: the agent is not told, and shows them its own way (default: the agent's "
+        "`subagents` in the config, else on)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        config=ConfigKey(bool, "true or false"),
+    ),
+    Option(
         "mode",
         ("--mode",),
         "switch the session to the agent's mode ID before the prompt (`subagent describe` lists "

@@ -12,7 +12,7 @@ import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import anyio
 
@@ -55,6 +55,8 @@ class TurnSpec:
     ready_timeout: float | None = None
     auth_method: str | None = None
     fs: bool = True
+    subagents: bool = True
+    """Advertise ACP's subagents capability (``--no-subagents``: do not)."""
     mode: str | None = None
     """The session mode to switch to before the prompt (None: the agent's own)."""
     config_options: Mapping[str, str | bool] = dataclasses.field(default_factory=dict)
@@ -81,7 +83,12 @@ class TurnOutcome:
     elapsed: float = 0.0
     run_costs: dict[str, Usage] = dataclasses.field(default_factory=dict)
     """The usage of each run of the agent's subagent tree that ended reporting one (``subagent serve``
-    sends it in the run's ``_meta``), by run id: bounded by ``MAX_COSTED_RUNS``."""
+    sends it in the run's ``_meta``, and so does the ACP provider for the subagent sessions an agent
+    announces), by run id: bounded by ``MAX_COSTED_RUNS``."""
+    runs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Each run of the agent's subagent tree as last reported (``runId``, ``parentId``, ``provider``,
+    ``depth``, ``state``, ``title``, and once ended ``stopReason``, ``elapsedSeconds``, ``usage``), by
+    run id, in the order first seen: bounded by ``MAX_COSTED_RUNS``."""
 
     @property
     def subtree_usage(self) -> Usage | None:
@@ -93,12 +100,21 @@ MAX_COSTED_RUNS: Final = 100_000
 """Runs of a subagent tree whose cost one turn remembers: a few MiB at most, whatever an agent sends."""
 
 
-def _note_run_cost(costs: dict[str, Usage], update: schema.SessionUpdate) -> None:
-    """Remember the usage a run's end update carries (``subagent serve``'s tree of runs)."""
-    run = run_meta(update) if isinstance(update, schema.ToolCallProgress) else None
+def _note_run(costs: dict[str, Usage], runs: dict[str, dict[str, Any]], update: schema.SessionUpdate) -> None:
+    """Remember what a run's update says of it, and the usage its end update carries (the tree of runs
+    of ``subagent serve``, or of the subagent sessions an agent announced)."""
+    if not isinstance(update, schema.ToolCall | schema.ToolCallProgress):
+        return
+    run = run_meta(update)
     if run is None:
         return
-    run_id, raw = run["runId"], run.get("usage")
+    run_id = run["runId"]
+    if run_id in runs or len(runs) < MAX_COSTED_RUNS:
+        title = update.title if update.title is not None else runs.get(run_id, {}).get("title")
+        runs[run_id] = {**run, "title": title}
+    if not isinstance(update, schema.ToolCallProgress):
+        return
+    raw = run.get("usage")
     usage = usage_from_acp(raw) if isinstance(raw, Mapping) else None
     if usage is not None and (run_id in costs or len(costs) < MAX_COSTED_RUNS):
         costs[run_id] = usage  # an agent that reports a run twice is counted once
@@ -199,6 +215,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
             ),
             auth_method=spec.auth_method,
             fs=spec.fs,
+            subagents=spec.subagents,
             transport=spec.transport,
             mode=spec.mode,
             config_options=spec.config_options,
@@ -215,6 +232,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
     )
     began = time.monotonic()
     run_costs: dict[str, Usage] = {}
+    runs: dict[str, dict[str, Any]] = {}
     async with anyio.create_task_group() as outer:
         interrupts = Interrupts(gate, outer)
         # The receiver stays open until the service has torn the agent down, so a Ctrl-C during
@@ -241,7 +259,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
                 gate.announce = announce
 
                 def on_update(update: schema.SessionUpdate) -> None:
-                    _note_run_cost(run_costs, update)
+                    _note_run(run_costs, runs, update)
                     gate.update(update, tool_calls.observe(update))
 
                 acp_run.on_update(on_update)
@@ -252,6 +270,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
             outer.cancel_scope.cancel()
     outcome.elapsed = time.monotonic() - began
     outcome.run_costs = run_costs
+    outcome.runs = runs
     denial = gate.last_denial
     if outcome.result.stop_reason == "cancelled" and denial is not None and not interrupts.count:
         # Nobody pressed Ctrl-C: the agent ended its own turn on our denial (Codex, for one,

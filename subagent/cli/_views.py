@@ -279,7 +279,9 @@ class HumanView(RunView):
             console.clear_footer()  # the person answers on the prompt's line, nothing drawn below
         self._block()
         kind = f" ({call.kind})" if call.kind else ""
-        lines = [console.paint(f"permission requested: {sanitize(_call_name(call))}{kind}", "1", "35")]
+        # A question from one of the agent's own subagents says which: the answer is for that child.
+        asker = f" by subagent {_agent_text(question.subagent, 80)}" if question.subagent else ""
+        lines = [console.paint(f"permission requested{asker}: {sanitize(_call_name(call))}{kind}", "1", "35")]
         if call.raw_input is not None:
             lines.append(f"  input: {sanitize(_short_json(call.raw_input))}")
         for number, option in enumerate(question.options, 1):
@@ -523,6 +525,7 @@ class EventView(RunView):
         self.emit(
             "permission_request",
             toolCallId=question.tool_call_id,
+            **_asker(question),
             title=call.title,
             kind=call.kind,
             rawInput=call.raw_input,
@@ -537,6 +540,7 @@ class EventView(RunView):
         self.emit(
             "permission",
             toolCallId=question.tool_call_id,
+            **_asker(question),
             title=call.title,
             outcome="cancelled" if chosen is None else "selected",
             option=chosen,
@@ -621,6 +625,12 @@ def run_meta(update: schema.ToolCall | schema.ToolCallProgress) -> Mapping[str, 
     if not isinstance(run, Mapping) or not isinstance(run.get("runId"), str):
         return None
     return run
+
+
+def _asker(question: PermissionQuestion) -> dict[str, str]:
+    """The ``subagent`` member of a question's event: the child that asks, when one of the agent's
+    subagent sessions does (left out for the session's own questions)."""
+    return {"subagent": question.subagent} if question.subagent is not None else {}
 
 
 def _agent_text(text: str, limit: int) -> str:

@@ -91,6 +91,7 @@ from subagent.acp.client import (
     DEFAULT_MAX_OUTPUT_CHARS,
     AcpClient,
     AcpSession,
+    SubagentSession,
     TurnMessage,
     TurnOutput,
     TurnResult,
@@ -113,6 +114,7 @@ from subagent.acp.transports._channel import ExitInfo, Transport
 from subagent.acp.transports._local import LocalTransport
 from subagent.acp.transports._schemes import transport_from_url
 from subagent.observability import _telemetry as telemetry
+from subagent.providers._acp_subagents import SubagentRuns
 from subagent.types import (
     LINEAGE_META_KEY,
     ErrorCode,
@@ -220,6 +222,12 @@ class AcpProvider:
             which then reads and writes files itself.
         terminal: serve ``terminal/*`` (off by default); commands run confined to the same roots.
         auth_method: the auth method id to use when the agent demands authentication.
+        subagents: advertise ACP's (unstable) ``subagents`` capability (default): the agent's own
+            child sessions (Claude Code's ``Task``, Codex's ``spawn_agent``) are kept on the run
+            (:attr:`AcpRun.subagents`, :meth:`AcpRun.cancel_subagent`) and reported to the run's update
+            listeners as runs of its tree, the way ``subagent serve`` reports its own (a tool call
+            with ``_meta["subagent-seam/run"]``). Their questions and file requests meet the same
+            permission policy and sandbox. False: the agent is told nothing of the capability.
         ready_timeout: spawn to a ready session, in seconds. It starts at the spawn, after the run
             got its concurrency slot: time spent queued behind other runs never counts.
         idle_timeout: default inactivity timeout of a turn (a request's ``timeout`` overrides it).
@@ -296,6 +304,7 @@ class AcpProvider:
         transport: Transport | str | None = None,
         mode: str | None = None,
         config_options: Mapping[str, str | bool] | None = None,
+        subagents: bool = True,
     ) -> None:
         if isinstance(command, str) or not command:
             raise ValueError("command must be a non-empty argv list, e.g. ['npx', 'some-acp-agent']")
@@ -334,6 +343,9 @@ class AcpProvider:
         """Where each child runs (see :mod:`subagent.acp.transports`)."""
         self.idle_close_grace = idle_close_grace
         self.mode = mode
+        self.subagents = subagents
+        """Whether the client advertises ACP's ``subagents`` capability and shows the child sessions the
+        agent announces as runs of the run's tree (see :attr:`AcpRun.subagents`)."""
         self.config_options: dict[str, str | bool] = dict(config_options or {})
         for value in self.config_options.values():
             if not isinstance(value, str | bool):
@@ -623,6 +635,36 @@ class AcpRun(DisposeOnExit):
         self._stop.set()
         await self._done.wait()
 
+    @property
+    def subagents(self) -> list[SubagentSession]:
+        """The child sessions the agent announced (its own subagents, at any depth), in the order it
+        announced them; empty when ``subagents`` is off or the agent has none."""
+        client = self._client
+        return list(client.subagent_sessions.values()) if client is not None else []
+
+    async def cancel_subagent(self, session_id: str) -> None:
+        """Ask the agent to stop the current work of its subagent session ``session_id`` alone
+        (``session/cancel`` for that child); its ``idle`` snapshot then reports the stop.
+
+        Raises:
+            AgentCapabilityError: the agent does not permit cancelling that child (it did not grant it
+                the ``cancel`` capability); nothing is sent.
+            LookupError: the agent announced no such subagent session on this run.
+        """
+        client = self._client
+        session = client.session(session_id) if client is not None else None
+        if session is None or session.subagent is None:
+            raise LookupError(f"run {self.id!r} has no subagent session {session_id!r}")
+        await session.cancel()
+
+    def _tell_listeners(self, update: schema.SessionUpdate) -> None:
+        """Give the run's update listeners an update the run made itself (a subagent's run row)."""
+        for listener in tuple(self._listeners):  # a snapshot: a listener may dispose itself
+            try:
+                listener(update)
+            except Exception:
+                logger.exception("update listener of run %r raised; ignored", self.id)
+
     async def dispose(self) -> None:
         """Tear the child down (close stdin, wait, SIGTERM the group, wait, SIGKILL, reap) and
         return once nothing of the run is left. Idempotent."""
@@ -753,6 +795,7 @@ class AcpRun(DisposeOnExit):
 
             terminals = TerminalHost(sandbox=sandbox, cwd=cwd)
             await terminals.__aenter__()
+        subagent_runs: SubagentRuns | None = None
         try:
             async with (
                 spawn_agent(
@@ -768,10 +811,13 @@ class AcpRun(DisposeOnExit):
                     on_stderr_line=provider.on_stderr_line,
                     transport=provider.transport,
                     idle_close_grace=provider.idle_close_grace,
+                    subagents=provider.subagents,
                 ) as client,
                 self._session_closed_on_exit(client),
             ):
                 self._client = client
+                subagent_runs = SubagentRuns(provider.name, self._tell_listeners, telemetry.current_context())
+                client.on_subagent(subagent_runs)
                 session = await self._handshake(client, cwd)
                 if session is None:
                     return
@@ -786,6 +832,8 @@ class AcpRun(DisposeOnExit):
                 self._result.settle(first)
                 await self._keep_for_resume(client)
         finally:
+            if subagent_runs is not None:
+                subagent_runs.close()
             if self._client is not None:
                 self._record_exit(self._client)
             self._child_exited.set()  # spawn_agent has returned: the process group is reaped
@@ -1038,13 +1086,8 @@ class AcpRun(DisposeOnExit):
             self._update_count += 1
             if output.truncated and not overflowed.is_set():
                 overflowed.set()
-            if not listeners:
-                return
-            for listener in tuple(listeners):  # a snapshot: a listener may dispose itself
-                try:
-                    listener(update)
-                except Exception:
-                    logger.exception("update listener of run %r raised; ignored", self.id)
+            if listeners:
+                self._tell_listeners(update)
 
         timeout = self.request.timeout if self.request.timeout is not None else self.provider.idle_timeout
         timed_out = False

@@ -83,6 +83,20 @@ Steps (``{"step": <kind>, ...}``)
     text is JSON: ``{"method": m, "result": <result>}`` or
     ``{"method": m, "error": {"code", "message", "data"?}}``.
 
+    Subagents (ACP's unstable draft): ``subagent`` {sessionId, title?, description?, cwd?, cancel=true,
+    steps=[], stopReason="end_turn", usage?, error?} plays a child session of the session it runs in
+    (a ``subagent`` step among its ``steps`` makes a grandchild). It announces the child with a
+    ``subagent_update`` on that session (its title, description, cwd, ``capabilities`` with ``cancel``
+    when granted, and ``state: running``), runs ``steps`` as the child (their updates, questions and file
+    requests carry the child's session id), then reports one ``idle`` snapshot with ``stopReason``, the
+    ``usage`` object and, for ``"error"``, the JSON-RPC ``error`` object. A ``stop`` step among them ends
+    the child's run with its reason and usage (the prompt goes on), and ``wait_for_cancel`` waits for a
+    cancel of the child. A ``session/cancel`` for the child, when ``cancel`` is granted, stops its steps
+    and ends the run ``cancelled``; without it the cancel is ignored. A client that did not advertise
+    ``clientCapabilities.subagents`` is sent nothing of the child (reported on stderr as ``stub agent:
+    the client does not support subagents; skipping <sessionId>``). Other states (``requires_action``,
+    ``unknown``, a patch of the title) are ``update`` steps with a raw ``subagent_update``.
+
     Time and answers: ``sleep`` {seconds}; ``wait_for_cancel`` {then="stop", timeout?} waits for
     ``session/cancel``, then answers ``cancelled`` (``"stop"``) or goes on (``"continue"``); after
     ``timeout`` seconds without a cancel it goes on. Every other step ignores cancellation. ``stop``
@@ -149,6 +163,7 @@ __all__ = [
     "StderrStep",
     "Step",
     "StopStep",
+    "SubagentStep",
     "ThoughtStep",
     "ToolCallStep",
     "ToolCallUpdateStep",
@@ -385,6 +400,21 @@ class NotifyStep(_Step, tag="notify"):
     params: Any = msgspec.UNSET
 
 
+class SubagentStep(_Step, tag="subagent"):
+    """A child session (ACP's subagents draft): announced, its ``steps`` run as it, then ``idle``."""
+
+    where: ClassVar[frozenset[str]] = _WITH_SESSION
+    session_id: str
+    title: str | None = None
+    description: str | None = None
+    cwd: str | None = None
+    cancel: bool = True
+    steps: list[Step] = msgspec.field(default_factory=list)
+    stop_reason: str = "end_turn"
+    usage: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+
+
 # -- time and answers ------------------------------------------------------------------------------------
 
 
@@ -547,6 +577,7 @@ Step: TypeAlias = (
     | ExitStep
     | KillStep
     | GrandchildStep
+    | SubagentStep
 )
 """One step of a scenario, told apart by its ``"step"`` member."""
 
@@ -679,6 +710,8 @@ def _walk(path: str, steps: Sequence[Step], context: str) -> Iterator[tuple[str,
         if isinstance(step, PermissionStep | ElicitStep):
             for name, branch in step.branches.items():
                 yield from _walk(f"{step_path}.branches.{name}", branch, context)
+        elif isinstance(step, SubagentStep):
+            yield from _walk(f"{step_path}.steps", step.steps, context)
 
 
 # -- reading and writing ---------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ from subagent.testing._scenario import (
     StderrStep,
     Step,
     StopStep,
+    SubagentStep,
     ThoughtStep,
     ToolCallStep,
     ToolCallUpdateStep,
@@ -134,6 +135,15 @@ class _Session:
     """The session's current mode: the scenario's ``currentModeId``, then what the client set."""
     config_options: list[dict[str, Any]] = field(default_factory=list)
     """The session's config options with their current values (a copy of the scenario's)."""
+
+
+@dataclass(slots=True)
+class _Child:
+    """A subagent session a ``subagent`` step announced: whether it may be cancelled, and its cancel."""
+
+    cancellable: bool
+    cancelled: anyio.Event = field(default_factory=anyio.Event)
+    scope: anyio.CancelScope | None = None
 
 
 @dataclass(slots=True)
@@ -237,7 +247,9 @@ class ScenarioAgent(AgentHandler):
             ExitStep: self._exit,
             KillStep: self._kill,
             GrandchildStep: self._grandchild,
+            SubagentStep: self._subagent,
         }
+        self._children: dict[str, _Child] = {}  # the subagent sessions announced, by id
 
     # -- requests ----------------------------------------------------------------------------------------
 
@@ -624,11 +636,62 @@ class ScenarioAgent(AgentHandler):
 
     async def _wait_for_cancel(self, step: WaitForCancelStep, context: _Context) -> _Stop | None:
         assert context.turn is not None
+        child = self._children.get(context.session_id or "")
+        cancelled = child.cancelled if child is not None else None
         with anyio.move_on_after(step.timeout if step.timeout is not None else float("inf")):
-            await context.turn.wait_cancelled()
-        if context.turn.cancel_requested and step.then == "stop":
+            await (cancelled.wait() if cancelled is not None else context.turn.wait_cancelled())
+        requested = cancelled.is_set() if cancelled is not None else context.turn.cancel_requested
+        if requested and step.then == "stop":
             return _Stop("cancelled")
         return None
+
+    async def _subagent(self, step: SubagentStep, context: _Context) -> None:
+        """Announce a child session, run its steps as it, and end its run with one ``idle`` snapshot."""
+        if not context.client.subagents:
+            _write_stderr(
+                f"stub agent: the client does not support subagents; skipping {step.session_id}\n".encode()
+            )
+            return
+        child = self._children[step.session_id] = _Child(step.cancel)
+        labels = (("title", step.title), ("description", step.description), ("cwd", step.cwd))
+        announcement: dict[str, Any] = {
+            "sessionUpdate": "subagent_update",
+            "sessionId": step.session_id,
+            **{key: value for key, value in labels if value is not None},
+        }
+        announcement["capabilities"] = {"cancel": {}} if step.cancel else {}
+        announcement["state"] = {"state": "running"}
+        await self._send_update(context, announcement)
+        inner = _Context(context.client, step.session_id, context.turn, _Session())
+        stop: _Stop | None = None
+        with anyio.CancelScope() as scope:
+            child.scope = scope
+            stop = await self._run(step.steps, inner)
+        idle: dict[str, Any] = {"state": "idle"}
+        if scope.cancelled_caught or child.cancelled.is_set():
+            idle["stopReason"] = "cancelled"
+        elif stop is not None:
+            idle["stopReason"] = stop.reason
+            if stop.usage is not None:
+                idle["usage"] = stop.usage
+        else:
+            idle["stopReason"] = step.stop_reason
+            if step.usage is not None:
+                idle["usage"] = step.usage
+            if step.stop_reason == "error" and step.error is not None:
+                idle["error"] = step.error
+        await self._send_update(
+            context, {"sessionUpdate": "subagent_update", "sessionId": step.session_id, "state": idle}
+        )
+
+    async def cancel(self, params: schema.CancelNotification, client: ClientPeer) -> None:
+        """A ``session/cancel`` for a child that granted ``cancel`` stops its steps; others are ignored."""
+        child = self._children.get(params.session_id)
+        if child is None or not child.cancellable:
+            return
+        child.cancelled.set()
+        if child.scope is not None:
+            child.scope.cancel()
 
     async def _stop(self, step: StopStep, context: _Context) -> _Stop:
         return _Stop(step.reason, step.usage, step.meta)
