@@ -116,7 +116,7 @@ def readme_testing_examples() -> list[str]:
 
 def test_the_readmes_testing_examples_pass_as_written_in_a_fresh_project(pytester: pytest.Pytester) -> None:
     examples = readme_testing_examples()
-    assert len(examples) == 2, "the README's testing section changed: update this test's count"
+    assert len(examples) == 3, "the README's testing section changed: update this test's count"
     pytester.makepyfile(**{f"test_readme_example_{n}": code for n, code in enumerate(examples)})
     # A fresh project: no conftest, no configuration; only the installed plugins (ours and anyio's, which
     # runs each test on every backend it finds: asyncio, and trio where it is installed, as here).
