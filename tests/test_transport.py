@@ -58,9 +58,11 @@ def exactly(message: str) -> str:
 async def test_an_agent_process_is_a_channel_and_the_local_transport_opens_one(
     stub_agent_command: StubAgentCommand,
 ) -> None:
-    transport: Transport = LocalTransport(**FAST)
+    # A generous grace: the test asserts the graceful path, and a loaded machine may take seconds to start
+    # the stub (it must be up to read the EOF that ends it).
+    transport: Transport = LocalTransport(**{**FAST, "stdin_close_timeout": WAIT})
     assert isinstance(transport, Transport)
-    assert (transport.name, transport.local_files, transport.stdin_close_timeout) == ("local", True, 1.0)
+    assert (transport.name, transport.local_files, transport.stdin_close_timeout) == ("local", True, WAIT)
     argv = stub_agent_command(ONE_TURN)
     async with assert_no_leaks():
         with anyio.fail_after(WAIT):
