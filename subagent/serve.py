@@ -229,6 +229,7 @@ async def serve(
     delegate: bool = True,
     depth_limit: int | None = None,
     background: BackgroundOptions | None = _DEFAULT_BACKGROUND,
+    providers: Sequence[SubagentProvider] = (),
 ) -> None:
     """Serve a :class:`ServedAgent` on ``llm`` on this process's stdin/stdout until the client closes
     stdin. ``llm`` is the caller's: left open. The other arguments are :class:`ServedAgent`'s (checked
@@ -240,6 +241,7 @@ async def serve(
         delegate=delegate,
         depth_limit=depth_limit,
         background=background,
+        providers=providers,
     ) as handler:
         await serve_stdio(handler, name="subagent-serve", drain_on_eof=EOF_DRAIN_SECONDS)
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import shlex
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -21,13 +23,15 @@ from typing import Any, Final
 import anyio
 import pytest
 
+from subagent import SubagentRequest, SubagentService
 from subagent.acp import RequestError, schema
 from subagent.acp.client import AcpClient, AcpSession, TurnResult
-from subagent.providers.acp import AcpProvider
+from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.runtime import LlmError, LlmErrorKind, Reply, ScriptedLlm, When, call
 from subagent.testing._scenario import dump_scenario
 from subagent.types import Usage
 from tests.test_agent_subagents import DELEGATING
+from tests.test_interop import NODE, ROOT
 from tests.test_serve import WAIT, note_tool, served
 from tests.test_serve_tree import three_levels
 
@@ -491,3 +495,106 @@ async def _announced(client: AcpClient, count: int) -> list[str]:
     finally:
         dispose()
     return list(client.subagent_sessions)[:count]
+
+
+# -- interop: our own client, through processes ------------------------------------------------------------
+
+
+def serve_script(provider: str, task: str, *replies: dict[str, Any]) -> list[dict[str, Any]]:
+    """A `subagent serve --script` that delegates ``task`` to ``provider`` on "go" (``replies`` answer
+    the children), then answers "Done."."""
+    delegation = {"name": "subagent", "arguments": {"provider": provider, "prompt": task}, "id": "call-1"}
+    return [
+        {"tool_calls": [delegation], "when": {"last_user_contains": "go", "after_tool_result": False}},
+        *replies,
+        {"text": "Done.", "when": {"last_user_contains": "go", "after_tool_result": True}},
+    ]
+
+
+@pytest.mark.subprocess
+async def test_our_client_sees_a_three_level_tree_through_subagent_serve_and_its_acp_child(
+    tmp_path: Path,
+) -> None:
+    child_scenario = tmp_path / "child.json"
+    child_scenario.write_text(dump_scenario(DELEGATING))
+    script = tmp_path / "serve.json"
+    script.write_text(json.dumps(serve_script("acp", "explore")))
+    stub = [sys.executable, "-m", "subagent.testing.stub_agent", "--scenario", str(child_scenario)]
+    serve = [sys.executable, "-m", "subagent", "serve", "--script", str(script), "--acp", shlex.join(stub)]
+    provider = AcpProvider(serve, cwd=tmp_path, permission="allow")
+    async with SubagentService() as service:
+        service.register_provider(provider)
+        async with service.start("acp", SubagentRequest(prompt="go")) as run:
+            with anyio.fail_after(PROCESS_WAIT):
+                result = await run.result()
+            acp_run = run.provider_run
+            assert isinstance(acp_run, AcpRun)
+            served_session = acp_run.session_id
+            children = acp_run.subagents
+    assert (result.stop_reason, result.output) == ("completed", "Done.")
+    usage = {"inputTokens": 10, "outputTokens": 2, "totalTokens": 12}
+    assert [
+        (c.session_id, c.parent_session_id, c.depth, c.title, c.state_name, c.runs, c.stop_reason, c.usage)
+        for c in children
+    ] == [
+        ("acp-1", served_session, 1, "acp subagent: explore", "idle", 1, "end_turn", None),
+        ("acp-1/child-1", "acp-1", 2, "Explore", "idle", 1, "end_turn", usage),
+        ("acp-1/grandchild-1", "acp-1/child-1", 3, "Deeper", "idle", 1, "end_turn", usage),
+    ]
+
+
+# -- interop: the TypeScript SDK's client ----------------------------------------------------------------
+
+SDK_ENTRY: Final = ROOT / ".interop" / "node_modules" / "@agentclientprotocol" / "sdk" / "dist" / "acp.js"
+SDK_CLIENT: Final = ROOT / "fixtures" / "interop" / "sdk_subagents_client.mjs"
+
+
+@pytest.mark.subprocess
+async def test_the_typescript_sdks_client_sees_the_children_subagent_serve_announces(tmp_path: Path) -> None:
+    if NODE is None or not SDK_ENTRY.is_file():
+        reason = f"the TypeScript SDK is not installed (run `make interop`): {SDK_ENTRY}"
+        if os.environ.get("SUBAGENT_REQUIRE_INTEROP"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    script = tmp_path / "serve.json"
+    child = {
+        "text": "child answer",
+        "usage": {"input_tokens": 7, "output_tokens": 3, "total_tokens": 10},
+        "when": {"last_user_contains": "child task"},
+    }
+    script.write_text(json.dumps(serve_script("spawn", "child task", child)))
+    serve = [sys.executable, "-m", "subagent", "serve", "--script", str(script)]
+    with anyio.fail_after(PROCESS_WAIT):
+        done = await anyio.run_process(
+            [NODE, str(SDK_CLIENT), str(SDK_ENTRY), str(tmp_path), "go", "--", *serve], check=False
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    seen = json.loads(done.stdout)
+    sid = seen["sessionId"]
+    assert seen["stopReason"] == "end_turn"
+    updates = [(item["sessionId"], item["update"]) for item in seen["updates"]]
+    announced = [update for _, update in updates if update["sessionUpdate"] == "subagent_update"]
+    (child_id,) = {update["sessionId"] for update in announced}
+    # The SDK parsed each one as the schema's SubagentUpdate (its zod schema drops what it does not know).
+    assert [
+        (session_id, update["sessionUpdate"], update.get("state", update.get("content")))
+        for session_id, update in updates
+        if session_id == child_id or update["sessionUpdate"] == "subagent_update"
+    ] == [
+        (sid, "subagent_update", {"state": "running"}),
+        (child_id, "agent_message_chunk", {"type": "text", "text": "child "}),
+        (child_id, "agent_message_chunk", {"type": "text", "text": "answer"}),
+        (
+            sid,
+            "subagent_update",
+            {
+                "state": "idle",
+                "stopReason": "end_turn",
+                "usage": {"inputTokens": 7, "outputTokens": 3, "totalTokens": 10},
+            },
+        ),
+    ]
+    assert (announced[0]["title"], announced[0]["capabilities"]) == (
+        "spawn subagent: child task",
+        {"cancel": {}},
+    )
