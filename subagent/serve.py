@@ -83,6 +83,14 @@ at each ``subagent/progress``, and ``completed`` (with an excerpt of the child's
 counts, when the run reported any); so a client can draw the tree and add up its cost. Runs are
 shown while a turn is reported; one still open when the turn ends is shown failed, like any call
 left open.
+
+Subagent sessions: to a client that advertised ACP's (unstable) ``subagents`` capability the runs
+are not tool calls but sessions of their own (ACP's subagents draft): each is announced with a
+``subagent_update`` before any of its traffic, its text, tool calls and permission questions go
+under its id (the run's), each of its runs ends in one ``idle`` snapshot with its stop reason and
+usage, ``session/cancel`` with its id cancels it alone, and an acp child's own children are relayed
+below it. :mod:`subagent._served_subagents` says how, and why. Any other request aimed at a
+subagent session's id is refused with -32602, as an unknown session's is.
 """
 
 from __future__ import annotations
@@ -94,17 +102,25 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import anyio
+import anyio.abc
 import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from subagent._acp_stop_reasons import TO_ACP
-from subagent._text import cut, one_line
+from subagent._served_subagents import (
+    MAX_SUBAGENT_SESSIONS,
+    ChildSessions,
+    excerpt,
+    retry_update,
+    run_title,
+)
+from subagent._text import cut
 from subagent._usage_codec import prompt_response_usage, usage_to_acp
 from subagent._version import __version__
 from subagent.acp import schema
@@ -135,14 +151,14 @@ from subagent.runtime._inprocess_agent import (
 from subagent.runtime._llm import LlmAdapter
 from subagent.runtime._messages import Retrying, TextDelta, ToolSpec
 from subagent.runtime._tools import Tool, ToolError, ToolInvocation
-from subagent.service import SubagentService
+from subagent.service import ServiceRun, SubagentService
 from subagent.types import (
     LINEAGE_META_KEY,
-    RETRY_META_KEY,
     RUN_META_KEY,
     TURN_META_KEY,
     Disposer,
     SubagentProgressInfo,
+    SubagentProvider,
     SubagentResult,
     SubagentRunEndInfo,
     SubagentRunInfo,
@@ -186,8 +202,6 @@ _PERMISSION_OPTIONS: Final = (
 _DEFAULT_BACKGROUND: Final = BackgroundOptions()
 """Background delegation as served by default: the options' own defaults."""
 
-_TITLE_EXCERPT: Final = 80
-"""How much of a subagent's prompt a tool call's title shows."""
 _RUN_TEXT_EXCERPT: Final = 1000
 """How much of a run's last message (or error) its tool call shows at its end: the ``subagent``
 call that started it carries the whole of it already."""
@@ -215,6 +229,7 @@ async def serve(
     delegate: bool = True,
     depth_limit: int | None = None,
     background: BackgroundOptions | None = _DEFAULT_BACKGROUND,
+    providers: Sequence[SubagentProvider] = (),
 ) -> None:
     """Serve a :class:`ServedAgent` on ``llm`` on this process's stdin/stdout until the client closes
     stdin. ``llm`` is the caller's: left open. The other arguments are :class:`ServedAgent`'s (checked
@@ -226,6 +241,7 @@ async def serve(
         delegate=delegate,
         depth_limit=depth_limit,
         background=background,
+        providers=providers,
     ) as handler:
         await serve_stdio(handler, name="subagent-serve", drain_on_eof=EOF_DRAIN_SECONDS)
 
@@ -272,6 +288,10 @@ class ServedAgent(AgentHandler):
             waiting for its child).
         tools: more tools for every session's agent (subagents inherit them, narrowed by any
             tool filter). A tool that needs approval is asked about through the client.
+        providers: more providers to delegate to, beside ``spawn`` and ``fork`` (say an
+            :class:`~subagent.providers.acp.AcpProvider` named ``acp``); the service owns their runs.
+        max_subagent_sessions: for a client that advertised ``subagents``, the most subagent
+            sessions one session announces (see :mod:`subagent._served_subagents`).
 
     Raises:
         ValueError: ``max_model_calls`` < 1, a negative ``depth_limit``, ``depth_limit`` without
@@ -288,6 +308,8 @@ class ServedAgent(AgentHandler):
         depth_limit: int | None = None,
         tools: Sequence[Tool] = (),
         background: BackgroundOptions | None = _DEFAULT_BACKGROUND,
+        providers: Sequence[SubagentProvider] = (),
+        max_subagent_sessions: int = MAX_SUBAGENT_SESSIONS,
     ) -> None:
         if max_model_calls < 1:
             raise ValueError(f"max_model_calls must be >= 1, got {max_model_calls}")
@@ -310,8 +332,9 @@ class ServedAgent(AgentHandler):
         self.background = background if delegate else None
         """The background options of every session's ``subagent`` tool; None: no background delegation."""
         self.tools: tuple[Tool, ...] = tuple(tools)
-        self.agents = AgentRegistry()
+        self.agents: AgentRegistry = _FollowedRegistry(self._adopt)
         """Every live agent: the sessions' agents and their subagents."""
+        self.max_subagent_sessions = max_subagent_sessions
         self.service = SubagentService()
         """The service the sessions delegate through, with the ``spawn`` and ``fork`` providers."""
         # Subagents inherit their parent's approver and tools (the session's), so neither is set here.
@@ -321,6 +344,8 @@ class ServedAgent(AgentHandler):
         self.service.register_provider(
             ForkProvider(llm=llm, agents=self.agents, max_model_calls=max_model_calls)
         )
+        for provider in providers:
+            self.service.register_provider(provider)
         self._sessions: dict[str, ServedSession] = {}
         self._state: Literal["new", "open", "closed"] = "new"
 
@@ -385,7 +410,13 @@ class ServedAgent(AgentHandler):
             names = ", ".join(_mcp_server_name(server) for server in params.mcp_servers)
             logger.warning("ignoring the MCP servers of the new session (not supported): %s", names)
         session_id = f"session-{uuid.uuid4().hex[:16]}"
-        reporter = _Reporter(session_id, client, DEFAULT_TOOL_NAME if self.delegate else None)
+        children: Callable[[_Queue], ChildSessions] | None = None
+        if client.subagents:
+            # The client shows sessions as a tree: each run below this one is a subagent session.
+            def children(queue: _Queue) -> ChildSessions:
+                return ChildSessions(session_id, queue, self._live_run, self.max_subagent_sessions)
+
+        reporter = _Reporter(session_id, client, DEFAULT_TOOL_NAME if self.delegate else None, children)
         subagent_tool: SubagentTool | None = None
         tools: list[Tool] = []
         budget = _inherited_depth_budget(params.meta)
@@ -442,7 +473,7 @@ class ServedAgent(AgentHandler):
         span = _prompt_span(session, params, text)
         try:
             async with anyio.create_task_group() as task_group:
-                updates = session.reporter.begin_turn()
+                updates = session.reporter.begin_turn(turn, task_group)
                 task_group.start_soon(session.reporter.forward, updates, turn)
                 try:
                     # The cancel scope is cancelled the moment session/cancel (or session/close) arrives,
@@ -461,7 +492,7 @@ class ServedAgent(AgentHandler):
                     if background is not None:
                         with anyio.CancelScope(shield=True):
                             await background.close_parent(session.id)
-                    session.reporter.end_turn()
+                    session.reporter.end_turn(cancelled=turn.cancel_requested)
         except BaseException as exc:
             telemetry.end_agent_span(span, exc)
             raise
@@ -513,13 +544,45 @@ class ServedAgent(AgentHandler):
         await self._close_session(session)
         return schema.CloseSessionResponse()
 
+    async def cancel(self, params: schema.CancelNotification, client: ClientPeer) -> None:
+        """``session/cancel`` for a subagent session cancels that child's work alone (a session's own
+        turn was cancelled by the connection already)."""
+        if params.session_id in self._sessions:
+            return
+        for session in tuple(self._sessions.values()):
+            children = session.reporter.children
+            if children is not None and children.cancel(params.session_id):
+                return
+        logger.warning(
+            "ignoring session/cancel for %r: no such session or subagent session", params.session_id
+        )
+
     # -- internals ---------------------------------------------------------------------------------------
 
     def _session(self, session_id: str) -> ServedSession:
         session = self._sessions.get(session_id)
-        if session is None:
-            raise RequestError.invalid_params({"sessionId": session_id, "reason": "unknown session"})
-        return session
+        if session is not None:
+            return session
+        for other in self._sessions.values():
+            parent = other.reporter.children.parent_of(session_id) if other.reporter.children else None
+            if parent is not None:
+                raise RequestError.invalid_params(
+                    {
+                        "sessionId": session_id,
+                        "reason": f"a subagent session of {parent}: its client may cancel it, nothing more",
+                    }
+                )
+        raise RequestError.invalid_params({"sessionId": session_id, "reason": "unknown session"})
+
+    def _live_run(self, run_id: str) -> ServiceRun | None:
+        return next((run for run in self.service.live_runs if run.id == run_id), None)
+
+    def _adopt(self, agent: Agent) -> None:
+        """A new in-process agent: the session whose agents started it follows its events."""
+        for session in tuple(self._sessions.values()):
+            children = session.reporter.children
+            if children is not None and children.adopt(agent):
+                return
 
     async def _close_session(self, session: ServedSession) -> None:
         self._sessions.pop(session.id, None)
@@ -626,15 +689,27 @@ class _Reporter:
     queued, so it always matches what the client will have received.
     """
 
-    def __init__(self, session_id: str, client: ClientPeer, delegate_tool: str | None) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        client: ClientPeer,
+        delegate_tool: str | None,
+        children: Callable[[_Queue], ChildSessions] | None = None,
+    ) -> None:
         self.session_id = session_id
         self.client = client
         self.agent: Agent | None = None
         """The session's own agent (set once it exists)."""
-        self._delegate_tool = delegate_tool
-        self._outbox: MemoryObjectSendStream[schema.SessionUpdate | anyio.Event] | None = None
+        self.delegate_tool = delegate_tool
+        """The name of the tool that starts subagents (None: the session does not delegate)."""
+        self._outbox: MemoryObjectSendStream[_Outgoing] | None = None
+        self.children = children(self._queue_to) if children is not None else None
+        """The session's runs as subagent sessions, when its client advertised ``subagents``; None:
+        they are shown as tool calls of the session (*The tree of runs*)."""
         # Shown to the client and not finished, in order; the value is the run a run's call shows.
         self._open_calls: dict[str, _Run | None] = {}
+        # Where a subagent's open call was shown, when not as the session's: (session id, call id).
+        self._routes: dict[str, tuple[str, str]] = {}
         self._runs: dict[str, _Run] = {}  # the session's runs that have not ended, by id
         self._unwatch: tuple[Disposer, ...] = ()
 
@@ -645,35 +720,46 @@ class _Reporter:
 
     # -- the turn ----------------------------------------------------------------------------------------
 
-    def begin_turn(self) -> MemoryObjectReceiveStream[schema.SessionUpdate | anyio.Event]:
-        """Start queueing updates; the returned stream is for :meth:`forward`."""
-        send, receive = anyio.create_memory_object_stream[schema.SessionUpdate | anyio.Event](math.inf)
+    def begin_turn(
+        self, turn: PromptTurn, task_group: anyio.abc.TaskGroup
+    ) -> MemoryObjectReceiveStream[_Outgoing]:
+        """Start queueing updates for ``turn``; the returned stream is for :meth:`forward`.
+        ``task_group`` is the turn's (where a cancel of one subagent session runs)."""
+        # Unbounded, but every update of a peer (an acp child's) is bounded per child by ChildSessions.
+        send, receive = anyio.create_memory_object_stream[_Outgoing](math.inf)
         self._outbox = send
+        if self.children is not None:
+            self.children.begin_turn(task_group, lambda: turn.cancel_requested)
         return receive
 
-    def end_turn(self) -> None:
-        """Fail the calls left open (the turn was cut short), then stop queueing."""
+    def end_turn(self, *, cancelled: bool = False) -> None:
+        """Fail the calls left open (the turn was cut short), end the subagent sessions still working
+        (``cancelled``: the turn was), then stop queueing."""
         for key, run in tuple(self._open_calls.items()):
             if run is None:
                 self._finish(key, f"error: {_UNFINISHED}", failed=True)
             else:
                 self._finish_run(run, f"error: {_UNFINISHED}", "failed")
+        if self.children is not None:
+            self.children.end_turn(cancelled=cancelled)
         outbox, self._outbox = self._outbox, None
         if outbox is not None:
             outbox.close()
 
-    async def forward(
-        self, updates: MemoryObjectReceiveStream[schema.SessionUpdate | anyio.Event], turn: PromptTurn
-    ) -> None:
+    async def forward(self, updates: MemoryObjectReceiveStream[_Outgoing], turn: PromptTurn) -> None:
         """Send the queued updates until the turn ends; flush markers are released as they are reached."""
         gone = False
         try:
             async for item in updates:
                 if isinstance(item, anyio.Event):
                     item.set()
-                elif not gone:
+                    continue
+                target, update = item
+                if self.children is not None:
+                    self.children.sent(target)
+                if not gone:
                     try:
-                        await turn.send_update(item)
+                        await turn.client.session_update(target, update)
                     except MessageTooLargeError as exc:
                         # Refused before sending (over the client's line limit): the client is still
                         # there, and the updates after this one still go out.
@@ -692,7 +778,7 @@ class _Reporter:
                         item.set()
             updates.close()
 
-    def _put(self, item: schema.SessionUpdate | anyio.Event) -> bool:
+    def _put(self, item: _Outgoing) -> bool:
         """Queue ``item`` for the turn's forwarder; False when no turn is being reported."""
         if self._outbox is None:
             return False
@@ -702,10 +788,17 @@ class _Reporter:
             return False  # the forwarder was cut short (the connection ended)
         return True
 
-    def _queue(self, update: schema.SessionUpdate) -> None:
-        if not self._put(update):
-            # Agents act only inside a turn (subagents inside their session's turn): nothing to tell.
-            logger.debug("session %s: no turn to report %s in", self.session_id, type(update).__name__)
+    def _queue(self, update: schema.SessionUpdate, target: str | None = None) -> None:
+        self._queue_to(self.session_id if target is None else target, update)
+
+    def _queue_to(self, target: str, update: schema.SessionUpdate) -> bool:
+        """Queue ``update`` to go out under the session id ``target`` (this session, or one of its
+        subagent sessions); False when no turn is being reported."""
+        if self._put((target, update)):
+            return True
+        # Agents act only inside a turn (subagents inside their session's turn): nothing to tell.
+        logger.debug("session %s: no turn to report %s in", self.session_id, type(update).__name__)
+        return False
 
     def turn_began(self, number: int, *, woken: bool) -> None:
         """A turn of the session's agent begins (``woken``: its background children called for it)."""
@@ -734,13 +827,7 @@ class _Reporter:
             if event.text:
                 self._queue(schema.AgentMessageChunk(content=schema.TextContent(text=event.text)))
         elif isinstance(event, Retrying):
-            retry = {
-                "attempt": event.attempt,
-                "attempts": event.attempts,
-                "delay": event.delay,
-                "reason": event.reason,
-            }
-            self._queue(schema.SessionInfoUpdate(meta={RETRY_META_KEY: retry}))
+            self._queue(retry_update(event))
         elif isinstance(event, ToolCallStarted):
             self.started(event.invocation)
         elif isinstance(event, ToolCallFinished):
@@ -754,7 +841,7 @@ class _Reporter:
             self._queue(
                 schema.ToolCall(
                     tool_call_id=key,
-                    title=self._title(event.call.name, arguments, None),
+                    title=self._call_title(event.call.name, arguments, None),
                     kind="other",
                     status="failed" if failed else "completed",
                     content=_text_content(event.output),
@@ -766,10 +853,11 @@ class _Reporter:
         """A call is about to run: shown as in progress."""
         key = self._key(invocation)
         if key in self._open_calls:  # shown already, while its permission was asked
-            self._queue(schema.ToolCallProgress(tool_call_id=key, status="in_progress"))
+            target, call_id = self._routes.get(key, (self.session_id, key))
+            self._queue(schema.ToolCallProgress(tool_call_id=call_id, status="in_progress"), target)
             return
-        title = self._title(invocation.tool, invocation.arguments, self._owner(invocation))
-        self._show(key, title, invocation.arguments, "in_progress")
+        route = self._route(invocation)
+        self._show(key, self._title(invocation, route), invocation.arguments, "in_progress", route)
 
     def finished(self, invocation: ToolInvocation, output: str, *, failed: bool) -> None:
         """A call of a subagent ended (the session agent's own calls end through its events)."""
@@ -778,17 +866,22 @@ class _Reporter:
             self._finish(key, output, failed=failed)
 
     async def approve(self, invocation: ToolInvocation) -> bool:
-        """The approver of the session's agents: ask the client about this frozen invocation."""
+        """The approver of the session's agents: ask the client about this frozen invocation (a
+        subagent session's question under its own id, the session in ``requires_action`` meanwhile)."""
         key = self._key(invocation)
         owner = self._owner(invocation)
-        title = self._title(invocation.tool, invocation.arguments, owner)
-        self._show(key, title, invocation.arguments, "pending")
+        route = self._route(invocation)
+        title = self._title(invocation, route)
+        target, call_id = route if route is not None else (self.session_id, key)
+        if route is not None and self.children is not None:
+            self.children.asking(target, True)
+        self._show(key, title, invocation.arguments, "pending", route)
         # The client hears of the call before it is asked about it.
         await self._flush()
         request = schema.RequestPermissionRequest(
-            session_id=self.session_id,
+            session_id=target,
             tool_call=schema.ToolCallUpdate(
-                tool_call_id=key,
+                tool_call_id=call_id,
                 title=title,
                 kind="other",
                 status="pending",
@@ -809,6 +902,9 @@ class _Reporter:
             allowed = (
                 isinstance(outcome, schema.SelectedPermissionOutcome) and outcome.option_id == ALLOW_OPTION_ID
             )
+        finally:
+            if route is not None and self.children is not None:
+                self.children.asking(target, False)
         if not allowed and owner is not None:
             # A subagent's refused call never runs, so no tool wrapper finishes it; the session agent's own
             # refused call is finished by its ToolCallFinished event.
@@ -832,7 +928,11 @@ class _Reporter:
         self._unwatch = ()
 
     def run_started(self, info: SubagentRunInfo) -> None:
-        """A run of the service is ready: shown as a call of its own if it belongs to this session."""
+        """A run of the service is ready: shown as a call of its own (or a subagent session) if it
+        belongs to this session."""
+        if self.children is not None:
+            self.children.run_started(info)
+            return
         parent_id = info.parent_id
         if parent_id == self.session_id:
             depth = 1
@@ -841,8 +941,7 @@ class _Reporter:
             if parent_id is None or parent is None:
                 return  # another session's run
             depth = parent.depth + 1
-        title = f"{info.provider} subagent: {_excerpt(info.prompt)}"
-        run = _Run(info.id, parent_id, info.provider, depth, title)
+        run = _Run(info.id, parent_id, info.provider, depth, run_title(info))
         self._runs[info.id] = run
         if not self.in_turn:
             return  # followed for its descendants' sake, but there is no turn to show it in
@@ -872,7 +971,11 @@ class _Reporter:
         )
 
     def run_ended(self, info: SubagentRunEndInfo) -> None:
-        """A run ended: its call finishes with its last message, or its error."""
+        """A run ended: its call finishes with its last message, or its error (a subagent session's
+        run ends ``idle``)."""
+        if self.children is not None:
+            self.children.run_ended(info)
+            return
         run = self._runs.pop(info.id, None)
         if run is None or run.call_id not in self._open_calls:
             return
@@ -914,22 +1017,35 @@ class _Reporter:
 
     # -- helpers -----------------------------------------------------------------------------------------
 
-    def _show(self, key: str, title: str, arguments: Any, status: schema.ToolCallStatus) -> None:
+    def _show(
+        self,
+        key: str,
+        title: str,
+        arguments: Any,
+        status: schema.ToolCallStatus,
+        route: tuple[str, str] | None = None,
+    ) -> None:
         self._open_calls[key] = None
+        target, call_id = (self.session_id, key) if route is None else route
+        if route is not None:
+            self._routes[key] = route
         self._queue(
             schema.ToolCall(
-                tool_call_id=key, title=title, kind="other", status=status, raw_input=thaw_json(arguments)
-            )
+                tool_call_id=call_id, title=title, kind="other", status=status, raw_input=thaw_json(arguments)
+            ),
+            target,
         )
 
     def _finish(self, key: str, output: str, *, failed: bool) -> None:
         self._open_calls.pop(key, None)
+        target, call_id = self._routes.pop(key, (self.session_id, key))
         self._queue(
             schema.ToolCallProgress(
-                tool_call_id=key,
+                tool_call_id=call_id,
                 status="failed" if failed else "completed",
                 content=_text_content(output),
-            )
+            ),
+            target,
         )
 
     def _owner(self, invocation: ToolInvocation) -> str | None:
@@ -937,21 +1053,54 @@ class _Reporter:
         own = self.agent is not None and invocation.context is self.agent.context
         return None if own else invocation.context.id
 
+    def _route(self, invocation: ToolInvocation) -> tuple[str, str] | None:
+        """(its session id, the call's id) for a subagent's call shown in its own subagent session;
+        None for a call shown as the session's."""
+        owner = self._owner(invocation)
+        if owner is None or self.children is None or not self.children.announce(owner):
+            return None
+        return owner, invocation.call_id
+
     def _key(self, invocation: ToolInvocation) -> str:
         # Call ids are unique per model answer, not across agents: a subagent's are prefixed.
         owner = self._owner(invocation)
         return invocation.call_id if owner is None else f"{owner}/{invocation.call_id}"
 
-    def _title(self, tool: str, arguments: Any, owner: str | None) -> str:
+    def _title(self, invocation: ToolInvocation, route: tuple[str, str] | None) -> str:
+        # In its own subagent session a subagent's call needs no name of who made it.
+        owner = None if route is not None else self._owner(invocation)
+        return self._call_title(invocation.tool, invocation.arguments, owner)
+
+    def _call_title(self, tool: str, arguments: Any, owner: str | None) -> str:
         title = tool
-        if tool == self._delegate_tool and isinstance(arguments, Mapping):
+        if tool == self.delegate_tool and isinstance(arguments, Mapping):
             provider, prompt = arguments.get("provider"), arguments.get("prompt")
             if isinstance(provider, str) and isinstance(prompt, str):
-                title = f"{tool} ({provider}): {_excerpt(prompt)}"
+                title = f"{tool} ({provider}): {excerpt(prompt)}"
         return title if owner is None else f"{owner}: {title}"
 
 
 _RunState = Literal["running", "completed", "failed", "cancelled"]
+
+_Outgoing = tuple[str, schema.SessionUpdate] | anyio.Event
+"""What a turn's forwarder sends: an update and the session id it goes under, or a flush marker."""
+_Queue = Callable[[str, schema.SessionUpdate], bool]
+
+
+class _FollowedRegistry(AgentRegistry):
+    """The served agents' registry, which tells ``on_register`` of each agent made: in-process
+    subagents are made there, and a session that shows them as subagent sessions follows their events
+    from their first (their text before their start is theirs too)."""
+
+    def __init__(self, on_register: Callable[[Agent], None]) -> None:
+        super().__init__()
+        self._on_register = on_register
+
+    def register(self, agent: Agent) -> Disposer:
+        """Register ``agent`` (see :meth:`AgentRegistry.register`), then tell ``on_register``."""
+        disposer = super().register(agent)
+        self._on_register(agent)
+        return disposer
 
 
 @dataclass(frozen=True, slots=True)
@@ -998,10 +1147,6 @@ def _text_content(text: str) -> list[schema.ToolCallContent]:
     return [schema.Content(content=schema.TextContent(text=text))]
 
 
-def _excerpt(text: str) -> str:
-    return one_line(text, _TITLE_EXCERPT)
-
-
 def _decoded_arguments(text: str) -> Any:
     try:
         return json.loads(text) if text.strip() else {}
@@ -1033,6 +1178,9 @@ class _ReportedTool:
 
     async def run(self, invocation: ToolInvocation) -> str:
         """Run the inner tool; report the call when a subagent makes it."""
+        children = self._reporter.children
+        if children is not None and self._inner.spec.name == self._reporter.delegate_tool:
+            children.check_room()
         own = self._reporter.agent
         if own is not None and invocation.context is own.context:
             return await self._inner.run(invocation)

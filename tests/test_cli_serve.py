@@ -41,6 +41,12 @@ FIXTURE: Final = ROOT / "fixtures" / "scripts" / "delegate_to_spawn.json"
         ),
         (["--script", "x.json", "--max-background", "0"], "argument --max-background: must be >= 1, not 0"),
         (["--script", "x.json", "--spill-bytes", "-1"], "argument --spill-bytes: must be >= 0, not -1"),
+        (
+            ["--script", "x.json", "--no-delegate", "--acp", "agent"],
+            "--acp is a provider to delegate to; it has no meaning with --no-delegate",
+        ),
+        (["--script", "x.json", "--acp", " "], "--acp needs a command"),
+        (["--script", "x.json", "--acp", "a 'b"], "--acp: not a command line: No closing quotation"),
     ],
 )
 def test_serve_refuses_bad_usage_with_exit_status_2(

@@ -72,11 +72,12 @@ async def served(
     permission: Any = "deny",
     max_line_bytes: int | None = None,
     transcript: list[bytes] | None = None,
+    subagents: bool = False,
     **options: Any,
 ) -> AsyncIterator[tuple[ServedAgent, AcpClient]]:
     """A `ServedAgent` behind an `AgentSideConnection` (with that line limit, if given), and an
-    initialized `AcpClient` talking to it; every message the client receives is also appended to
-    ``transcript``, when given."""
+    initialized `AcpClient` talking to it (advertising ``subagents`` when asked); every message the
+    client receives is also appended to ``transcript``, when given."""
     limits: dict[str, Any] = {} if max_line_bytes is None else {"max_line_bytes": max_line_bytes}
     to_agent_send, to_agent_receive = anyio.create_memory_object_stream[bytes](math.inf)
     to_client_send, to_client_receive = anyio.create_memory_object_stream[bytes](math.inf)
@@ -89,6 +90,7 @@ async def served(
                 MemoryByteReceiveStream(to_client_receive),
                 MemoryByteSendStream(to_agent_send),
                 permission=permission,
+                subagents=subagents,
             ) as client,
         ):
             with anyio.fail_after(WAIT):

@@ -97,8 +97,11 @@ def delegate(prompt: str, id: str) -> Reply:
     return Reply(tool_calls=[call("subagent", {"provider": "spawn", "prompt": prompt}, id=id)])
 
 
-def three_levels(*more: Reply) -> ScriptedLlm:
-    """The session delegates to a child, which delegates to a grandchild (then ``more`` replies)."""
+def three_levels(
+    *more: Reply, leaf_usage: Usage | None = None, child_usage: Usage | None = None
+) -> ScriptedLlm:
+    """The session delegates to a child, which delegates to a grandchild (then ``more`` replies); the
+    grandchild's and the child's answers report those usages."""
     return ScriptedLlm(
         [
             Reply(
@@ -111,8 +114,12 @@ def three_levels(*more: Reply) -> ScriptedLlm:
                 ],
                 when=When(last_user_contains="child task", after_tool_result=False),
             ),
-            Reply("leaf answer", when=When(last_user_contains="grandchild task")),
-            Reply("child answer", when=When(last_user_contains="child task", after_tool_result=True)),
+            Reply("leaf answer", usage=leaf_usage, when=When(last_user_contains="grandchild task")),
+            Reply(
+                "child answer",
+                usage=child_usage,
+                when=When(last_user_contains="child task", after_tool_result=True),
+            ),
             Reply("Done.", when=When(last_user_contains="go", after_tool_result=True)),
             *more,
         ]

@@ -81,6 +81,7 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = run_cli(
         where,
         "run",
+        "--no-subagents",  # the served tree as runs of serve itself, not as subagent sessions
         "--events-file",
         str(where / "events.jsonl"),
         "--trace",

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import shlex
 import signal
 import sys
 from collections.abc import Callable
@@ -43,8 +44,9 @@ DEFAULT_API_KEY_ENV: Final = "OPENAI_API_KEY"
 _SERVE_DESCRIPTION: Final = """\
 Serve an in-process agent as an ACP agent on stdin/stdout, for an ACP client to spawn: Zed,
 `subagent run -- subagent serve ...`, or any other. Each session gets its own agent, which can
-delegate to in-process subagents (providers `spawn` and `fork`) with the `subagent` tool; a tool
-call that needs approval is asked about with session/request_permission.
+delegate to in-process subagents (providers `spawn` and `fork`, and `acp` with --acp) with the
+`subagent` tool; a tool call that needs approval is asked about with session/request_permission.
+A client that advertises ACP's subagents capability sees each subagent as a session of its own.
 
 The model is a deterministic script (--script FILE: no network, no keys) or an OpenAI-compatible
 chat-completions server (--base-url URL --model NAME: OpenAI, DeepSeek, vLLM, Ollama, llama.cpp).
@@ -140,6 +142,13 @@ def _add_serve_arguments(serve: Parser) -> None:
         "(default: 32768; 0: never)",
     )
     serve.add_argument(
+        "--acp",
+        metavar="COMMAND",
+        help="also delegate to this ACP agent command line (split as a shell would; provider `acp`): "
+        "its own subagents reach a client that shows subagent sessions; its permission questions are "
+        "refused",
+    )
+    serve.add_argument(
         "--spill-dir",
         metavar="DIR",
         help="where long answers are saved, and kept (default: a private directory removed at exit)",
@@ -158,6 +167,9 @@ def serve_command(args: argparse.Namespace, command: list[str] | None) -> int:
         raise UsageError("--model and --api-key-env go with --base-url (a script needs neither)")
     if args.no_delegate and args.depth_limit is not None:
         raise UsageError("--depth-limit limits delegation; it has no meaning with --no-delegate")
+    if args.acp is not None and args.no_delegate:
+        raise UsageError("--acp is a provider to delegate to; it has no meaning with --no-delegate")
+    acp_command = _acp_command(args.acp)
     tuning = [
         flag
         for flag, value in (
@@ -179,7 +191,7 @@ def serve_command(args: argparse.Namespace, command: list[str] | None) -> int:
         )
         sys.stderr.flush()
     try:
-        stopped_by = anyio.run(_build_and_serve, args, api_key_env)
+        stopped_by = anyio.run(_build_and_serve, args, api_key_env, acp_command)
     except ServeConfigError as exc:
         raise UsageError(str(exc)) from exc
     if stopped_by is not None:
@@ -188,13 +200,36 @@ def serve_command(args: argparse.Namespace, command: list[str] | None) -> int:
     return 0
 
 
-async def _build_and_serve(args: argparse.Namespace, api_key_env: str) -> signal.Signals | None:
+def _acp_command(text: str | None) -> list[str] | None:
+    """``--acp``'s command line as argv (None without it)."""
+    if text is None:
+        return None
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--acp: not a command line: {exc}") from exc
+    if not argv:
+        raise UsageError("--acp needs a command")
+    return argv
+
+
+async def _build_and_serve(
+    args: argparse.Namespace, api_key_env: str, acp_command: list[str] | None = None
+) -> signal.Signals | None:
     """Build the LLM the flags describe (checked before stdin or stdout is touched), serve on it until
     the client closes stdin or a stopping signal comes, and close it at the end. Returns the signal
     that stopped it, if one did."""
     # Imported here: the other commands do not need the in-process runtime.
     from subagent.runtime._inprocess_agent import DEFAULT_MAX_MODEL_CALLS
     from subagent.serve import serve
+    from subagent.types import SubagentProvider
+
+    providers: list[SubagentProvider] = []
+    if acp_command is not None:
+        from subagent.providers.acp import AcpProvider
+
+        # Refused: a served agent cannot yet pass an acp child's question up to its own client.
+        providers.append(AcpProvider(acp_command, permission="deny"))
 
     llm = build_llm(script=args.script, base_url=args.base_url, model=args.model, api_key_env=api_key_env)
     stopped_by: list[signal.Signals] = []
@@ -213,6 +248,7 @@ async def _build_and_serve(args: argparse.Namespace, api_key_env: str) -> signal
                 delegate=not args.no_delegate,
                 depth_limit=args.depth_limit,
                 background=None if args.no_background or args.no_delegate else _background_options(args),
+                providers=providers,
             )
             task_group.cancel_scope.cancel()  # stdin ended: stop listening
     return stopped_by[0] if stopped_by else None
