@@ -245,6 +245,9 @@ class ChildSessions:
             capabilities=_CANCELLABLE,
             state=unstable.RunningStateUpdate(),
             cwd=cwd if cwd is not None and cwd.startswith("/") else None,
+            # Which of our providers runs it (a client of ours names the row by it, as serve's own rows
+            # are named); its spans are serve's own, below the caller's trace.
+            meta={RUN_META_KEY: {"provider": info.provider}},
         )
         return True
 

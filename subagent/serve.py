@@ -712,6 +712,7 @@ class _Reporter:
         self._routes: dict[str, tuple[str, str]] = {}
         self._runs: dict[str, _Run] = {}  # the session's runs that have not ended, by id
         self._unwatch: tuple[Disposer, ...] = ()
+        self._message_id: str | None = None
 
     @property
     def in_turn(self) -> bool:
@@ -806,6 +807,10 @@ class _Reporter:
         if woken:
             marker["woken"] = True
         self._queue(schema.SessionInfoUpdate(meta={TURN_META_KEY: marker}))
+        if self.children is not None:
+            # With subagent sessions no run rows (tool calls) come between the agent's turns to end its
+            # message: each turn's text is a message of its own, so the last one is the answer.
+            self._message_id = f"turn-{number}"
 
     def turn_ended(self, number: int, result: SubagentResult) -> None:
         """A turn of the session's agent ended, with how."""
@@ -825,7 +830,8 @@ class _Reporter:
         model retries do not reach here)."""
         if isinstance(event, TextDelta):
             if event.text:
-                self._queue(schema.AgentMessageChunk(content=schema.TextContent(text=event.text)))
+                text = schema.TextContent(text=event.text)
+                self._queue(schema.AgentMessageChunk(content=text, message_id=self._message_id))
         elif isinstance(event, Retrying):
             self._queue(retry_update(event))
         elif isinstance(event, ToolCallStarted):

@@ -235,3 +235,32 @@ def test_the_trace_page_shows_the_agents_children_below_its_run_with_their_usage
         (2, "Deeper", "completed", "completed", USAGE),
     ]
     assert [run["parent"] for run in runs[1:]] == [runs[0]["id"], runs[1]["id"]]
+
+
+@pytest.mark.anyio
+async def test_a_childs_ended_row_carries_its_last_message_after_its_last_tool_call(
+    stub: MakeCommand, tmp_path: Path
+) -> None:
+    steps = [
+        {"step": "message", "text": "looking"},
+        {"step": "tool_call", "toolCallId": "c-1", "title": "Run ls", "kind": "execute"},
+        {"step": "message", "text": "Three "},
+        {"step": "message", "text": "files."},
+    ]
+    child = {"step": "subagent", "sessionId": "child-1", "title": "Count", "steps": steps}
+    provider = provider_for(stub({"turns": [[child, {"step": "message", "text": "Done."}]]}), tmp_path)
+    seen: list[schema.SessionUpdate] = []
+    async with (
+        service_with(provider) as (service, _events),
+        service.start(provider.name, SubagentRequest(prompt="go")) as run,
+    ):
+        acp_run = run.provider_run
+        assert isinstance(acp_run, AcpRun)
+        acp_run.on_update(seen.append)
+        with anyio.fail_after(WAIT):
+            result = await run.result()
+    assert result.output == "Done."
+    (ended,) = [u for u in seen if isinstance(u, schema.ToolCallProgress) and u.status == "completed"]
+    assert ended.content == [schema.Content(content=schema.TextContent(text="Three files."))]
+    assert ended.meta is not None
+    assert ended.meta[RUN_META_KEY]["provider"] == provider.name  # no provider named by the agent: the run's

@@ -688,7 +688,7 @@ def test_progress_on_a_terminal_shows_the_background_children_live_and_ends_with
     reader = threading.Thread(target=read_all, args=(main, output), daemon=True)
     try:
         process = subprocess.Popen(
-            [*CLI, "run", "--no-subagents", "--progress", "-p", "go", "--", *agent],
+            [*CLI, "run", "--progress", "-p", "go", "--", *agent],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=terminal,

@@ -51,8 +51,7 @@ def served_agent(tmp_path: Path) -> list[str]:
 
 @pytest.mark.subprocess
 def test_events_show_the_served_agents_runs_as_one_tree_rooted_at_the_clis_run(tmp_path: Path) -> None:
-    # The served tree as runs of serve itself: without subagent sessions (test_serve_subagents.py has those).
-    done = run_cli(tmp_path, "run", "--no-subagents", "--events", "-p", "go", "--", *served_agent(tmp_path))
+    done = run_cli(tmp_path, "run", "--events", "-p", "go", "--", *served_agent(tmp_path))
     assert (done.status, done.stdout) == (0, "Done.\n")
     events = done.events()
     (start,) = (event for event in events if event["event"] == "start")
@@ -150,7 +149,7 @@ def test_events_show_background_children_and_their_own_children_in_the_tree(tmp_
     path = tmp_path / "background.json"
     path.write_text(json.dumps(script))
     agent = [sys.executable, "-m", "subagent", "serve", "--script", str(path)]
-    done = run_cli(tmp_path, "run", "--no-subagents", "--events", "-p", "go", "--", *agent)
+    done = run_cli(tmp_path, "run", "--events", "-p", "go", "--", *agent)
     assert (done.status, done.stdout) == (0, "All done.\n")
     events = done.events()
     (start,) = (event for event in events if event["event"] == "start")
@@ -239,15 +238,16 @@ def test_json_output_gives_the_whole_trees_usage_beside_the_agents_own(tmp_path:
         json.dumps([*THREE_LEVELS[:2], costing(leaf, 100, 10), costing(child, 20, 2), costing(done, 3, 1)])
     )
     served = [sys.executable, "-m", "subagent", "serve", "--script", str(script)]
-    finished = run_cli(tmp_path, "run", "--no-subagents", "--json", "-p", "go", "--", *served)
+    finished = run_cli(tmp_path, "run", "--json", "-p", "go", "--", *served)
     assert finished.status == 0
     report = finished.json()
     # Each run of the tree, as last reported: the child below the session, the grandchild below it.
     runs = report.pop("runs")
     shown = [(run["provider"], run["depth"], run["state"], run["stopReason"], run["usage"]) for run in runs]
     assert shown == [
-        ("spawn", 1, "completed", "completed", {"inputTokens": 20, "outputTokens": 2}),
-        ("spawn", 2, "completed", "completed", {"inputTokens": 100, "outputTokens": 10}),
+        # As ACP usage (the idle snapshots of subagent sessions): with its totalTokens, like the agent's own.
+        ("spawn", 1, "completed", "completed", {"inputTokens": 20, "outputTokens": 2, "totalTokens": 22}),
+        ("spawn", 2, "completed", "completed", {"inputTokens": 100, "outputTokens": 10, "totalTokens": 110}),
     ]
     assert runs[1]["parentId"] == runs[0]["runId"]
     # The agent's own turn is the last reply (3 + 1); the tree adds the child's and the grandchild's.

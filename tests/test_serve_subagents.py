@@ -141,6 +141,7 @@ async def test_each_run_is_announced_on_its_parents_session_before_any_of_its_tr
         "capabilities": {"cancel": {}},
         "state": {"state": "running"},
         "cwd": str(tmp_path),
+        "_meta": {"subagent-seam/run": {"provider": "spawn"}},
     }
 
 

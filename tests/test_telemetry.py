@@ -248,9 +248,7 @@ async def test_a_served_agents_spans_join_the_callers_trace_below_its_invoke_age
 ) -> None:
     exported = tmp_path / "child-spans.jsonl"
     env = {"PYTHONPATH": str(CHILD_HOOK), "SUBAGENT_OTEL_TEST_EXPORT": str(exported)}
-    provider = AcpProvider(
-        [*SERVE, "--script", str(DELEGATING_SCRIPT)], name="served", cwd=tmp_path, env=env, subagents=False
-    )
+    provider = AcpProvider([*SERVE, "--script", str(DELEGATING_SCRIPT)], name="served", cwd=tmp_path, env=env)
     async with SubagentService(progress_interval=None) as service:
         service.register_provider(provider)
         with anyio.fail_after(30):

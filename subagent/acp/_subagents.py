@@ -47,6 +47,7 @@ _PATCHED: Final = (
     ("state", "state"),
     ("cwd", "cwd"),
     ("additionalDirectories", "additional_directories"),
+    ("_meta", "meta"),
 )
 """(wire name, attribute) of the fields a ``subagent_update`` patches when it carries them."""
 
@@ -82,6 +83,9 @@ class SubagentSession:
     cwd: str | None = None
     """The child's working directory as the agent reported it (None: its parent's)."""
     additional_directories: list[str] | None = None
+    meta: dict[str, Any] | None = None
+    """The ``_meta`` of the agent's last ``subagent_update`` that carried one (``subagent serve`` names
+    the run's provider there: see :data:`~subagent.types.RUN_META_KEY`)."""
     updates: deque[schema.SessionUpdate] = field(default_factory=deque)
     """The child's updates, the most recent ones (the client gives it its ``max_kept_updates`` bound)."""
     update_count: int = 0

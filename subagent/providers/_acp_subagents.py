@@ -4,12 +4,15 @@
 ``_meta["subagent-seam/run"]`` (:data:`~subagent.types.RUN_META_KEY`); the command line's live tree,
 its ``--events`` and ``--json``, the trace page and the subtree usage roll-up all read that. A real
 agent's own subagents (Claude Code's ``Task``, Codex's ``spawn_agent``) reach the client as
-``subagent_update`` s instead. :class:`SubagentRuns` turns each announced child into that same
-tool call, so every view shows them exactly as it shows a served tree: ``running`` while the child
-works, then ``completed``, ``failed`` or ``cancelled`` with its stop reason, elapsed time and usage
-at each idle. A child is reusable: a later run of it shows the same row running again, and its
-usage is the sum over its runs (the roll-up counts a run id once). Each run of a child is also an
-``invoke_agent`` span below the run's (or below its parent child's), when spans are recorded.
+``subagent_update`` s instead, and so does ``subagent serve``'s tree for a client that advertises
+``subagents``. :class:`SubagentRuns` turns each announced child into that same tool call, so every
+view shows them exactly as it shows a served tree: ``running`` while the child works, then
+``completed``, ``failed`` or ``cancelled`` with its stop reason, elapsed time and usage at each idle.
+A child is reusable: a later run of it shows the same row running again, and its usage is the sum
+over its runs (the roll-up counts a run id once). Each run of a child is also an ``invoke_agent``
+span below the run's (or below its parent child's), when spans are recorded, unless the
+announcement names the child's provider in ``_meta["subagent-seam/run"]``: ``subagent serve``
+does, and records its runs' spans itself, below the caller's trace.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from subagent.types import RUN_META_KEY, Usage, sum_usage
 
 __all__ = ["SubagentRuns"]
 
+OUTPUT_EXCERPT_CHARS: Final = 1000
+"""The most of a child run's last message its row carries at the end (as ``subagent serve``'s rows)."""
 RUN_CALL_PREFIX: Final = "run/"
 """The tool call id prefix of a run's row (as ``subagent serve`` names its runs' calls)."""
 
@@ -69,9 +74,14 @@ class SubagentRuns:
     def _state(self, child: SubagentSession) -> str:
         return _ENDED_STATES.get(child.stop_reason or "", "completed")
 
+    def _provider_of(self, child: SubagentSession) -> str:
+        """The provider the agent names for ``child`` (``subagent serve`` does), else the run's own."""
+        provider = _served_row(child).get("provider")
+        return provider if isinstance(provider, str) else self.provider
+
     def _begin(self, child: SubagentSession) -> None:
-        if child.session_id in self._spans:
-            return
+        if child.session_id in self._spans or _served_row(child):
+            return  # traced already, or by the agent itself (subagent serve: see the module docstring)
         parent = self._spans.get(child.parent_session_id, self._parent)
         self._spans[child.session_id] = telemetry.start_span(
             f"invoke_agent {child.title or child.session_id}",
@@ -81,7 +91,7 @@ class SubagentRuns:
                 "gen_ai.provider.name": "subagent-seam",
                 "gen_ai.agent.id": telemetry.clip_id(child.session_id),
                 "gen_ai.agent.name": telemetry.clip_id(child.title),
-                "subagent.provider": self.provider,
+                "subagent.provider": self._provider_of(child),
                 "subagent.parent.id": telemetry.clip_id(child.parent_session_id),
                 "subagent.run.depth": child.depth,
             },
@@ -112,7 +122,7 @@ class SubagentRuns:
         meta: dict[str, Any] = {
             "runId": child.session_id,
             "parentId": child.parent_session_id,
-            "provider": self.provider,
+            "provider": self._provider_of(child),
             "depth": child.depth,
             "state": state,
         }
@@ -128,10 +138,52 @@ class SubagentRuns:
                 meta["usage"] = total
         title = child.title or child.description or child.session_id
         call_id = RUN_CALL_PREFIX + child.session_id
+        # An ended run's row carries the excerpt of its last message, as serve's rows do (the trace
+        # page shows it as the run's output).
+        content = _text_content(last_message(child)) if state != "running" else None
         if first:
             return schema.ToolCall(
-                tool_call_id=call_id, title=title, kind="other", status=status, meta={RUN_META_KEY: meta}
+                tool_call_id=call_id,
+                title=title,
+                kind="other",
+                status=status,
+                content=content,
+                meta={RUN_META_KEY: meta},
             )
         return schema.ToolCallProgress(
-            tool_call_id=call_id, title=title, kind="other", status=status, meta={RUN_META_KEY: meta}
+            tool_call_id=call_id,
+            title=title,
+            kind="other",
+            status=status,
+            content=content,
+            meta={RUN_META_KEY: meta},
         )
+
+
+def _served_row(child: SubagentSession) -> dict[str, Any]:
+    """What the announcement's ``_meta["subagent-seam/run"]`` says of the child (empty: nothing)."""
+    row = child.meta.get(RUN_META_KEY) if child.meta is not None else None
+    return row if isinstance(row, dict) else {}
+
+
+def last_message(child: SubagentSession) -> str:
+    """The start of the child's last message among its kept updates: its text chunks after its last
+    tool call (or since the last change of ``messageId``), cut at :data:`OUTPUT_EXCERPT_CHARS`."""
+    parts: list[str] = []
+    message_id: str | None = None
+    for update in reversed(child.updates):
+        if isinstance(update, schema.ToolCall | schema.ToolCallProgress):
+            break
+        if not isinstance(update, schema.AgentMessageChunk):
+            continue
+        if update.message_id is not None:
+            if message_id is not None and update.message_id != message_id:
+                break
+            message_id = update.message_id
+        if isinstance(update.content, schema.TextContent):
+            parts.append(update.content.text)
+    return "".join(reversed(parts))[:OUTPUT_EXCERPT_CHARS]
+
+
+def _text_content(text: str) -> list[schema.ToolCallContent] | None:
+    return [schema.Content(content=schema.TextContent(text=text))] if text else None
