@@ -141,16 +141,8 @@ class SubagentRuns:
         # An ended run's row carries the excerpt of its last message, as serve's rows do (the trace
         # page shows it as the run's output).
         content = _text_content(last_message(child)) if state != "running" else None
-        if first:
-            return schema.ToolCall(
-                tool_call_id=call_id,
-                title=title,
-                kind="other",
-                status=status,
-                content=content,
-                meta={RUN_META_KEY: meta},
-            )
-        return schema.ToolCallProgress(
+        row = schema.ToolCall if first else schema.ToolCallProgress  # the first update opens the row
+        return row(
             tool_call_id=call_id,
             title=title,
             kind="other",
