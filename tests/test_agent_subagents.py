@@ -177,6 +177,30 @@ def test_json_lists_the_agents_children_with_their_usage(tmp_path: Path) -> None
     assert report["subtreeUsage"] == {"inputTokens": 20, "outputTokens": 4, "totalTokens": 24}
 
 
+def test_json_shows_a_child_that_told_only_its_context_window_with_it_and_no_subtree_total(
+    tmp_path: Path,
+) -> None:
+    # As Codex tells of its subagents: a usage_update under the child's id, nothing in its idle.
+    context = {"sessionUpdate": "usage_update", "used": 133, "size": 258400}
+    child = {
+        "step": "subagent",
+        "sessionId": "c",
+        "title": "Errand",
+        "steps": [{"step": "update", "update": context}],
+    }
+    parent_usage = {"inputTokens": 30, "outputTokens": 15, "totalTokens": 45}
+    turn = [child, {"step": "stop", "usage": parent_usage}]
+    command = scenario(tmp_path, {"turns": [turn]})
+    finished = run_cli(tmp_path, "run", "--json", "--permission", "allow", "-p", "go", "--", *command)
+    assert finished.status == 0, finished.stderr
+    report = finished.json()
+    assert [(run["runId"], run["usage"]) for run in report["runs"]] == [
+        ("c", {"contextUsed": 133, "contextSize": 258400})
+    ]
+    # What the child spent is unknown: the agent's own usage is not passed off as the tree's.
+    assert (report["usage"], "subtreeUsage" in report) == (parent_usage, False)
+
+
 def test_no_subagents_tells_the_agent_nothing_and_lists_no_runs(tmp_path: Path) -> None:
     command = scenario(tmp_path, DELEGATING)
     finished = run_cli(

@@ -14,6 +14,7 @@ usage is the sum over its runs (the roll-up counts a run id once). Each run of a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -29,7 +30,6 @@ __all__ = ["SubagentRuns"]
 RUN_CALL_PREFIX: Final = "run/"
 """The tool call id prefix of a run's row (as ``subagent serve`` names its runs' calls)."""
 
-_WORKING: Final = frozenset({"running", "requires_action", "unknown"})
 _ENDED_STATES: Final = {"cancelled": "cancelled", "error": "failed"}
 """ACP stop reasons of an idle child that are not ``completed`` in the tree's words."""
 
@@ -56,12 +56,13 @@ class SubagentRuns:
         if ended:
             self._end(child)
             state = self._state(child)
-        elif child.state_name in _WORKING or child.state_name is None:
+        elif child.working or child.state is None:
             # Working, or just announced with no state yet (Codex sends the state after).
             self._begin(child)
             state = "running"
         else:
-            state = self._state(child)  # idle without a run seen (a child first shown idle)
+            # Idle without a run seen (a child first shown idle), or ``unknown`` after its run ended.
+            state = self._state(child)
         first = child.session_id not in self._shown
         self._shown.add(child.session_id)
         self._deliver(self._call(child, state, first=first))
@@ -93,7 +94,11 @@ class SubagentRuns:
         if usage is not None:
             total = sum_usage([self._usage.get(child.session_id), usage])
             if total is not None:
-                self._usage[child.session_id] = total
+                # Token counts add up over the child's runs; its context window is a snapshot, which
+                # a sum leaves out: the last run's is the child's.
+                self._usage[child.session_id] = dataclasses.replace(
+                    total, context_used=usage.context_used, context_size=usage.context_size
+                )
         state = self._state(child)
         span = self._spans.pop(child.session_id, None)
         telemetry.set_usage(span, usage)
