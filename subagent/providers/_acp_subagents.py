@@ -30,6 +30,8 @@ __all__ = ["SubagentRuns"]
 RUN_CALL_PREFIX: Final = "run/"
 """The tool call id prefix of a run's row (as ``subagent serve`` names its runs' calls)."""
 
+WAITING_LINE: Final = "waiting on a permission answer"
+"""The heartbeat line of a run whose child reported ``requires_action`` (as ``subagent serve`` words it)."""
 _ENDED_STATES: Final = {"cancelled": "cancelled", "error": "failed"}
 """ACP stop reasons of an idle child that are not ``completed`` in the tree's words."""
 
@@ -65,7 +67,19 @@ class SubagentRuns:
             state = self._state(child)
         first = child.session_id not in self._shown
         self._shown.add(child.session_id)
-        self._deliver(self._call(child, state, first=first))
+        call = self._call(child, state, first=first)
+        self._deliver(call)
+        if state == "running" and child.state_name == "requires_action":
+            # As ``subagent serve`` reports a run whose child waits on a permission answer: a
+            # heartbeat (no status) whose line says so; the next update with a status ends the wait.
+            self._deliver(
+                schema.ToolCallProgress(
+                    tool_call_id=call.tool_call_id,
+                    title=call.title,
+                    content=[schema.Content(content=schema.TextContent(text=WAITING_LINE))],
+                    meta=call.meta,
+                )
+            )
 
     def _state(self, child: SubagentSession) -> str:
         return _ENDED_STATES.get(child.stop_reason or "", "completed")
