@@ -97,6 +97,10 @@ async def test_an_agents_children_show_as_runs_of_its_tree_with_their_usage_and_
         acp_run = run.provider_run
         assert isinstance(acp_run, AcpRun)
         acp_run.on_update(seen.append)
+        of_children: list[tuple[str, str]] = []
+        acp_run.on_subagent_update(
+            lambda child, update: of_children.append((child.session_id, type(update).__name__))
+        )
         with anyio.fail_after(WAIT):
             result = await run.result()
         children = {child.session_id: child for child in acp_run.subagents}
@@ -119,7 +123,16 @@ async def test_an_agents_children_show_as_runs_of_its_tree_with_their_usage_and_
     )
     assert children["grandchild-1"].parent_session_id == "child-1"
     assert [(q.session_id, q.subagent, q.title) for q in asked] == [("child-1", "Explore", None)]
-    # The child's updates are kept on the child, not on the parent's turn.
+    # The child's updates are kept on the child, not on the parent's turn, and reach the run's
+    # subagent update listeners named by their child.
+    assert of_children == [
+        ("child-1", "AgentMessageChunk"),
+        ("child-1", "ToolCall"),
+        ("child-1", "AgentMessageChunk"),  # the permission step's report
+        # The grandchild's announcement and idle, sent on its parent's session.
+        ("child-1", "UnknownSessionUpdate"),
+        ("child-1", "UnknownSessionUpdate"),
+    ]
     first = next(u for u in children["child-1"].updates if isinstance(u, schema.AgentMessageChunk))
     assert first.content == schema.TextContent(text="child at work")
 
@@ -242,7 +255,13 @@ def test_events_and_progress_show_the_agents_children_as_the_tree_below_the_clis
         "    run Deeper: completed",
         "  run Explore: completed",
     ]
-    assert (asked["toolCallId"], asked["subagent"], asked["outcome"]) == ("c-1", "Explore", "selected")
+    # Named by the child's own tool call: the question carries only its id.
+    assert (asked["toolCallId"], asked["subagent"], asked["title"], asked["outcome"]) == (
+        "c-1",
+        "Explore",
+        "Run ls",
+        "selected",
+    )
 
 
 @pytest.mark.subprocess

@@ -267,6 +267,8 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
                     gate.update(update, tool_calls.observe(update))
 
                 acp_run.on_update(on_update)
+                # A child's calls name its questions as the agent's own calls name the agent's.
+                acp_run.on_subagent_update(lambda child, update: tool_calls.observe(update, child.session_id))
                 interrupts.attach(run)
                 async with run:
                     outcome = await _await_turn(run, acp_run, spec, gate, interrupts, announce)
