@@ -380,6 +380,16 @@ async def test_an_approval_wait_is_a_permission_span_inside_its_tool_call(
     assert status(tool) == (StatusCode.ERROR, "not_approved")
 
 
+async def run_stub(transport: StubAgentTransport, cwd: Path) -> SubagentResult:
+    """One run of the stub agent ``transport`` serves, as provider ``stub`` (every question allowed)."""
+    provider = AcpProvider(["stub-agent"], name="stub", cwd=cwd, permission="allow", transport=transport)
+    async with SubagentService(progress_interval=None) as service:
+        service.register_provider(provider)
+        with anyio.fail_after(30):
+            async with service.start("stub", SubagentRequest(prompt="go")) as run:
+                return await run.result()
+
+
 async def test_a_permission_question_of_an_acp_child_is_a_span_below_its_run(
     spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
@@ -400,12 +410,7 @@ async def test_a_permission_question_of_an_acp_child_is_a_span_below_its_run(
             ]
         }
     )
-    provider = AcpProvider(["stub-agent"], name="stub", cwd=tmp_path, permission="allow", transport=transport)
-    async with SubagentService(progress_interval=None) as service:
-        service.register_provider(provider)
-        with anyio.fail_after(30):
-            async with service.start("stub", SubagentRequest(prompt="go")) as run:
-                result = await run.result()
+    result = await run_stub(transport, tmp_path)
     assert result.output == "allowed"
 
     named = by_name(spans.get_finished_spans())
@@ -611,12 +616,7 @@ async def test_an_acp_agents_own_subagents_are_invoke_agent_spans_below_its_run_
     child = {"step": "subagent", "sessionId": "c1", "title": "Explore", "steps": [grandchild], "usage": usage}
     broken = {"step": "subagent", "sessionId": "c2", "stopReason": "error", "error": failure}
     transport = StubAgentTransport({"turns": [[child, broken, {"step": "message", "text": "done"}]]})
-    provider = AcpProvider(["stub-agent"], name="stub", cwd=tmp_path, transport=transport)
-    async with SubagentService(progress_interval=None) as service:
-        service.register_provider(provider)
-        with anyio.fail_after(30):
-            async with service.start("stub", SubagentRequest(prompt="go")) as run:
-                result = await run.result()
+    result = await run_stub(transport, tmp_path)
     assert result.output == "done"
 
     named = by_name(spans.get_finished_spans())
