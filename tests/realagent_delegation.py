@@ -178,8 +178,9 @@ def claude_responder(
             log.tool_results.append(_text_of(results[CLAUDE_AGENT_CALL].get("content")))
             log.closings += 1
             return MessagesReply(text=CLOSING)
+        # Whatever the user asked (``run_cli`` asks its own prompt): a call with tools and no answer yet.
         starts_turn = not any(isinstance(m, dict) and m.get("role") == "assistant" for m in messages)
-        if starts_turn and any(USER_PROMPT in text for text in _user_texts(messages)):
+        if starts_turn:
             log.started += 1
             task = {
                 "description": CHILD_TITLE,

@@ -97,6 +97,10 @@ async def test_an_agents_children_show_as_runs_of_its_tree_with_their_usage_and_
         acp_run = run.provider_run
         assert isinstance(acp_run, AcpRun)
         acp_run.on_update(seen.append)
+        of_children: list[tuple[str, str]] = []
+        acp_run.on_subagent_update(
+            lambda child, update: of_children.append((child.session_id, type(update).__name__))
+        )
         with anyio.fail_after(WAIT):
             result = await run.result()
         children = {child.session_id: child for child in acp_run.subagents}
@@ -119,7 +123,16 @@ async def test_an_agents_children_show_as_runs_of_its_tree_with_their_usage_and_
     )
     assert children["grandchild-1"].parent_session_id == "child-1"
     assert [(q.session_id, q.subagent, q.title) for q in asked] == [("child-1", "Explore", None)]
-    # The child's updates are kept on the child, not on the parent's turn.
+    # The child's updates are kept on the child, not on the parent's turn, and reach the run's
+    # subagent update listeners named by their child.
+    assert of_children == [
+        ("child-1", "AgentMessageChunk"),
+        ("child-1", "ToolCall"),
+        ("child-1", "AgentMessageChunk"),  # the permission step's report
+        # The grandchild's announcement and idle, sent on its parent's session.
+        ("child-1", "UnknownSessionUpdate"),
+        ("child-1", "UnknownSessionUpdate"),
+    ]
     first = next(u for u in children["child-1"].updates if isinstance(u, schema.AgentMessageChunk))
     assert first.content == schema.TextContent(text="child at work")
 
@@ -177,6 +190,30 @@ def test_json_lists_the_agents_children_with_their_usage(tmp_path: Path) -> None
     assert report["subtreeUsage"] == {"inputTokens": 20, "outputTokens": 4, "totalTokens": 24}
 
 
+def test_json_shows_a_child_that_told_only_its_context_window_with_it_and_no_subtree_total(
+    tmp_path: Path,
+) -> None:
+    # As Codex tells of its subagents: a usage_update under the child's id, nothing in its idle.
+    context = {"sessionUpdate": "usage_update", "used": 133, "size": 258400}
+    child = {
+        "step": "subagent",
+        "sessionId": "c",
+        "title": "Errand",
+        "steps": [{"step": "update", "update": context}],
+    }
+    parent_usage = {"inputTokens": 30, "outputTokens": 15, "totalTokens": 45}
+    turn = [child, {"step": "stop", "usage": parent_usage}]
+    command = scenario(tmp_path, {"turns": [turn]})
+    finished = run_cli(tmp_path, "run", "--json", "--permission", "allow", "-p", "go", "--", *command)
+    assert finished.status == 0, finished.stderr
+    report = finished.json()
+    assert [(run["runId"], run["usage"]) for run in report["runs"]] == [
+        ("c", {"contextUsed": 133, "contextSize": 258400})
+    ]
+    # What the child spent is unknown: the agent's own usage is not passed off as the tree's.
+    assert (report["usage"], "subtreeUsage" in report) == (parent_usage, False)
+
+
 def test_no_subagents_tells_the_agent_nothing_and_lists_no_runs(tmp_path: Path) -> None:
     command = scenario(tmp_path, DELEGATING)
     finished = run_cli(
@@ -218,7 +255,13 @@ def test_events_and_progress_show_the_agents_children_as_the_tree_below_the_clis
         "    run Deeper: completed",
         "  run Explore: completed",
     ]
-    assert (asked["toolCallId"], asked["subagent"], asked["outcome"]) == ("c-1", "Explore", "selected")
+    # Named by the child's own tool call: the question carries only its id.
+    assert (asked["toolCallId"], asked["subagent"], asked["title"], asked["outcome"]) == (
+        "c-1",
+        "Explore",
+        "Run ls",
+        "selected",
+    )
 
 
 @pytest.mark.subprocess

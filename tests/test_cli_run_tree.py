@@ -31,12 +31,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from subagent.acp import schema
+from subagent.acp import schema_unstable as unstable
+from subagent.acp._subagents import SubagentSession
 from subagent.acp.handlers import PermissionOption, PermissionQuestion
 from subagent.cli import _views as views
 from subagent.cli._console import Console, advance_column, fit_width, text_width
 from subagent.cli._run_tree import MAX_BLOCK_ROWS, MAX_TRACKED_RUNS, RunTree
 from subagent.cli._tool_call_tracker import ToolCalls
 from subagent.cli._views import HumanView
+from subagent.providers._acp_subagents import SubagentRuns
 from subagent.types import RUN_META_KEY, SubagentResult
 from tests.leaks import leaked_processes
 from tests.test_cli import BOUND, CLI, cli_env
@@ -429,6 +432,31 @@ def test_heartbeats_set_the_last_activity_and_a_wait_on_permission_shows() -> No
         "runs: 2 running",
         "  \u25cf spawn: child task  running, 12 s ago",
         "  \u25cf spawn: other task  waiting on a permission answer, 30 s ago",
+    ]
+
+
+def test_an_agents_child_that_requires_action_shows_waiting_on_a_permission_answer_until_it_runs_again() -> (
+    None
+):
+    view, stream, clock = live_view(columns=80)
+    feed = Feed(view)
+    rows = SubagentRuns("acp", feed.send, None)
+    child = SubagentSession("c1", "session-1", 1)
+
+    def patch(**raw: Any) -> list[str]:
+        raw |= {"sessionUpdate": "subagent_update", "sessionId": "c1"}
+        rows(child, child.apply(schema.convert(raw, type=unstable.SubagentUpdate), raw))
+        return Screen(80).feed(stream.getvalue()).lines()
+
+    assert patch(title="Errand", state={"state": "running"})[1:] == ["  \u25cf acp: Errand  running, 0 s ago"]
+    clock.now += 5
+    assert patch(state={"state": "requires_action"})[1:] == [
+        "  \u25cf acp: Errand  waiting on a permission answer, 0 s ago"
+    ]
+    clock.now += 5
+    assert patch(state={"state": "running"})[1:] == ["  \u25cf acp: Errand  running, 0 s ago"]
+    assert patch(state={"state": "idle", "stopReason": "end_turn"})[1:] == [
+        "  \u2713 acp: Errand  completed, 0 s ago"
     ]
 
 

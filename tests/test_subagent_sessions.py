@@ -223,6 +223,33 @@ async def test_each_run_of_a_reused_child_ends_once_however_often_idle_is_repeat
     )
 
 
+async def test_unknown_keeps_a_run_under_way_and_starts_none_for_an_idle_child() -> None:
+    seen: list[tuple[str, str | None, bool, int]] = []
+
+    async def script(agent: FakeAgent) -> None:
+        for child in ("busy", "done"):
+            await agent.update("s1", announce(child, state={"state": "running"}))
+        await agent.update("s1", announce("done", **idle()))
+        # Codex reports its idle children unknown once its runtime is retired; Claude Code a busy one
+        # it can no longer observe.
+        for child in ("busy", "done"):
+            await agent.update("s1", announce(child, state={"state": "unknown"}))
+
+    def listener(child: SubagentSession, ended: bool) -> None:
+        seen.append((child.session_id, child.state_name, child.working, child.runs))
+
+    async with connected(scripted(script), subagents=True) as client:
+        client.on_subagent(listener)
+        await turn(client)
+    assert seen == [
+        ("busy", "running", True, 0),
+        ("done", "running", True, 0),
+        ("done", "idle", False, 1),
+        ("busy", "unknown", True, 0),
+        ("done", "unknown", False, 1),
+    ]
+
+
 async def test_a_runs_usage_comes_from_its_updates_when_idle_reports_none() -> None:
     async def script(agent: FakeAgent) -> None:
         await agent.update("s1", announce(state={"state": "running"}))

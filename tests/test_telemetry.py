@@ -380,6 +380,16 @@ async def test_an_approval_wait_is_a_permission_span_inside_its_tool_call(
     assert status(tool) == (StatusCode.ERROR, "not_approved")
 
 
+async def run_stub(transport: StubAgentTransport, cwd: Path) -> SubagentResult:
+    """One run of the stub agent ``transport`` serves, as provider ``stub`` (every question allowed)."""
+    provider = AcpProvider(["stub-agent"], name="stub", cwd=cwd, permission="allow", transport=transport)
+    async with SubagentService(progress_interval=None) as service:
+        service.register_provider(provider)
+        with anyio.fail_after(30):
+            async with service.start("stub", SubagentRequest(prompt="go")) as run:
+                return await run.result()
+
+
 async def test_a_permission_question_of_an_acp_child_is_a_span_below_its_run(
     spans: InMemorySpanExporter, tmp_path: Path
 ) -> None:
@@ -400,12 +410,7 @@ async def test_a_permission_question_of_an_acp_child_is_a_span_below_its_run(
             ]
         }
     )
-    provider = AcpProvider(["stub-agent"], name="stub", cwd=tmp_path, permission="allow", transport=transport)
-    async with SubagentService(progress_interval=None) as service:
-        service.register_provider(provider)
-        with anyio.fail_after(30):
-            async with service.start("stub", SubagentRequest(prompt="go")) as run:
-                result = await run.result()
+    result = await run_stub(transport, tmp_path)
     assert result.output == "allowed"
 
     named = by_name(spans.get_finished_spans())
@@ -600,3 +605,48 @@ async def test_a_served_prompt_continues_its_own_trace_context_else_its_sessions
         None,  # a malformed trace context is ignored: the prompt starts a trace of its own
     ]
     assert {span.kind for span in prompts} == {SpanKind.SERVER}
+
+
+async def test_an_acp_agents_own_subagents_are_invoke_agent_spans_below_its_run_with_their_usage(
+    spans: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    usage = {"inputTokens": 10, "outputTokens": 2, "totalTokens": 12}
+    failure = {"code": -32603, "message": "the child broke"}
+    grandchild = {"step": "subagent", "sessionId": "g1", "title": "Deeper", "usage": usage}
+    child = {"step": "subagent", "sessionId": "c1", "title": "Explore", "steps": [grandchild], "usage": usage}
+    broken = {"step": "subagent", "sessionId": "c2", "stopReason": "error", "error": failure}
+    transport = StubAgentTransport({"turns": [[child, broken, {"step": "message", "text": "done"}]]})
+    result = await run_stub(transport, tmp_path)
+    assert result.output == "done"
+
+    named = by_name(spans.get_finished_spans())
+    (root,) = named["invoke_agent stub"]
+    ((explore,), (deeper,), (unnamed,)) = (
+        named["invoke_agent Explore"],
+        named["invoke_agent Deeper"],
+        named["invoke_agent c2"],
+    )
+    assert (parent_of(explore), parent_of(deeper), parent_of(unnamed)) == (
+        span_id(root),
+        span_id(explore),
+        span_id(root),
+    )
+    assert explore.kind == SpanKind.INTERNAL
+    assert attributes(explore) == {
+        "gen_ai.operation.name": "invoke_agent",
+        "gen_ai.provider.name": "subagent-seam",
+        "gen_ai.agent.id": "c1",
+        "gen_ai.agent.name": "Explore",
+        "subagent.provider": "stub",
+        "subagent.parent.id": attributes(root)["gen_ai.conversation.id"],
+        "subagent.run.depth": 1,
+        "subagent.stop_reason": "end_turn",
+        "gen_ai.usage.input_tokens": 10,
+        "gen_ai.usage.output_tokens": 2,
+    }
+    assert (attributes(deeper)["subagent.parent.id"], depth(deeper)) == ("c1", 2)
+    assert (status(explore), status(deeper)) == ((StatusCode.UNSET, None), (StatusCode.UNSET, None))
+    # A failed child's span ends in error, with the stop reason as its type; no usage was said.
+    assert status(unnamed) == (StatusCode.ERROR, "error")
+    assert attributes(unnamed)["subagent.stop_reason"] == "error"
+    assert "gen_ai.usage.input_tokens" not in attributes(unnamed)

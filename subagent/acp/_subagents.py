@@ -7,16 +7,22 @@ the child; later ``subagent_update`` s patch the child's metadata (an omitted fi
 its own session id, on the same connection. :class:`SubagentSession` is one such child as the client
 holds it; :meth:`SubagentSession.apply` applies one patch.
 
-A child is reusable: ``idle`` ends one run of it, not the child. A run is counted as ended once,
-at the first ``idle`` snapshot after work (``running``, ``requires_action``, or a state the
-client could not confirm); a second ``idle`` in a row is a repeat, not another run.
+A child is reusable: ``idle`` ends one run of it, not the child. A run begins at a ``running`` or
+``requires_action`` snapshot and is counted as ended once, at the first ``idle`` after it; a second
+``idle`` in a row is a repeat, not another run. ``unknown`` (the agent can no longer confirm the
+state) changes neither: a run under way stays under way, and a child that was idle starts none
+(Codex reports its idle children ``unknown`` once its session's runtime is retired).
 
 Where the draft RFD and the schema shipped in @agentclientprotocol/sdk 2.4.0 differ, this follows
 the schema and the two agents that implement it (claude-agent-acp 0.101.0, codex-acp 2.6.0):
 ``idle`` carries ``usage`` and, for ``stopReason: "error"``, an ``error`` beside it; Codex announces
 a child with ``capabilities: {}`` and grants ``cancel`` later (and takes it back with ``cancel:
-null``); Claude never reports a child's usage in its ``idle`` snapshot, so a run's usage also comes
-from the child's own ``usage_update`` s and message chunks, as a turn's does.
+null``). Neither agent puts ``usage`` in its ``idle`` snapshot, so a run's usage also comes from the
+child's own ``usage_update`` s and message chunks, as a turn's does: Codex sends a ``usage_update``
+under the child's id (``used``: the tokens of its last model call, its context; ``size``: its window),
+which is the run's ``contextUsed`` and ``contextSize`` with no token counts; Claude Code sends nothing
+of a child's usage (its prompt response's ``_meta.quota.model_usage`` counts the whole turn by model,
+children and its own side calls together), so such a run's usage is None: unknown, not zero.
 """
 
 from __future__ import annotations
@@ -37,8 +43,8 @@ MAX_SUBAGENT_SESSIONS: Final = 1000
 """The most subagent sessions one client keeps: an agent announcing more is refused past it (their
 traffic is then refused as any unknown session's is). Real trees have a handful."""
 
-_WORKING: Final = frozenset({"running", "requires_action", "unknown"})
-"""States in which a run is under way, or may be (``unknown`` replaces a confirmed activity)."""
+_WORKING: Final = frozenset({"running", "requires_action"})
+"""States that say a run is under way."""
 
 _PATCHED: Final = (
     ("title", "title"),
@@ -110,6 +116,11 @@ class SubagentSession:
     def state_name(self) -> str | None:
         """The state as one word (see :func:`state_name`)."""
         return state_name(self.state)
+
+    @property
+    def working(self) -> bool:
+        """Whether a run of the child is under way: it began and has not ended ``idle`` yet."""
+        return self._working
 
     @property
     def can_cancel(self) -> bool:

@@ -58,11 +58,11 @@ output:
   stdout gets only the final answer (the agent's text after its last tool call), or with
   --json exactly one object: {{"output", "stopReason", "error", "usage"}} (an agent that
   fails to start gets one too, with stopReason "error"; bad usage gets none), and
-  "subtreeUsage" too when the agent's subagents reported theirs (subagent serve does, and so
-  do agents announcing ACP subagent sessions): what the whole tree used, the agent's own
-  usage included; and "runs", each run of that tree as last reported ({{"runId",
-  "parentId", "provider", "depth", "state", "title"}}, and once ended "stopReason",
-  "elapsedSeconds" and "usage").
+  "subtreeUsage" too when the agent's subagents reported what they spent (subagent serve's
+  do; Codex says only its subagents' context window, Claude Code nothing of theirs): what
+  the whole tree used, the agent's own usage included; and "runs", each run of that tree
+  as last reported ({{"runId", "parentId", "provider", "depth", "state", "title"}}, and
+  once ended "stopReason", "elapsedSeconds" and "usage" where the agent said any).
   Live progress goes to stderr when stderr is a terminal: the answer as it streams, tool
   calls as their status changes, the plan, thoughts dimmed, permission decisions; never
   with --json or --events. Colour only on a terminal and without NO_COLOR.

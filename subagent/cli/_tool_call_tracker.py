@@ -1,5 +1,7 @@
 """The turn's tool calls as the command line knows them: merged from ``tool_call`` and
 ``tool_call_update`` session updates, for progress lines and for naming a permission question.
+The calls of the agent's subagent sessions are kept apart from the session's own (a child's call
+ids are its own), so a child's question is named from the child's calls.
 
 At most :data:`MAX_TRACKED_TOOL_CALLS` are remembered (the most recently announced), so an agent
 announcing calls without end costs a bounded amount of memory.
@@ -40,15 +42,19 @@ class ToolCalls:
     def __init__(self, limit: int = MAX_TRACKED_TOOL_CALLS) -> None:
         # The connection serves a permission question only after the updates sent before it, so the
         # question's tool call is already here when the question is shown.
-        self._calls: dict[str, ToolCallState] = {}
+        self._calls: dict[tuple[str | None, str], ToolCallState] = {}
         self.limit = limit
 
-    def get(self, tool_call_id: str) -> ToolCallState | None:
-        """The state of a tool call seen so far, or None."""
-        return self._calls.get(tool_call_id)
+    def get(self, tool_call_id: str, subagent_session: str | None = None) -> ToolCallState | None:
+        """The state of a tool call seen so far (of the subagent session ``subagent_session``, else of
+        the session itself), or None."""
+        return self._calls.get((subagent_session, tool_call_id))
 
-    def observe(self, update: schema.SessionUpdate) -> ToolCallState | None:
-        """Merge ``update``; return the call's state when it is new or its status changed, else None."""
+    def observe(
+        self, update: schema.SessionUpdate, subagent_session: str | None = None
+    ) -> ToolCallState | None:
+        """Merge ``update`` (sent by the subagent session ``subagent_session``, else by the session
+        itself); return the call's state when it is new or its status changed, else None."""
         if isinstance(update, schema.ToolCall):
             state = ToolCallState(
                 tool_call_id=update.tool_call_id,
@@ -57,14 +63,14 @@ class ToolCalls:
                 status=update.status or "pending",
                 raw_input=update.raw_input,
             )
-            self._announced(state)
+            self._announced(subagent_session, state)
             return state
         if isinstance(update, schema.ToolCallProgress):
-            known = self._calls.get(update.tool_call_id)
+            known = self._calls.get((subagent_session, update.tool_call_id))
             if known is None:
                 # An update for a call we never saw announced: treat it as the announcement.
                 state = ToolCallState(tool_call_id=update.tool_call_id, status=update.status or "pending")
-                self._announced(state)
+                self._announced(subagent_session, state)
                 changed = True
             else:
                 state = known
@@ -83,16 +89,19 @@ class ToolCalls:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def _announced(self, state: ToolCallState) -> None:
+    def _announced(self, subagent_session: str | None, state: ToolCallState) -> None:
         calls = self._calls
-        calls.pop(state.tool_call_id, None)  # re-announced: now the most recent
-        calls[state.tool_call_id] = state
+        key = (subagent_session, state.tool_call_id)
+        calls.pop(key, None)  # re-announced: now the most recent
+        calls[key] = state
         while len(calls) > self.limit:
             del calls[next(iter(calls))]  # the oldest announcement (dicts keep insertion order)
 
     def describe(self, question: PermissionQuestion) -> ToolCallState:
-        """The question's tool call: what the question says, completed from what the turn showed."""
-        seen = self._calls.get(question.tool_call_id)
+        """The question's tool call: what the question says, completed from what the turn (or, for a
+        subagent session's question, that child) showed."""
+        asker = question.session_id if question.subagent is not None else None
+        seen = self._calls.get((asker, question.tool_call_id))
         return ToolCallState(
             tool_call_id=question.tool_call_id,
             title=question.title or (seen.title if seen else None),

@@ -82,9 +82,9 @@ class TurnOutcome:
     start_error: str | None = None
     elapsed: float = 0.0
     run_costs: dict[str, Usage] = dataclasses.field(default_factory=dict)
-    """The usage of each run of the agent's subagent tree that ended reporting one (``subagent serve``
-    sends it in the run's ``_meta``, and so does the ACP provider for the subagent sessions an agent
-    announces), by run id: bounded by ``MAX_COSTED_RUNS``."""
+    """The usage of each run of the agent's subagent tree that ended reporting token counts or a cost
+    (``subagent serve`` sends it in the run's ``_meta``, and so does the ACP provider for the subagent
+    sessions an agent announces), by run id: bounded by ``MAX_COSTED_RUNS``."""
     runs: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     """Each run of the agent's subagent tree as last reported (``runId``, ``parentId``, ``provider``,
     ``depth``, ``state``, ``title``, and once ended ``stopReason``, ``elapsedSeconds``, ``usage``), by
@@ -116,7 +116,11 @@ def _note_run(costs: dict[str, Usage], runs: dict[str, dict[str, Any]], update: 
         return
     raw = run.get("usage")
     usage = usage_from_acp(raw) if isinstance(raw, Mapping) else None
-    if usage is not None and (run_id in costs or len(costs) < MAX_COSTED_RUNS):
+    # A context window alone (all Codex says of its subagents) tells nothing of what a run spent: such
+    # a run is not counted as one that reported its cost, so no subtree total leaves it out as zero.
+    if usage is None or dataclasses.replace(usage, context_used=None, context_size=None) == Usage():
+        return
+    if run_id in costs or len(costs) < MAX_COSTED_RUNS:
         costs[run_id] = usage  # an agent that reports a run twice is counted once
 
 
@@ -263,6 +267,8 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
                     gate.update(update, tool_calls.observe(update))
 
                 acp_run.on_update(on_update)
+                # A child's calls name its questions as the agent's own calls name the agent's.
+                acp_run.on_subagent_update(lambda child, update: tool_calls.observe(update, child.session_id))
                 interrupts.attach(run)
                 async with run:
                     outcome = await _await_turn(run, acp_run, spec, gate, interrupts, announce)

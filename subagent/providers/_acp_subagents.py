@@ -17,6 +17,7 @@ does, and records its runs' spans itself, below the caller's trace.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -34,7 +35,8 @@ OUTPUT_EXCERPT_CHARS: Final = 1000
 RUN_CALL_PREFIX: Final = "run/"
 """The tool call id prefix of a run's row (as ``subagent serve`` names its runs' calls)."""
 
-_WORKING: Final = frozenset({"running", "requires_action", "unknown"})
+WAITING_LINE: Final = "waiting on a permission answer"
+"""The heartbeat line of a run whose child reported ``requires_action`` (as ``subagent serve`` words it)."""
 _ENDED_STATES: Final = {"cancelled": "cancelled", "error": "failed"}
 """ACP stop reasons of an idle child that are not ``completed`` in the tree's words."""
 
@@ -61,15 +63,28 @@ class SubagentRuns:
         if ended:
             self._end(child)
             state = self._state(child)
-        elif child.state_name in _WORKING or child.state_name is None:
+        elif child.working or child.state is None:
             # Working, or just announced with no state yet (Codex sends the state after).
             self._begin(child)
             state = "running"
         else:
-            state = self._state(child)  # idle without a run seen (a child first shown idle)
+            # Idle without a run seen (a child first shown idle), or ``unknown`` after its run ended.
+            state = self._state(child)
         first = child.session_id not in self._shown
         self._shown.add(child.session_id)
-        self._deliver(self._call(child, state, first=first))
+        call = self._call(child, state, first=first)
+        self._deliver(call)
+        if state == "running" and child.state_name == "requires_action":
+            # As ``subagent serve`` reports a run whose child waits on a permission answer: a
+            # heartbeat (no status) whose line says so; the next update with a status ends the wait.
+            self._deliver(
+                schema.ToolCallProgress(
+                    tool_call_id=call.tool_call_id,
+                    title=call.title,
+                    content=[schema.Content(content=schema.TextContent(text=WAITING_LINE))],
+                    meta=call.meta,
+                )
+            )
 
     def _state(self, child: SubagentSession) -> str:
         return _ENDED_STATES.get(child.stop_reason or "", "completed")
@@ -103,7 +118,11 @@ class SubagentRuns:
         if usage is not None:
             total = sum_usage([self._usage.get(child.session_id), usage])
             if total is not None:
-                self._usage[child.session_id] = total
+                # Token counts add up over the child's runs; its context window is a snapshot, which
+                # a sum leaves out: the last run's is the child's.
+                self._usage[child.session_id] = dataclasses.replace(
+                    total, context_used=usage.context_used, context_size=usage.context_size
+                )
         state = self._state(child)
         span = self._spans.pop(child.session_id, None)
         telemetry.set_usage(span, usage)

@@ -55,6 +55,7 @@ the transport's channel. A transport whose children do not see this host's files
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -478,6 +479,8 @@ class AcpRun(DisposeOnExit):
         self._additional_directories: list[str] = []  # the request's, made absolute against the cwd
         self._killed = False
         self._listeners: list[Callable[[schema.SessionUpdate], object]] = []
+        self._subagent_listeners: list[Callable[[SubagentSession, schema.SessionUpdate], object]] = []
+        self._watched: set[str] = set()  # the subagent sessions whose updates reach those listeners
         # Slot bookkeeping, driven by the provider (see AcpProvider._admit / _leave).
         self._queued = False
         self._holds_slot = False
@@ -513,6 +516,20 @@ class AcpRun(DisposeOnExit):
         def dispose() -> None:
             if listener in self._listeners:
                 self._listeners.remove(listener)
+
+        return dispose
+
+    def on_subagent_update(
+        self, listener: Callable[[SubagentSession, schema.SessionUpdate], object]
+    ) -> Callable[[], None]:
+        """Call ``listener`` with each update of the agent's subagent sessions (the child, and its
+        update: its own tool calls and messages, which are not the run's); returns a disposer.
+        Listeners run in order on the connection's task; one that raises is logged."""
+        self._subagent_listeners.append(listener)
+
+        def dispose() -> None:
+            if listener in self._subagent_listeners:
+                self._subagent_listeners.remove(listener)
 
         return dispose
 
@@ -656,6 +673,23 @@ class AcpRun(DisposeOnExit):
         if session is None or session.subagent is None:
             raise LookupError(f"run {self.id!r} has no subagent session {session_id!r}")
         await session.cancel()
+
+    def _watch_subagent(self, client: AcpClient, child: SubagentSession, _ended: bool) -> None:
+        """A ``SubagentListener``: pass the updates of a child announced just now to the listeners of
+        :meth:`on_subagent_update` (its announcement comes before any of its traffic: none is missed)."""
+        session = client.session(child.session_id)
+        if session is None or child.session_id in self._watched:
+            return
+        self._watched.add(child.session_id)
+
+        def tell(update: schema.SessionUpdate) -> None:
+            for listener in tuple(self._subagent_listeners):
+                try:
+                    listener(child, update)
+                except Exception:
+                    logger.exception("subagent update listener of run %r raised; ignored", self.id)
+
+        session.on_update(tell)
 
     def _tell_listeners(self, update: schema.SessionUpdate) -> None:
         """Give the run's update listeners an update the run made itself (a subagent's run row)."""
@@ -818,6 +852,7 @@ class AcpRun(DisposeOnExit):
                 self._client = client
                 subagent_runs = SubagentRuns(provider.name, self._tell_listeners, telemetry.current_context())
                 client.on_subagent(subagent_runs)
+                client.on_subagent(functools.partial(self._watch_subagent, client))
                 session = await self._handshake(client, cwd)
                 if session is None:
                     return
