@@ -51,6 +51,7 @@ from tests.realagent_delegation import (
     CHILD_TITLE,
     CHILD_TYPE,
     CHILD_USAGE,
+    CHILD_WROTE,
     CLAUDE_AGENT_CALL,
     CLAUDE_DELEGATING_MODE,
     CLOSING,
@@ -177,9 +178,9 @@ async def test_a_real_agents_child_shows_as_a_two_level_tree_in_json_events_and_
         "allow_once",
     )
     row = run_updates(finished, child["runId"])
-    (waited,) = [index for index, update in enumerate(row) if "content" in update]
+    # A heartbeat (content, no status): the next update with a status ends the wait.
+    (waited,) = [index for index, update in enumerate(row) if "content" in update and "status" not in update]
     assert row[waited]["content"] == [{"type": "content", "content": {"type": "text", "text": WAITING_LINE}}]
-    assert "status" not in row[waited]  # a heartbeat: the next update with a status ends the wait
     assert row[waited + 1]["status"] == "in_progress"
     waiting_at = next(i for i, e in enumerate(finished.events) if e.get("update") == row[waited])
     assert waiting_at < finished.events.index(asked)
@@ -189,6 +190,7 @@ async def test_a_real_agents_child_shows_as_a_two_level_tree_in_json_events_and_
     root, shown = data["runs"]
     assert (shown["parent"], shown["depth"], shown["title"]) == (root["id"], 1, CHILD_TITLES[name])
     assert (shown["state"], shown["stopReason"], shown["usage"]) == ("completed", "completed", usage)
+    assert shown["output"] == CHILD_WROTE  # the child's last message, which its ended row carries
     with anyio.fail_after(60):
         async with open_page(tmp_path) as browser:
             await browser.open(page.as_uri())
@@ -232,8 +234,16 @@ async def test_a_run_cancels_a_real_agents_child_alone_and_the_parents_turn_goes
             assert isinstance(acp_run, AcpRun)
             seen: list[schema.SessionUpdate] = []
             acp_run.on_update(seen.append)
+            # Codex streams the child's text: the test cancels once its partial text is here (the model
+            # stalling after it does not mean Codex has passed it on yet).
+            child_spoke = anyio.Event()
+            acp_run.on_subagent_update(
+                lambda _, update: child_spoke.set() if isinstance(update, schema.AgentMessageChunk) else None
+            )
             with anyio.fail_after(TURN_BOUND):
                 await log.child_stalled.wait()
+                if name == "codex-acp":
+                    await child_spoke.wait()
                 # Codex grants the cancel only once its child runs: wait for it, as a client would.
                 cancellable = anyio.Event()
                 acp_run.on_update(lambda _: cancellable.set() if _can_cancel(acp_run) else None)

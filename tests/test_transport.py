@@ -42,6 +42,9 @@ pytestmark = pytest.mark.anyio
 
 WAIT = 20  # seconds: a hang guard, never a sleep
 FAST = {"stdin_close_timeout": 1.0, "sigterm_timeout": 1.0, "sigkill_timeout": 2.0}
+GRACEFUL = {**FAST, "stdin_close_timeout": 20.0}
+"""For a test that asserts the graceful path: a loaded machine may take seconds to start the stub, which
+must be up to read the EOF that ends it."""
 EXPECTED = "expected 'local', 'ssh://…' or 'ray://…'"
 ONE_TURN = {"turns": [[{"step": "message", "text": "done"}]]}
 
@@ -58,11 +61,9 @@ def exactly(message: str) -> str:
 async def test_an_agent_process_is_a_channel_and_the_local_transport_opens_one(
     stub_agent_command: StubAgentCommand,
 ) -> None:
-    # A generous grace: the test asserts the graceful path, and a loaded machine may take seconds to start
-    # the stub (it must be up to read the EOF that ends it).
-    transport: Transport = LocalTransport(**{**FAST, "stdin_close_timeout": WAIT})
+    transport: Transport = LocalTransport(**GRACEFUL)
     assert isinstance(transport, Transport)
-    assert (transport.name, transport.local_files, transport.stdin_close_timeout) == ("local", True, WAIT)
+    assert (transport.name, transport.local_files, transport.stdin_close_timeout) == ("local", True, 20.0)
     argv = stub_agent_command(ONE_TURN)
     async with assert_no_leaks():
         with anyio.fail_after(WAIT):
@@ -315,7 +316,7 @@ async def run_one(provider: AcpProvider, cwd: Path) -> tuple[Any, AcpRun]:
 async def test_the_provider_opens_each_child_through_its_transport_with_argv_env_and_cwd(
     stub_agent_command: StubAgentCommand, tmp_path: Path
 ) -> None:
-    relay = RelayTransport(LocalTransport(**FAST))
+    relay = RelayTransport(LocalTransport(**GRACEFUL))  # it asserts the exit on stdin close: status 0
     argv = stub_agent_command(ONE_TURN)
     provider = AcpProvider(argv, env={"SUBAGENT_T": "relayed"}, transport=relay)
     result, run = await run_one(provider, tmp_path)
