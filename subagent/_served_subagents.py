@@ -47,7 +47,7 @@ import anyio.abc
 
 from subagent._acp_stop_reasons import TO_ACP
 from subagent._text import cut, one_line
-from subagent._usage_codec import prompt_response_usage, usage_from_acp
+from subagent._usage_codec import prompt_response_usage, usage_from_acp, usage_to_acp
 from subagent.acp import schema
 from subagent.acp import schema_unstable as unstable
 from subagent.acp._errors import AcpError, RpcErrorCode
@@ -126,6 +126,7 @@ class _Child:
     queued: int = 0  # its updates queued and not yet sent
     dropped: int = 0
     unrelay: Disposer | None = None  # an acp run's: stop relaying its updates
+    provider: str | None = None  # which of our providers runs it (None: a relayed child of an acp run)
 
 
 class ChildSessions:
@@ -235,7 +236,7 @@ class ChildSessions:
                     child_id,
                 )
             return False
-        self._children[child_id] = _Child(child_id, parent_id, run.cancel)
+        self._children[child_id] = _Child(child_id, parent_id, run.cancel, provider=info.provider)
         cwd = run.request.cwd
         self._patch(
             child_id,
@@ -247,7 +248,7 @@ class ChildSessions:
             cwd=cwd if cwd is not None and cwd.startswith("/") else None,
             # Which of our providers runs it (a client of ours names the row by it, as serve's own rows
             # are named); its spans are serve's own, below the caller's trace.
-            meta={RUN_META_KEY: {"provider": info.provider}},
+            meta=_served(self._children[child_id]),
         )
         return True
 
@@ -396,6 +397,9 @@ class ChildSessions:
         self._patch(
             child.id,
             child.parent_id,
+            # The usage as our own rows give it too: ACP's needs input and output counts, which a model
+            # may not both report.
+            meta=_served(child, usage),
             capabilities=_NOT_CANCELLABLE,
             state=unstable.IdleStateUpdate(
                 stop_reason=acp_reason,
@@ -408,6 +412,19 @@ class ChildSessions:
         """Send a ``subagent_update`` for ``child_id`` (on its parent's session) with ``fields``."""
         update = unstable.SubagentUpdate(session_id=child_id, **fields)
         self._queue(parent_id, schema.UnknownSessionUpdate(raw=schema.to_builtins(update)))
+
+
+def _served(child: _Child, usage: Usage | None = None) -> dict[str, Any] | None:
+    """The ``_meta`` of a child's ``subagent_update``: which of our providers runs it and, at its end,
+    its usage in our rows' form (a client of ours shows the run as it shows serve's rows; see
+    ``subagent.providers._acp_subagents``). None for a relayed child, which is no run of ours."""
+    if child.provider is None:
+        return None
+    row: dict[str, Any] = {"provider": child.provider}
+    acp_usage = usage_to_acp(usage)
+    if acp_usage is not None:
+        row["usage"] = acp_usage
+    return {RUN_META_KEY: row}
 
 
 _CANCELLABLE: Final = unstable.SubagentSessionCapabilities(cancel=unstable.SessionCancelCapabilities())

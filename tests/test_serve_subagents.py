@@ -156,20 +156,19 @@ async def test_each_run_of_a_child_ends_in_exactly_one_idle_with_its_stop_reason
     sid = session.session_id
     child, grandchild = client.subagent_sessions
     for child_id, usage in ((child, CHILD_USAGE), (grandchild, LEAF_USAGE)):
+        counts = {
+            "inputTokens": usage.input_tokens,
+            "outputTokens": usage.output_tokens,
+            "totalTokens": usage.total_tokens,
+        }
         assert snapshots(transcript, child_id)[1:] == [
             {
                 "sessionUpdate": "subagent_update",
                 "sessionId": child_id,
                 "capabilities": {},  # no cancel once idle
-                "state": {
-                    "state": "idle",
-                    "stopReason": "end_turn",
-                    "usage": {
-                        "inputTokens": usage.input_tokens,
-                        "outputTokens": usage.output_tokens,
-                        "totalTokens": usage.total_tokens,
-                    },
-                },
+                "state": {"state": "idle", "stopReason": "end_turn", "usage": counts},
+                # Also in our rows' form: ACP's needs both counts (test_trace_page has a child with one).
+                "_meta": {"subagent-seam/run": {"provider": "spawn", "usage": counts}},
             }
         ]
     assert tree(client) == [

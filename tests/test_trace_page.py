@@ -81,9 +81,6 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = run_cli(
         where,
         "run",
-        # The served tree as serve's own rows: a grandchild's prompt is its parent's delegating call, which
-        # a subagent session keeps under its own id (test_agent_subagents.py has the page of those).
-        "--no-subagents",
         "--events-file",
         str(where / "events.jsonl"),
         "--trace",

@@ -77,6 +77,10 @@ class FanOut(RunView):
         for view in self.views:
             view.update(update, changed_call)
 
+    def subagent_update(self, session_id: str, update: schema.SessionUpdate) -> None:
+        for view in self.views:
+            view.subagent_update(session_id, update)
+
     def question(self, question: PermissionQuestion, call: ToolCallState, timeout: float) -> None:
         for view in self.views:
             view.question(question, call, timeout)

@@ -20,6 +20,7 @@ from subagent._text import one_line
 from subagent._usage_codec import usage_from_acp
 from subagent.acp import schema
 from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
+from subagent.acp.client import SubagentSession
 from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.acp.transports._channel import Transport
 from subagent.cli._console import sanitize
@@ -160,6 +161,10 @@ class _StartGate(RunView):
         self.announce()
         self.inner.update(update, changed_call)
 
+    def subagent_update(self, session_id: str, update: schema.SessionUpdate) -> None:
+        self.announce()
+        self.inner.subagent_update(session_id, update)
+
     def question(self, question: PermissionQuestion, call: ToolCallState, timeout: float) -> None:
         self.announce()
         self.inner.question(question, call, timeout)
@@ -267,8 +272,13 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
                     gate.update(update, tool_calls.observe(update))
 
                 acp_run.on_update(on_update)
+
                 # A child's calls name its questions as the agent's own calls name the agent's.
-                acp_run.on_subagent_update(lambda child, update: tool_calls.observe(update, child.session_id))
+                def on_subagent_update(child: SubagentSession, update: schema.SessionUpdate) -> None:
+                    tool_calls.observe(update, child.session_id)
+                    gate.subagent_update(child.session_id, update)
+
+                acp_run.on_subagent_update(on_subagent_update)
                 interrupts.attach(run)
                 async with run:
                     outcome = await _await_turn(run, acp_run, spec, gate, interrupts, announce)

@@ -117,6 +117,10 @@ class RunView:
     def update(self, update: schema.SessionUpdate, changed_call: ToolCallState | None) -> None:
         """A session update arrived; ``changed_call`` is set when a tool call is new or changed status."""
 
+    def subagent_update(self, session_id: str, update: schema.SessionUpdate) -> None:
+        """An update of one of the agent's subagent sessions (``session_id``: the run of its tree that it
+        is), such as the child's own tool calls."""
+
     def question(self, question: PermissionQuestion, call: ToolCallState, timeout: float) -> None:
         """A permission question waits for a person (``--permission ask``)."""
 
@@ -499,6 +503,9 @@ class EventView(RunView):
             mode=info.mode,
             configOptions=list(info.config_options),
         )
+
+    def subagent_update(self, session_id: str, update: schema.SessionUpdate) -> None:
+        self.emit("update", sessionId=session_id, update=schema.to_builtins(update))
 
     def update(self, update: schema.SessionUpdate, changed_call: ToolCallState | None) -> None:
         self.emit("update", sessionId=self._session_id, update=schema.to_builtins(update))

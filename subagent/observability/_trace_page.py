@@ -26,7 +26,8 @@ What the page shows: one row per run, in tree order (each child below its parent
 depth; a subtree folds away), on one time axis. The command line's own run is the root (from its
 ``spawn``/``start`` to its ``end``); each run of the agent's subagent tree (a ``run`` event) is a
 bar from its first ``running`` to its end, coloured by how it ended. Marks on a bar: its tool calls
-(a call ``OWNER/ID`` is the run ``OWNER``'s, one with no known owner the root's), permission waits
+(a call ``OWNER/ID`` is the run ``OWNER``'s, a call a subagent session sent is its run's, one with no
+known owner the root's), permission waits
 (a ``permission_request`` to its ``permission``), the agent's turns (``subagent serve`` marks each,
 ``TURN_META_KEY``: several per prompt when background children call for more), its model calls
 retried (``RETRY_META_KEY``), streamed answer text, interrupts, errors, and warnings logged.
@@ -335,7 +336,7 @@ class TraceBuilder:
         elif kind == "update":
             update = event.get("update")
             if isinstance(update, Mapping):
-                self._update(update, when)
+                self._update(update, when, self._session_run(event.get("sessionId")))
         elif kind == "run":
             self._run(event, when)
         elif kind == "permission_request":
@@ -432,9 +433,21 @@ class TraceBuilder:
         owner, slash, _ = tool_call_id.partition("/")
         return self._runs.get(_id(owner) or "", self._root) if slash else self._root
 
-    def _update(self, update: Mapping[str, Any], when: float) -> None:
+    def _session_run(self, session_id: object) -> _Run | None:
+        """The run of the tree whose session sent an update: a subagent session the agent announced is
+        its run (same id); None for the agent's own session."""
+        run_id = _id(session_id)
+        return None if run_id is None or run_id == self._root.id else self._runs.get(run_id)
+
+    def _update(self, update: Mapping[str, Any], when: float, session_run: _Run | None = None) -> None:
         kind = update.get("sessionUpdate")
         root = self._root
+        if session_run is not None:
+            # A subagent session's own traffic: its tool calls are its run's (its text reaches the page
+            # as its run's output, at its end); nothing of it is the agent's own answer.
+            if kind in ("tool_call", "tool_call_update"):
+                self._tool_call(update, kind, when, session_run)
+            return
         if kind == "agent_message_chunk":
             content = update.get("content")
             text = content.get("text") if isinstance(content, Mapping) else None
@@ -457,8 +470,14 @@ class TraceBuilder:
         if raw_id.startswith("run/"):
             self._run_update = (_id(raw_id[4:]), update)  # read with the `run` event that follows
             return
-        owner = self._owner(raw_id)
         root.text_mark = None
+        self._tool_call(update, kind, when, self._owner(raw_id))
+
+    def _tool_call(self, update: Mapping[str, Any], kind: str, when: float, owner: _Run) -> None:
+        """A tool call of ``owner`` (new, or a change of it): its mark, and the prompt it delegates."""
+        raw_id = _text(update.get("toolCallId"))
+        if raw_id is None:
+            return
         call_id = _id(raw_id) or ""
         key = f"tool:{call_id}"
         status = _text(update.get("status"))

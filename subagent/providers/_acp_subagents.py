@@ -114,7 +114,8 @@ class SubagentRuns:
         )
 
     def _end(self, child: SubagentSession) -> None:
-        usage = usage_from_acp(child.usage)
+        served = _served_row(child).get("usage")  # subagent serve's own figure, as its rows give it
+        usage = usage_from_acp(served if isinstance(served, dict) else child.usage)
         if usage is not None:
             total = sum_usage([self._usage.get(child.session_id), usage])
             if total is not None:
