@@ -41,7 +41,11 @@ async def run_and_dispose(provider: AcpProvider, prompt: str = "go", resume: str
 
 
 def provider_for(command: list[str], tmp_path: Path, lines: list[str]) -> AcpProvider:
-    return AcpProvider(command, cwd=tmp_path, process_options=FAST, on_stderr_line=lines.append)
+    # The tests assert that the stub saw its stdin close and exited: the process options' grace, not an
+    # idle agent's 0.3 s, which a loaded machine can overrun (a SIGTERM before the EOF was read).
+    return AcpProvider(
+        command, cwd=tmp_path, process_options=FAST, on_stderr_line=lines.append, idle_close_grace=None
+    )
 
 
 def stub_lines(lines: list[str]) -> list[str]:

@@ -318,7 +318,9 @@ async def test_the_provider_opens_each_child_through_its_transport_with_argv_env
 ) -> None:
     relay = RelayTransport(LocalTransport(**GRACEFUL))  # it asserts the exit on stdin close: status 0
     argv = stub_agent_command(ONE_TURN)
-    provider = AcpProvider(argv, env={"SUBAGENT_T": "relayed"}, transport=relay)
+    # The transport's whole grace, not an idle agent's 0.3 s: a loaded machine's stub may take longer to
+    # read its EOF, and be SIGTERMed (status -15) where the test asserts the graceful exit.
+    provider = AcpProvider(argv, env={"SUBAGENT_T": "relayed"}, transport=relay, idle_close_grace=None)
     result, run = await run_one(provider, tmp_path)
     assert (result.stop_reason, result.output) == ("completed", "done")
     assert relay.opened == [Opened(tuple(argv), {"SUBAGENT_T": "relayed"}, str(tmp_path))]
