@@ -107,6 +107,10 @@ class _RelayingRun(Protocol):
 
     def on_update(self, listener: Callable[[schema.SessionUpdate], object]) -> Callable[[], None]: ...
 
+    def on_subagent_update(
+        self, listener: Callable[[Any, schema.SessionUpdate], object]
+    ) -> Callable[[], None]: ...
+
     @property
     def subagents(self) -> list[Any]: ...
 
@@ -261,7 +265,19 @@ class ChildSessions:
         child = self._children[info.id]
         if isinstance(provider_run, _RelayingRun) and child.unrelay is None:
             acp_run = provider_run
-            child.unrelay = acp_run.on_update(lambda update: self._relay(child, acp_run, update))
+            disposers = (
+                acp_run.on_update(lambda update: self._relay(child, acp_run, update)),
+                # Its children's own traffic (their text, tool calls), under the ids they are relayed as.
+                acp_run.on_subagent_update(
+                    lambda session, update: self._relay_traffic(child, session.session_id, update)
+                ),
+            )
+
+            def unrelay() -> None:
+                for dispose in disposers:
+                    dispose()
+
+            child.unrelay = unrelay
 
     def run_ended(self, info: SubagentRunEndInfo) -> None:
         """``subagent/end``: the run's one ``idle``, after those of its relayed children still working."""
@@ -337,6 +353,15 @@ class ChildSessions:
             child.queued -= 1
 
     # -- an acp child's own children -----------------------------------------------------------------
+
+    def _relay_traffic(self, child: _Child, own_id: str, update: schema.SessionUpdate) -> None:
+        """An update of one of the acp child's own subagent sessions: sent under its relayed id once
+        that is announced (the row that announces it comes first); never its agent's subagent traffic."""
+        if isinstance(update, schema.UnknownSessionUpdate) and update.tag in _NOT_RELAYED:
+            return
+        relayed_id = f"{child.id}/{own_id}"
+        if relayed_id in self._children:
+            self.send(relayed_id, update)
 
     def _relay(self, child: _Child, run: _RelayingRun, update: schema.SessionUpdate) -> None:
         if isinstance(update, schema.UnknownSessionUpdate) and update.tag in _NOT_RELAYED:

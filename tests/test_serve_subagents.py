@@ -416,6 +416,12 @@ async def test_an_acp_childs_own_children_are_relayed_one_level_further_down(tmp
     usage = {"inputTokens": 10, "outputTokens": 2, "totalTokens": 12}
     assert client.subagent_sessions[f"{run}/grandchild-1"].usage == usage
     assert ((run, "agent_message_chunk", "Delegating.")) in traffic(transcript)
+    # The acp child's own child's traffic goes out under the id it is relayed as, after its announcement.
+    relayed = f"{run}/child-1"
+    shown = traffic(transcript)
+    announced = shown.index((run, f"subagent_update {relayed}", "running"))
+    assert shown.index((relayed, "agent_message_chunk", "child at work")) > announced
+    assert (relayed, "tool_call", "c-1") in shown
 
 
 async def test_an_acp_child_lost_with_its_process_ends_idle_with_stop_reason_error(tmp_path: Path) -> None:
