@@ -404,7 +404,7 @@ async def test_serve_removes_its_spill_directory_on_a_stopping_signal_and_dies_o
 ) -> None:
     temporary = tmp_path / "tmp"  # where the private spill directory is made
     temporary.mkdir()
-    command = [
+    serve = [
         sys.executable,
         "-m",
         "subagent",
@@ -414,6 +414,12 @@ async def test_serve_removes_its_spill_directory_on_a_stopping_signal_and_dies_o
         "--spill-bytes",
         "1",
     ]
+    # SIGHUP at its default action, whatever this process inherited: under `nohup` it is ignored, and serve
+    # rightly keeps ignoring an ignored SIGHUP (test_serve_started_with_sighup_ignored_keeps_ignoring_it).
+    default_sighup = (
+        f"import os, signal; signal.signal(signal.SIGHUP, signal.SIG_DFL); os.execv({serve[0]!r}, {serve!r})"
+    )
+    command = [sys.executable, "-c", default_sighup]
     async with assert_no_leaks():
         process = await anyio.open_process(command, env={**os.environ, "TMPDIR": str(temporary)})
         async with process:
