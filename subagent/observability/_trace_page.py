@@ -445,8 +445,9 @@ class TraceBuilder:
         if session_run is not None:
             # A subagent session's own traffic: its tool calls are its run's (its text reaches the page
             # as its run's output, at its end); nothing of it is the agent's own answer.
-            if kind in ("tool_call", "tool_call_update"):
-                self._tool_call(update, kind, when, session_run)
+            raw_id = _text(update.get("toolCallId"))
+            if kind in ("tool_call", "tool_call_update") and raw_id is not None:
+                self._tool_call(update, kind, raw_id, when, session_run)
             return
         if kind == "agent_message_chunk":
             content = update.get("content")
@@ -471,13 +472,11 @@ class TraceBuilder:
             self._run_update = (_id(raw_id[4:]), update)  # read with the `run` event that follows
             return
         root.text_mark = None
-        self._tool_call(update, kind, when, self._owner(raw_id))
+        self._tool_call(update, kind, raw_id, when, self._owner(raw_id))
 
-    def _tool_call(self, update: Mapping[str, Any], kind: str, when: float, owner: _Run) -> None:
-        """A tool call of ``owner`` (new, or a change of it): its mark, and the prompt it delegates."""
-        raw_id = _text(update.get("toolCallId"))
-        if raw_id is None:
-            return
+    def _tool_call(self, update: Mapping[str, Any], kind: str, raw_id: str, when: float, owner: _Run) -> None:
+        """The tool call ``raw_id`` of ``owner`` (new, or a change of it): its mark, and the prompt it
+        delegates."""
         call_id = _id(raw_id) or ""
         key = f"tool:{call_id}"
         status = _text(update.get("status"))
