@@ -357,15 +357,15 @@ class ChildSessions:
     def _relay_traffic(self, child: _Child, own_id: str, update: schema.SessionUpdate) -> None:
         """An update of one of the acp child's own subagent sessions: sent under its relayed id once
         that is announced (the row that announces it comes first); never its agent's subagent traffic."""
-        if isinstance(update, schema.UnknownSessionUpdate) and update.tag in _NOT_RELAYED:
+        if _own_subagent_traffic(update):
             return
         relayed_id = f"{child.id}/{own_id}"
         if relayed_id in self._children:
             self.send(relayed_id, update)
 
     def _relay(self, child: _Child, run: _RelayingRun, update: schema.SessionUpdate) -> None:
-        if isinstance(update, schema.UnknownSessionUpdate) and update.tag in _NOT_RELAYED:
-            return  # its own subagent traffic, in its agent's ids: relayed as the rows below instead
+        if _own_subagent_traffic(update):
+            return  # in its agent's ids: relayed as the rows below instead
         row = _run_row(update)
         if row is None:
             self.send(child.id, update)
@@ -456,6 +456,12 @@ _CANCELLABLE: Final = unstable.SubagentSessionCapabilities(cancel=unstable.Sessi
 _NOT_CANCELLABLE: Final = unstable.SubagentSessionCapabilities()
 _ACP_STOP_REASONS: Final[Mapping[str, str]] = TO_ACP
 _NOT_RELAYED: Final = frozenset({"subagent_update", "session_message", "session_message_chunk"})
+
+
+def _own_subagent_traffic(update: schema.SessionUpdate) -> bool:
+    """Whether ``update`` is an acp child's agent speaking of its own subagents (announcements,
+    messages between them), which is relayed as rows, never as it is."""
+    return isinstance(update, schema.UnknownSessionUpdate) and update.tag in _NOT_RELAYED
 
 
 def excerpt(text: str) -> str:
