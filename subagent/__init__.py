@@ -13,19 +13,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 __all__ = [
+    "BUDGET_FIELDS",
     "DEFAULT_PROGRESS_INTERVAL",
     "START_TIME_FEATURES",
+    "Budget",
+    "BudgetAccount",
+    "BudgetField",
     "Disposer",
     "ErrorCode",
     "EventHub",
     "EventName",
+    "LimitHit",
     "Lineage",
     "ObservableRun",
+    "Price",
+    "PriceTable",
     "ProviderSnapshot",
     "QueueableRun",
     "ResumableRun",
     "RunState",
     "ServiceRun",
+    "Spend",
     "StartTimeFeature",
     "SteerableRun",
     "StopReason",
@@ -46,6 +54,7 @@ __all__ = [
 if TYPE_CHECKING:
     # Type checkers see every export eagerly, each name written once: a star import takes its module's
     # own __all__. What the package exports is its __all__ above (types.py's also has a few helpers).
+    from subagent.budget import BudgetAccount, Price, PriceTable
     from subagent.events import EventHub, EventName
     from subagent.service import *
     from subagent.types import *
@@ -56,6 +65,7 @@ else:
         __name__,
         __all__,
         {
+            "subagent.budget": ("BudgetAccount", "Price", "PriceTable"),
             "subagent.events": ("EventHub", "EventName"),
             "subagent.service": ("DEFAULT_PROGRESS_INTERVAL", "RunState", "ServiceRun", "SubagentService"),
         },

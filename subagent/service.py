@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Self, cast
 import anyio
 
 from subagent._outcome import DisposeOnExit, Outcome, raise_sole_error
+from subagent.budget import BudgetAccount, PriceTable, budget_result
 from subagent.events import EventHub
 from subagent.observability import _telemetry as telemetry
 from subagent.types import (
@@ -116,6 +117,7 @@ def _snapshot(provider: SubagentProvider) -> ProviderSnapshot:
         tool_filter=bool(declared.tool_filter),
         # Read with a default: a provider's own capabilities record may predate this feature.
         additional_directories=bool(getattr(declared, "additional_directories", False)),
+        budget=frozenset(getattr(declared, "budget", ())),
     )
     return ProviderSnapshot(
         name=name,
@@ -139,9 +141,16 @@ class SubagentService:
     Args:
         progress_interval: seconds between ``subagent/progress`` heartbeats of each started run
             whose provider run is an :class:`~subagent.types.ObservableRun`; None emits none.
+        prices: a :class:`~subagent.budget.PriceTable` for ``max_cost`` caps over children whose
+            agent reports tokens but no cost.
     """
 
-    def __init__(self, *, progress_interval: float | None = DEFAULT_PROGRESS_INTERVAL) -> None:
+    def __init__(
+        self,
+        *,
+        progress_interval: float | None = DEFAULT_PROGRESS_INTERVAL,
+        prices: PriceTable | None = None,
+    ) -> None:
         if progress_interval is not None and not progress_interval > 0:
             raise ValueError(f"progress_interval must be > 0 seconds or None, got {progress_interval}")
         self.progress_interval = progress_interval
@@ -156,6 +165,9 @@ class SubagentService:
         self._ended: collections.OrderedDict[str, tuple[str | None, Usage | None]] = collections.OrderedDict()
         self._task_group: TaskGroup | None = None
         self._closing = False
+        self.prices = prices
+        """The price table that turns reported tokens into cost for ``max_cost`` caps, where a child's
+        agent reports no cost of its own (None: only reported costs count)."""
 
     # -- the registry ------------------------------------------------------------------------
 
@@ -200,12 +212,19 @@ class SubagentService:
 
     # -- runs ----------------------------------------------------------------------------------
 
-    def start(self, name: str, request: SubagentRequest) -> ServiceRun:
+    def start(
+        self, name: str, request: SubagentRequest, *, within: BudgetAccount | None = None
+    ) -> ServiceRun:
         """Start a run on provider ``name``. Synchronous up to the child's creation.
 
         Every check happens before the provider is called: nothing requested is accepted and then
         ignored. Await ``run.started()`` for readiness and ``run.result()`` for the outcome, or use
         the run as an async context manager so that it is disposed on every exit path.
+
+        Budgets: the run gets an account in its tree's ledger (``request.account``), below its parent
+        run's, or below ``within`` (a host's ceiling for everything delegated below a root) when its
+        parent is not a run of this service. Its caps are the request's ``budget`` narrowed to what
+        every account above it has left; a cap set above it must be enforceable by the provider too.
 
         Raises:
             SubagentError: ``NO_PROVIDER`` for an unknown name; ``UNSUPPORTED_CAPABILITY`` naming
@@ -229,21 +248,29 @@ class SubagentService:
                     provider=name,
                     feature=feature,
                 )
-        request = dataclasses.replace(request, lineage=self._lineage(snapshot, request))
+        lineage = self._lineage(snapshot, request)
+        account = self._account(snapshot, request, within)
+        request = dataclasses.replace(request, lineage=lineage, account=account)
         span = self._run_span(snapshot, request)
         try:
             # Current while the provider starts the run: what it starts inherits the span.
             with telemetry.current(span):
                 provider_run = snapshot.start(request, task_group)
-        except SubagentError as exc:
-            telemetry.end_agent_span(span, exc)
-            raise
-        except Exception as exc:
+        except BaseException as exc:
+            if account is not None:
+                account.close()
+            if isinstance(exc, SubagentError):
+                telemetry.end_agent_span(span, exc)
+                raise
+            if not isinstance(exc, Exception):
+                raise
             error = SubagentError(
                 ErrorCode.START_FAILED, f"provider {name!r} failed to start a run: {exc}", provider=name
             )
             telemetry.end_agent_span(span, error)
             raise error from exc
+        if account is not None:
+            account.owner = provider_run.id
         run = _managed_run_class(provider_run)(self, snapshot.name, provider_run, request)
         if span is not None:
             run._span = span
@@ -265,6 +292,29 @@ class SubagentService:
             attributes,
             parent._span if parent is not None else None,
         )
+
+    def _account(
+        self, snapshot: ProviderSnapshot, request: SubagentRequest, within: BudgetAccount | None
+    ) -> BudgetAccount | None:
+        """The run's budget account, below its parent's; None when nothing above or in it caps anything."""
+        parent = self._runs_by_id.get(request.parent_id) if request.parent_id is not None else None
+        above = parent.request.account if parent is not None else within
+        if request.budget is None and (above is None or not above.capped):
+            return None
+        if above is not None:
+            # An ancestor's caps hold for every descendant: a provider that cannot enforce one cannot
+            # promise that, so it is refused rather than trusted (as for an inherited tool filter).
+            for account in above.chain():
+                for cap in account.asked.fields():
+                    if not snapshot.capabilities.supports(cap):
+                        raise SubagentError(
+                            ErrorCode.UNSUPPORTED_CAPABILITY,
+                            f"provider {snapshot.name!r} cannot enforce {cap!r}, and the budget of "
+                            f"{account.owner or 'the root'!r} above this run caps it",
+                            provider=snapshot.name,
+                            feature=cap,
+                        )
+        return BudgetAccount(request.budget, parent=above, prices=self.prices)
 
     def _lineage(self, snapshot: ProviderSnapshot, request: SubagentRequest) -> Lineage:
         """Count the child's place in its parent chain; refuse what an ancestor's limits forbid."""
@@ -523,6 +573,8 @@ class ServiceRun(DisposeOnExit):
                 logger.exception("provider %r: disposing run %r raised", self.provider, self.id)
             finally:
                 await self._wait_observer_quiescent()
+                if self.request.account is not None:
+                    self.request.account.close()
                 self._service._forget(self)
                 # Ended with the result as a rule; an observer that never ran leaves it to us.
                 if self._span is not None:
@@ -603,9 +655,12 @@ class ServiceRun(DisposeOnExit):
         # The end's payload is taken now, before any caller can see (and mutate) the result object.
         elapsed = time.monotonic() - self._created_at
         parent_id = self.request.parent_id
+        account = self.request.account
         if isinstance(outcome, SubagentResult):
             # A copy carries the wall time: the provider's own object is left as it made it.
             outcome = dataclasses.replace(outcome, elapsed_seconds=elapsed)
+            if account is not None:
+                outcome = budget_result(outcome, account)
             if self._result.settle(outcome):
                 self._end_info = SubagentRunEndInfo(
                     id=self.id,
@@ -616,6 +671,9 @@ class ServiceRun(DisposeOnExit):
                     usage=outcome.usage,
                     elapsed_seconds=elapsed,
                     parent_id=parent_id,
+                    limit=outcome.limit,
+                    budget=outcome.budget,
+                    spent=outcome.spent,
                 )
                 self._service._record_end(self.id, parent_id, outcome.usage)
                 self._end_span(outcome)

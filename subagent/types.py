@@ -20,6 +20,7 @@ concurrency slot.
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
@@ -32,19 +33,28 @@ from subagent.acp._frozen import freeze_json, thaw_json
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
 
+    from subagent.budget import BudgetAccount
+
 __all__ = [
+    "BUDGET_FIELDS",
+    "BUDGET_META_KEY",
     "LINEAGE_META_KEY",
     "RETRY_META_KEY",
     "RUN_META_KEY",
     "START_TIME_FEATURES",
     "TURN_META_KEY",
+    "Budget",
+    "BudgetField",
     "Disposer",
     "ErrorCode",
+    "LimitHit",
+    "LimitName",
     "Lineage",
     "ObservableRun",
     "ProviderSnapshot",
     "QueueableRun",
     "ResumableRun",
+    "Spend",
     "StartTimeFeature",
     "SteerableRun",
     "StopReason",
@@ -64,16 +74,46 @@ __all__ = [
     "thaw_json",
 ]
 
-StopReason = Literal["completed", "cancelled", "error", "timeout", "max_tokens", "max_turns", "refusal"]
-"""Why a child's turn ended. Only ``completed`` is success; ``error`` carries a diagnosis."""
+StopReason = Literal[
+    "completed", "cancelled", "error", "timeout", "max_tokens", "max_turns", "refusal", "budget"
+]
+"""Why a child's turn ended. Only ``completed`` is success; ``error`` carries a diagnosis; ``budget``
+means a cap of the run's :class:`Budget` (or an ancestor's) was reached and the run was stopped
+(:attr:`SubagentResult.limit` says which)."""
 
-StartTimeFeature = Literal["output_schema", "depth_limit", "tool_filter", "persona", "additional_directories"]
+BudgetField = Literal["max_tokens", "max_cost", "max_seconds", "max_tool_calls", "max_turns"]
+"""A cap of a :class:`Budget`."""
+
+BUDGET_FIELDS: tuple[BudgetField, ...] = (
+    "max_tokens",
+    "max_cost",
+    "max_seconds",
+    "max_tool_calls",
+    "max_turns",
+)
+"""Every cap of a :class:`Budget`, in the order they are checked and described."""
+
+LimitName = Literal["max_tokens", "max_cost", "max_seconds", "max_tool_calls", "max_turns", "timeout"]
+"""What a :class:`LimitHit` names: a budget's cap, or the inactivity ``timeout``."""
+
+StartTimeFeature = Literal[
+    "output_schema",
+    "depth_limit",
+    "tool_filter",
+    "persona",
+    "additional_directories",
+    "max_tokens",
+    "max_cost",
+    "max_seconds",
+    "max_tool_calls",
+    "max_turns",
+]
 """A request field that needs the provider's support; checked in this order before any child exists."""
 
 START_TIME_FEATURES: tuple[StartTimeFeature, ...] = ("output_schema", "depth_limit", "tool_filter", "persona")
 """The start-time features a model may ask for through the model-facing tool, in check order.
 ``additional_directories`` (the caller's, never the model's choice: it widens what the child may touch)
-is checked after them."""
+is checked after them, then the caps of the request's :class:`Budget`, each a feature of its own."""
 
 Disposer = Callable[[], None]
 """Undoes one registration (a provider, an event listener). Idempotent."""
@@ -210,6 +250,176 @@ a model call of the session's agent failed and is retried: ``{"attempt": n, "att
 the failure's kind and status only)."""
 
 
+def _cap(name: str, value: object, *, whole: bool, positive: bool) -> None:
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (whole and not isinstance(value, int))
+    ):
+        kind = "a whole number" if whole else "a number"
+        raise TypeError(f"{name} must be {kind}, not {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'} and finite, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Hard caps on what a child run may spend, any subset of them (None: no cap).
+
+    ``max_tokens`` counts input plus output tokens over the whole run (every turn, and every run
+    below it); ``max_cost`` is in the currency the usage is reported in (the agent's own, or the
+    service's :class:`~subagent.budget.PriceTable`); ``max_seconds`` is wall time from the run's
+    start, unlike the inactivity ``timeout``; ``max_tool_calls`` counts tool calls the child starts;
+    ``max_turns`` counts model calls (an agent loop's round trips). A run's spending includes its
+    subtree's, and a child's caps are at most what its parent has left.
+    """
+
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    max_seconds: float | None = None
+    max_tool_calls: int | None = None
+    max_turns: int | None = None
+
+    def __post_init__(self) -> None:
+        _cap("max_tokens", self.max_tokens, whole=True, positive=False)
+        _cap("max_cost", self.max_cost, whole=False, positive=False)
+        _cap("max_seconds", self.max_seconds, whole=False, positive=True)
+        _cap("max_tool_calls", self.max_tool_calls, whole=True, positive=False)
+        _cap("max_turns", self.max_turns, whole=True, positive=False)
+
+    @classmethod
+    def from_mapping(cls, raw: Mapping[str, Any]) -> Budget:
+        """A budget from ``{"max_tokens": ..., ...}`` (a tool call's arguments, a config table).
+
+        Raises:
+            ValueError: an unknown key, or a cap out of range; TypeError: a cap of the wrong type.
+        """
+        unknown = sorted(set(raw) - set(BUDGET_FIELDS))
+        if unknown:
+            raise ValueError(f"unknown budget keys: {', '.join(unknown)} (known: {', '.join(BUDGET_FIELDS)})")
+        return cls(**raw)
+
+    def to_mapping(self) -> dict[str, int | float]:
+        """The caps that are set, by name (the inverse of :meth:`from_mapping`)."""
+        return {name: value for name in BUDGET_FIELDS if (value := getattr(self, name)) is not None}
+
+    def fields(self) -> tuple[BudgetField, ...]:
+        """The caps that are set, in check order."""
+        return tuple(name for name in BUDGET_FIELDS if getattr(self, name) is not None)
+
+    def cap(self, name: BudgetField) -> float | None:
+        """The value of cap ``name`` (None: not capped)."""
+        value: float | None = getattr(self, name)
+        return value
+
+    def tighter(self, other: Budget | None) -> Budget:
+        """The budget that allows only what both this one and ``other`` allow: each cap the smaller."""
+        if other is None:
+            return self
+        caps: dict[str, Any] = {}
+        for name in BUDGET_FIELDS:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            caps[name] = theirs if mine is None else (mine if theirs is None else min(mine, theirs))
+        return Budget(**caps)
+
+    def describe(self, currency: str | None = None) -> str:
+        """The caps for a person: ``50,000 tokens, 0.5 USD, 120 s, 20 tool calls`` (``no caps``)."""
+        parts = [
+            _amount(name, value, currency) for name in BUDGET_FIELDS if (value := self.cap(name)) is not None
+        ]
+        return ", ".join(parts) if parts else "no caps"
+
+
+def _amount(name: LimitName, value: float, currency: str | None = None) -> str:
+    if name == "max_tokens":
+        return f"{int(value):,} tokens"
+    if name == "max_cost":
+        return f"{value:.4g} {currency}" if currency else f"{value:.4g} (cost)"
+    if name in ("max_seconds", "timeout"):
+        return f"{value:.3g} s"
+    if name == "max_tool_calls":
+        return f"{int(value):,} tool call{'s' if value != 1 else ''}"
+    return f"{int(value):,} turn{'s' if value != 1 else ''}"
+
+
+@dataclass(frozen=True, slots=True)
+class Spend:
+    """What a run (with everything below it) has spent, in a budget's units.
+
+    ``tokens`` is input plus output tokens; ``cost`` is in ``cost_currency`` (0 and None when
+    nothing was priced); ``seconds`` is wall time since the run started; ``turns`` counts model calls.
+    """
+
+    tokens: int = 0
+    cost: float = 0.0
+    cost_currency: str | None = None
+    seconds: float = 0.0
+    tool_calls: int = 0
+    turns: int = 0
+
+    def of(self, name: BudgetField) -> float:
+        """The amount spent against cap ``name``."""
+        return {
+            "max_tokens": self.tokens,
+            "max_cost": self.cost,
+            "max_seconds": self.seconds,
+            "max_tool_calls": self.tool_calls,
+            "max_turns": self.turns,
+        }[name]
+
+    def describe(self, budget: Budget | None = None) -> str:
+        """The spent for a person, beside each cap of ``budget`` that is set:
+        ``1,234 of 10,000 tokens, 3 of 5 tool calls, 12.5 of 60 s``."""
+        if budget is None or not budget.fields():
+            return "no caps"
+        parts = []
+        for name in budget.fields():
+            cap = budget.cap(name)
+            assert cap is not None
+            limit = _amount(name, cap, self.cost_currency)
+            spent = self.of(name)
+            shown = f"{spent:.3g}" if name in ("max_cost", "max_seconds") else f"{int(spent):,}"
+            parts.append(f"{shown} of {limit}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class LimitHit:
+    """Which cap or timeout ended a run, and by how much.
+
+    ``limit`` names it; ``allowed`` is its value and ``spent`` what had been spent when the run was
+    stopped (for a budget stopped before a model call that could not fit, ``spent`` may be below
+    ``allowed``: ``needed`` is then what the call would have reserved). ``owner`` is the id of the run
+    whose budget it was: the run itself, or the ancestor whose cap its tree reached (None: a budget
+    the host set for everything below a root, or the run was not started by a service).
+    """
+
+    limit: LimitName
+    allowed: float
+    spent: float = field(compare=False)
+    owner: str | None = None
+    needed: float | None = field(default=None, compare=False)
+
+    def describe(self, currency: str | None = None) -> str:
+        """One line for a person and for a model: what was hit, spent against allowed, whose."""
+        if self.limit == "timeout":
+            return f"no sign of life for {self.allowed:g} s (the inactivity timeout)"
+        whose = f" (the budget of {self.owner})" if self.owner else ""
+        spent = _amount(self.limit, self.spent, currency).split(" ", 1)[0]
+        line = f"{self.limit}: {spent} spent of {_amount(self.limit, self.allowed, currency)}{whose}"
+        if self.needed is not None and self.spent <= self.allowed:
+            line += f"; the next step needed {_amount(self.limit, self.needed, currency)} more"
+        return line
+
+
+BUDGET_META_KEY = "subagent-seam/budget"
+"""The ``_meta`` key under which the ACP provider tells a child agent the budget it has left, in
+``session/new``: ``{"maxTokens", "maxCost", "maxSeconds", "maxToolCalls", "maxTurns"}`` (the caps
+that are set). ``subagent serve`` enforces it on the session's whole tree."""
+
+
 def _frozen_mapping(value: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     frozen: Mapping[str, Any] | None = None if value is None else freeze_json(value)
     return frozen
@@ -254,6 +464,13 @@ class SubagentRequest:
     """More directories the child may work in besides ``cwd`` (ACP's ``additionalDirectories``): each
     becomes a root of its file-system sandbox too. A relative path is resolved against the session's cwd
     when the child starts. A start-time feature: a provider that cannot honour it refuses the request."""
+    budget: Budget | None = None
+    """Hard caps on what the run, with everything below it, may spend. Each cap set is a start-time
+    feature of its own: a provider that cannot enforce it refuses the request, naming the cap. The
+    service narrows it to what the run's ancestors have left."""
+    account: BudgetAccount | None = field(default=None, compare=False, repr=False)
+    """The run's account in its tree's budget ledger: filled in by the service (a caller's value is
+    replaced); a provider used without a service makes one from ``budget``."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_schema", _frozen_mapping(self.output_schema))
@@ -273,7 +490,9 @@ class SubagentRequest:
             "persona": self.persona is not None,
         }
         features = tuple(feature for feature in START_TIME_FEATURES if asked[feature])
-        return (*features, "additional_directories") if self.additional_directories else features
+        if self.additional_directories:
+            features = (*features, "additional_directories")
+        return features if self.budget is None else (*features, *self.budget.fields())
 
 
 @dataclass(slots=True)
@@ -319,6 +538,21 @@ class SubagentResult:
     error: str | None = None
     usage: Usage | None = None
     elapsed_seconds: float | None = field(default=None, compare=False)
+    limit: LimitHit | None = None
+    """Which cap of the budget (``stop_reason == "budget"``) or which timeout (``"timeout"``) ended
+    the run, with the spent and the allowed; None when no limit did."""
+    output_final: bool | None = None
+    """Whether ``output`` is the agent's final message (True) or was cut short: a partial message,
+    the last one before a stop. Defaults to whether the turn completed."""
+    spent: Spend | None = field(default=None, compare=False)
+    """What the run and its subtree spent, in the budget's units, when it ran under a budget (set
+    by the service; not part of equality: it holds wall time)."""
+    budget: Budget | None = None
+    """The caps the run ran under (its own, narrowed by its ancestors'), when it had any."""
+
+    def __post_init__(self) -> None:
+        if self.output_final is None:
+            self.output_final = self.stop_reason == "completed"
 
     @property
     def ok(self) -> bool:
@@ -336,11 +570,23 @@ class SubagentCapabilities:
     additional_directories: bool = False
     """Whether the provider can give a child more directories than its cwd (only ``acp`` can: an
     in-process child has no file-system sandbox to widen)."""
+    budget: AbstractSet[BudgetField] = frozenset()
+    """The caps of a :class:`Budget` the provider enforces (in-process providers: all of them; the acp
+    provider: what its agent reports, see :class:`~subagent.providers.acp.AcpProvider`)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.budget, frozenset):
+            object.__setattr__(self, "budget", frozenset(self.budget))
+        unknown = set(self.budget) - set(BUDGET_FIELDS)
+        if unknown:
+            raise ValueError(f"unknown budget caps: {', '.join(sorted(unknown))}")
 
     def supports(self, feature: StartTimeFeature) -> bool:
         """Whether a request asking for ``feature`` can be honoured."""
         if feature == "persona":
             return self.tool_filter
+        if feature in BUDGET_FIELDS:
+            return feature in self.budget
         return bool(getattr(self, feature))
 
 
@@ -502,6 +748,12 @@ class SubagentRunEndInfo:
     equality: no two runs take the same time)."""
     parent_id: str | None = None
     """The run's parent, as in ``subagent/start``: enough to roll costs up a tree of ends."""
+    limit: LimitHit | None = None
+    """The cap or timeout that ended the run (:attr:`SubagentResult.limit`), when one did."""
+    budget: Budget | None = None
+    """The caps the run ran under, when it had any."""
+    spent: Spend | None = field(default=None, compare=False)
+    """What the run and its subtree spent against ``budget`` (None without one)."""
 
 
 def sum_usage(usages: Iterable[Usage | None]) -> Usage | None:
