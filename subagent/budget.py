@@ -237,12 +237,12 @@ class BudgetAccount:
             turns=int(self._spent["turns"]),
         )
 
-    def remaining(self) -> Budget:
+    def remaining(self, *, reserved: bool = True) -> Budget:
         """What may still be spent here now: for each cap along the chain, the least left (reservations
-        counted as spent). A cap nobody on the chain sets stays None."""
+        counted as spent, unless ``reserved`` is False). A cap nobody on the chain sets stays None."""
         left: dict[str, Any] = {}
         for name in BUDGET_FIELDS:
-            values = [a._left(name) for a in self.chain() if a.asked.cap(name) is not None]
+            values = [a._left(name, reserved=reserved) for a in self.chain() if a.asked.cap(name) is not None]
             if values:
                 value = max(0.0, min(values))
                 left[name] = int(value) if name in ("max_tokens", "max_tool_calls", "max_turns") else value
@@ -273,6 +273,14 @@ class BudgetAccount:
             return None
         first = min(timed, key=lambda a: a.started_at + (a.asked.max_seconds or 0.0))
         return first if self._clock() >= first.started_at + (first.asked.max_seconds or 0.0) else None
+
+    def spent_limit(self, name: BudgetField, *, needed: float | None = None) -> LimitHit:
+        """The hit of cap ``name`` for a step that cannot fit (needing ``needed``, when known), or that was
+        cut to what was left: named after the account of the chain with the least of it left."""
+        capped = [a for a in self.chain() if a.asked.cap(name) is not None]
+        if not capped:
+            raise ValueError(f"nothing on the chain caps {name}")
+        return min(capped, key=lambda a: a._left(name))._limit(name, needed=needed)
 
     # -- spending -------------------------------------------------------------------------------------
 
@@ -321,30 +329,45 @@ class BudgetAccount:
         When it does not fit only because other runs' reservations hold the room, waits for them to
         settle and tries again: a reservation is refused only by what was spent.
         """
-        amounts = {"tokens": tokens, "cost": cost, "tool_calls": tool_calls, "turns": turns}
         while True:
-            hit = self.check()
-            if hit is not None:
-                return hit
-            blocked: BudgetAccount | None = None
-            for account in self.chain():
-                for name, key in _COUNTED.items():
-                    cap = account.asked.cap(name)
-                    if cap is None or not amounts[key]:
-                        continue
-                    if account._spent[key] + amounts[key] > cap:
-                        hit = account._limit(name, needed=amounts[key])
-                        return hit
-                    if account._spent[key] + account._reserved[key] + amounts[key] > cap:
-                        blocked = account
-            if blocked is None:
-                for account in self.chain():
-                    for key, amount in amounts.items():
-                        account._reserved[key] += amount
-                return Reservation(self, amounts)
-            if blocked._released is None:
-                blocked._released = anyio.Event()
-            await blocked._released.wait()
+            reserved = self.try_reserve(tokens=tokens, cost=cost, tool_calls=tool_calls, turns=turns)
+            if reserved is not None:
+                return reserved
+            await self.wait_released()
+
+    def try_reserve(
+        self, *, tokens: int = 0, cost: float = 0.0, tool_calls: int = 0, turns: int = 0
+    ) -> Reservation | LimitHit | None:
+        """:meth:`reserve` without waiting: None when only other reservations hold the room it needs
+        (:meth:`wait_released`, then try again)."""
+        hit = self.check()
+        if hit is not None:
+            return hit
+        amounts = {"tokens": tokens, "cost": cost, "tool_calls": tool_calls, "turns": turns}
+        blocked = False
+        for account in self.chain():
+            for name, key in _COUNTED.items():
+                cap = account.asked.cap(name)
+                if cap is None or not amounts[key]:
+                    continue
+                if account._spent[key] + amounts[key] > cap:
+                    return account._limit(name, needed=amounts[key])
+                if account._spent[key] + account._reserved[key] + amounts[key] > cap:
+                    blocked = True
+        if blocked:
+            return None
+        for account in self.chain():
+            for key, amount in amounts.items():
+                account._reserved[key] += amount
+        return Reservation(self, amounts)
+
+    async def wait_released(self) -> None:
+        """Return once a reservation along the chain settles, or the account is exhausted."""
+        if self._hit is not None:
+            return
+        if self._released is None:
+            self._released = anyio.Event()
+        await self._released.wait()
 
     def on_exhausted(self, listener: Callable[[LimitHit], object]) -> Disposer:
         """Call ``listener`` once with the cap, when this account (or one above it) is exhausted: the run
@@ -383,13 +406,13 @@ class BudgetAccount:
         left = self.parent.remaining() if self.parent is not None else None
         return self.asked.tighter(left)
 
-    def _left(self, name: BudgetField) -> float:
+    def _left(self, name: BudgetField, *, reserved: bool = True) -> float:
         cap = self.asked.cap(name)
         assert cap is not None
         if name == "max_seconds":
             return self.started_at + cap - self._clock()
         key = _COUNTED[name]
-        return cap - self._spent[key] - self._reserved[key]
+        return cap - self._spent[key] - (self._reserved[key] if reserved else 0)
 
     def _limit(self, name: BudgetField, *, needed: float | None = None) -> LimitHit:
         cap = self.asked.cap(name)
@@ -422,10 +445,17 @@ class BudgetAccount:
         self._wake()
 
     def _wake(self) -> None:
-        for account in self.chain():
+        # Any account of the tree may wait on room this one held: wake them all (a tree is small).
+        root = self
+        while root.parent is not None:
+            root = root.parent
+        pending = [root]
+        while pending:
+            account = pending.pop()
             if account._released is not None:
                 account._released.set()
                 account._released = None
+            pending.extend(account._children)
 
 
 class Reservation:

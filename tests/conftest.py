@@ -56,6 +56,7 @@ BOTH_BACKENDS_MODULES = frozenset(
         "test_supervisor",
         "test_terminals",  # terminal processes and their output
         "test_transport",  # the channel protocol
+        "test_inprocess_budget",  # budgets: deadlines, reservations waited on, cancellation
     }
 )
 

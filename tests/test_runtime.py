@@ -54,7 +54,7 @@ from subagent.runtime import (
     When,
     call,
 )
-from subagent.types import SubagentResult, Usage, thaw_json
+from subagent.types import LimitHit, SubagentResult, Usage, thaw_json
 
 pytestmark = pytest.mark.anyio
 
@@ -1169,7 +1169,10 @@ async def test_a_silent_model_ends_the_turn_with_timeout() -> None:
     with anyio.fail_after(WAIT):
         result = await agent.run_turn("Answer.", idle_timeout=0.05)
     assert result == SubagentResult(
-        output="", stop_reason="timeout", error="no sign of life from the model or a tool for 0.05 s"
+        output="",
+        stop_reason="timeout",
+        error="no sign of life from the model or a tool for 0.05 s",
+        limit=LimitHit("timeout", allowed=0.05, spent=0.05),
     )
     assert not agent.busy
 
@@ -1184,7 +1187,10 @@ async def test_a_silent_tool_ends_the_turn_with_timeout_and_its_call_gets_a_clos
     with anyio.fail_after(WAIT):
         result = await agent.run_turn("Work.", idle_timeout=0.05)
     assert result == SubagentResult(
-        output="Working.", stop_reason="timeout", error="no sign of life from the model or a tool for 0.05 s"
+        output="Working.",
+        stop_reason="timeout",
+        error="no sign of life from the model or a tool for 0.05 s",
+        limit=LimitHit("timeout", allowed=0.05, spent=0.05),
     )
     assert agent.messages[-1] == Message(
         "tool", "error: the turn ended before this call finished", tool_call_id="c1", name="silent"

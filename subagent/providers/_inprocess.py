@@ -23,11 +23,13 @@ import anyio.abc
 
 from subagent import _structured
 from subagent._outcome import DisposeOnExit, Outcome
+from subagent.budget import account_for, budget_result
 from subagent.runtime._inprocess_agent import DEFAULT_MAX_MODEL_CALLS, Agent, AgentClosedError, AgentRegistry
 from subagent.runtime._llm import LlmAdapter, LlmService
 from subagent.runtime._messages import Message
 from subagent.runtime._tools import Approver, Tool
 from subagent.types import (
+    BUDGET_FIELDS,
     ErrorCode,
     Lineage,
     SubagentCapabilities,
@@ -71,7 +73,9 @@ class InProcessProvider:
         if max_model_calls < 1:
             raise ValueError(f"max_model_calls must be >= 1, got {max_model_calls}")
         self.name = name or self.default_name
-        self.capabilities = SubagentCapabilities(output_schema=True, depth_limit=True, tool_filter=True)
+        self.capabilities = SubagentCapabilities(
+            output_schema=True, depth_limit=True, tool_filter=True, budget=frozenset(BUDGET_FIELDS)
+        )
         self.llm = llm
         self.llm_service = llm_service
         self.agents = agents if agents is not None else AgentRegistry.default()
@@ -112,6 +116,7 @@ class InProcessProvider:
             approver=self.approver if self.approver is not None else (parent.approver if parent else None),
             max_model_calls=self.max_model_calls,
             registry=self.agents,
+            budget=account_for(request),
         )
         run = InProcessRun(self, request, agent)
         try:
@@ -275,7 +280,11 @@ class InProcessRun(DisposeOnExit):
         if self._disposing:
             # dispose() cut the turn short: the same outcome as a first turn disposed mid-way.
             raise self._disposed_error("before its resumed turn ended")
-        return outcome
+        return self._with_budget(outcome)
+
+    def _with_budget(self, outcome: SubagentResult) -> SubagentResult:
+        budget = self.agent.budget
+        return outcome if budget is None else budget_result(outcome, budget)
 
     # -- the first turn, in the service's task group -----------------------------------------------
 
@@ -290,7 +299,7 @@ class InProcessRun(DisposeOnExit):
                 idle_timeout=self.request.timeout,
             )
             # dispose() settles the result itself (DISPOSED) before the agent's turn comes back.
-            self._result.settle(outcome)
+            self._result.settle(self._with_budget(outcome))
         except AgentClosedError:
             self._result.fail(self._disposed_error("before its turn began"))
         except Exception as exc:

@@ -21,7 +21,9 @@ turn runs (a run's ``invoke_agent`` span, for a child of the seam's providers).
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
+import math
 import sys
 import time
 import uuid
@@ -56,10 +58,22 @@ from subagent.runtime._tools import (
     ToolInvocation,
     parse_arguments,
 )
-from subagent.types import _TOKEN_FIELDS, Disposer, StopReason, SubagentResult, Usage, freeze_json
+from subagent.types import (
+    _TOKEN_FIELDS,
+    BudgetField,
+    Disposer,
+    LimitHit,
+    StopReason,
+    SubagentResult,
+    Usage,
+    freeze_json,
+    thaw_json,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
+
+    from subagent.budget import BudgetAccount, Reservation
 
 __all__ = [
     "DEFAULT_MAX_MODEL_CALLS",
@@ -94,6 +108,29 @@ _TURNS_IN_FLIGHT: contextvars.ContextVar[tuple[Agent, ...]] = contextvars.Contex
 one of them from there must not wait for that turn to end, which waits for the caller."""
 
 _UNFINISHED = "error: the turn ended before this call finished"
+
+_TEMPLATE_TOKENS = 8
+"""Tokens a chat template may add per message (role markers, separators): part of a call's input estimate."""
+
+
+def _nothing() -> None:
+    return None
+
+
+def _model_name(llm: LlmAdapter) -> str | None:
+    model = getattr(llm, "model", None)
+    return model if isinstance(model, str) and model else None
+
+
+async def _expire_at_deadline(budget: BudgetAccount) -> None:
+    """Sleep until the budget's deadline, then exhaust it: the turn's listener stops the turn."""
+    deadline = budget.deadline
+    if deadline is None:
+        return
+    await anyio.sleep(max(0.0, deadline - time.monotonic()))
+    budget.expire()
+
+
 """The result of a tool call the turn ended before: chat APIs refuse a call without a result."""
 
 
@@ -354,6 +391,12 @@ class Agent:
         approver: decides on calls of tools that need approval; without one they are refused.
         max_model_calls: how many model calls one turn may make before it stops with ``max_turns``.
         registry: where it is live until :meth:`close` (default: :meth:`AgentRegistry.default`).
+        budget: the account its spending is charged to (:class:`~subagent.budget.BudgetAccount`).
+            Before each model call the call's worst case is reserved on it (the input, estimated from
+            the last call's reported counts plus one token per byte of what was added since, and, when
+            the adapter bounds a call's output (``bounds_output``), the output it is allowed); before
+            each tool call, one tool call. A step that cannot fit, a cap passed, the deadline, or the
+            account exhausted from elsewhere in the tree ends the turn with ``budget``.
     """
 
     def __init__(
@@ -370,6 +413,7 @@ class Agent:
         approver: Approver | None = None,
         max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
         registry: AgentRegistry | None = None,
+        budget: BudgetAccount | None = None,
     ) -> None:
         if max_model_calls < 1:
             raise ValueError(f"max_model_calls must be >= 1, got {max_model_calls}")
@@ -409,6 +453,12 @@ class Agent:
         self._update_count = 0
         self._registries: list[AgentRegistry] = []
         self._context = _AgentContext(self)
+        self.budget = budget
+        """The account its spending is charged to, when it runs under a budget."""
+        self._budget_hit: LimitHit | None = None  # the cap that stopped the turn in flight
+        self._settling = False  # charging its own model call: a cap that passes is the loop's to handle
+        self._known_tokens = 0  # the last model call's input plus output, as reported
+        self._known_upto = 0  # the log's length at that call: what is counted in _known_tokens
         (registry if registry is not None else AgentRegistry.default()).register(self)
 
     def __repr__(self) -> str:
@@ -574,6 +624,23 @@ class Agent:
         timed_out = False
         usage = _UsageSum()
         outcome: SubagentResult | None = None
+        self._budget_hit = None
+        stop_listening: Disposer = _nothing
+        if self.budget is not None:
+            hit = self.budget.check()
+            if hit is not None:
+                self._turn_scope = None
+                return self._budget_stopped(hit, "", usage)
+
+            def on_exhausted(hit: LimitHit) -> None:
+                # A cap passed elsewhere in the tree, or the deadline: the turn stops now. A cap its own
+                # model call passed is the loop's to handle (a final answer that passed it stays whole).
+                if self._budget_hit is None:
+                    self._budget_hit = hit
+                if not self._settling:
+                    scope.cancel()
+
+            stop_listening = self.budget.on_exhausted(on_exhausted)
         try:
             with scope:
                 async with anyio.create_task_group() as task_group:
@@ -585,6 +652,8 @@ class Agent:
                             scope.cancel()
 
                         task_group.start_soon(self._watch_idle, idle_timeout, on_idle)
+                    if self.budget is not None and self.budget.deadline is not None:
+                        task_group.start_soon(_expire_at_deadline, self.budget)
                     outcome = await self._turn(prompt, output_schema, usage)
                     task_group.cancel_scope.cancel()
         except BaseExceptionGroup as group:
@@ -592,6 +661,7 @@ class Agent:
             raise_sole_error(group)
             raise
         finally:
+            stop_listening()
             self._turn_scope = None
             self._close_dangling_calls()
             self._completed_end = len(self._log)
@@ -600,17 +670,37 @@ class Agent:
         # Cancelled (or timed out) while in flight, the turn ends so even if its answer came in the
         # same step: whoever cancelled is told what they asked for, and the answer is the output.
         if outcome is None or scope.cancel_called:
+            output = self._partial_output() if outcome is None else outcome.output
+            hit = self._stopping_hit()  # set meanwhile by the budget's listener or a refused tool call
+            if hit is not None and not timed_out:
+                return self._budget_stopped(hit, output, usage)
             reason: StopReason = "timeout" if timed_out else "cancelled"
             return SubagentResult(
-                output=self._partial_output() if outcome is None else outcome.output,
+                output=output,
                 stop_reason=reason,
                 error=f"no sign of life from the model or a tool for {idle_timeout:g} s"
                 if timed_out and idle_timeout is not None
                 else None,
                 usage=usage.total(),
+                limit=LimitHit("timeout", idle_timeout, idle_timeout) if timed_out and idle_timeout else None,
+                output_final=outcome is not None and outcome.stop_reason == "completed",
             )
         outcome.usage = usage.total()
         return outcome
+
+    def _stopping_hit(self) -> LimitHit | None:
+        return self._budget_hit
+
+    def _budget_stopped(self, hit: LimitHit, output: str, usage: _UsageSum) -> SubagentResult:
+        currency = self.budget.spent().cost_currency if self.budget is not None else None
+        return SubagentResult(
+            output=output,
+            stop_reason="budget",
+            error=f"stopped by its budget: {hit.describe(currency)}",
+            usage=usage.total(),
+            limit=hit,
+            output_final=False,
+        )
 
     async def _turn(self, prompt: str, output_schema: Any, usage: _UsageSum) -> SubagentResult:
         self._turn_start = len(self._log)
@@ -646,19 +736,41 @@ class Agent:
                     error=f"the model asked for tools {calls} times in one turn without answering",
                 )
             self._deliver_pending()  # an idle point: before each model call
+            reservation: Reservation | None = None
+            max_tokens: int | None = None
+            if self.budget is not None:
+                reserved = await self._reserve_model_call()
+                if isinstance(reserved, LimitHit):
+                    return self._budget_stopped(reserved, self._partial_output(), usage)
+                reservation, max_tokens, bound_by = reserved
             calls += 1
             self._lifecycle.emit(ModelCallStarted(calls))
             try:
-                completion = await self._call_model(wanted)
+                completion = await self._call_model(wanted, max_tokens)
             except LlmError as exc:
+                if reservation is not None:
+                    reservation.settle(tokens=0)  # the call was made (a turn); what it cost is not known
                 return SubagentResult(
                     output=self._partial_output(),
                     stop_reason="error",
                     error=f"the model call failed ({exc.kind.value}): {exc.message}",
                 )
+            except BaseException:
+                if reservation is not None:
+                    # Cut short mid-call: the input was spent, the output so far is not reported.
+                    reservation.settle(tokens=self._estimate())
+                raise
             usage.add(completion.usage)
             message = completion.message
             self._log.append(message)
+            hit = self._settle_model_call(reservation, completion) if reservation is not None else None
+            if max_tokens is not None and completion.finish_reason == "length" and self.budget is not None:
+                # Cut by the output the budget allowed it, not by the model's own limit.
+                hit = hit or self.budget.spent_limit(bound_by)
+            if hit is not None and (message.tool_calls or completion.finish_reason == "length"):
+                # The cap is passed: the tools it asked for are not run; the answer so far is the output.
+                self._close_dangling_calls()
+                return self._budget_stopped(hit, message.content, usage)
             if completion.finish_reason == "length":
                 return SubagentResult(output=message.content, stop_reason="max_tokens")
             if completion.finish_reason == "content_filter":
@@ -670,11 +782,95 @@ class Agent:
                 continue  # messages arrived during the call: the model answers them before the turn ends
             return SubagentResult(output=message.content, stop_reason="completed")
 
-    async def _call_model(self, wanted: Any) -> Completion:
+    async def _reserve_model_call(self) -> tuple[Reservation, int | None, BudgetField] | LimitHit:
+        """Reserve the next model call's worst case on the budget: its input, plus its output when the
+        adapter bounds it (the output allowed is then what is left after the input, by what was spent;
+        while other calls' reservations hold that room, it waits for them to settle)."""
+        assert self.budget is not None
+        while True:
+            sized = self._size_model_call()
+            if isinstance(sized, LimitHit):
+                return sized
+            amounts, max_tokens, bound_by = sized
+            reserved = self.budget.try_reserve(**amounts)
+            if reserved is None:
+                await self.budget.wait_released()
+                continue
+            if isinstance(reserved, LimitHit):
+                return reserved
+            return reserved, max_tokens, bound_by
+
+    def _size_model_call(self) -> tuple[dict[str, Any], int | None, BudgetField] | LimitHit:
+        assert self.budget is not None
+        estimate = self._estimate()
+        room = self.budget.remaining(reserved=False)
+        model = _model_name(self.llm)
+        price = self.budget.prices.price(model) if self.budget.prices is not None else None
+        max_tokens: int | None = None
+        bound_by: BudgetField = "max_tokens"  # the cap that sets max_tokens
+        if getattr(self.llm, "bounds_output", False):
+            # The output it may produce: what is left of the tokens after the input, and of the cost
+            # after the input's price.
+            if room.max_tokens is not None:
+                max_tokens = room.max_tokens - estimate
+                if max_tokens < 1:
+                    return self.budget.spent_limit("max_tokens", needed=estimate + 1)
+            if room.max_cost is not None and price is not None and price.output > 0:
+                affordable = (room.max_cost - price.cost(input_tokens=estimate)) * 1_000_000 / price.output
+                if affordable < 1:
+                    needed = price.cost(input_tokens=estimate, output_tokens=1)
+                    return self.budget.spent_limit("max_cost", needed=needed)
+                bound = math.floor(affordable)
+                if max_tokens is None or bound < max_tokens:
+                    max_tokens, bound_by = bound, "max_cost"
+        reserve = estimate + (max_tokens or 0)
+        priced = self.budget.cost_of(model, Usage(input_tokens=estimate, output_tokens=max_tokens or 0))
+        amounts = {"tokens": reserve, "cost": priced[0] if priced else 0.0, "turns": 1}
+        return amounts, max_tokens, bound_by
+
+    def _settle_model_call(self, reservation: Reservation, completion: Completion) -> LimitHit | None:
+        """Charge the call's reported usage (its estimate, when the adapter reports none)."""
+        from subagent.budget import usage_tokens
+
+        reported = completion.usage
+        if reported is None:
+            output = len(completion.message.content.encode()) + sum(
+                len(call.arguments.encode()) for call in completion.message.tool_calls
+            )
+            reported = Usage(input_tokens=self._estimate(), output_tokens=output)
+        tokens = usage_tokens(reported)
+        self._known_tokens, self._known_upto = tokens, len(self._log)
+        assert self.budget is not None
+        priced = self.budget.cost_of(_model_name(self.llm), reported)
+        cost, currency = priced if priced is not None else (0.0, None)
+        self._settling = True
+        try:
+            return reservation.settle(tokens=tokens, cost=cost, currency=currency)
+        finally:
+            self._settling = False
+
+    def _estimate(self) -> int:
+        """An upper bound of the next call's input tokens: the last call's input and output as reported,
+        plus, for what the log gained since, a token per byte (no tokenizer makes a token of less than a
+        byte) and a few per message for the chat template."""
+        upto = min(self._known_upto, len(self._log))
+        added = self._log[upto:]
+        size = sum(
+            len(m.content.encode()) + sum(len(c.arguments.encode()) for c in m.tool_calls) for m in added
+        )
+        if upto == 0:
+            size += sum(
+                len(json.dumps(thaw_json(t.spec.parameters)).encode()) + len(t.spec.description.encode())
+                for t in self.tools
+            )
+        return self._known_tokens + size + _TEMPLATE_TOKENS * max(1, len(added))
+
+    async def _call_model(self, wanted: Any, max_tokens: int | None = None) -> Completion:
         request = CompletionRequest(
             messages=tuple(self._log),
             tools=tuple(tool.spec for tool in self.tools),
             response_schema=wanted,
+            max_tokens=max_tokens,
         )
         span = _chat_span(self.llm) if telemetry.enabled() else None
         try:
@@ -745,7 +941,25 @@ class Agent:
             self._touch()
 
     async def _run_tool_call(self, call: ToolCall) -> tuple[str, bool]:
-        """The call's output and whether it failed, inside its ``execute_tool`` span."""
+        """The call's output and whether it failed, inside its ``execute_tool`` span; not run when the
+        budget has no tool call left (the turn then ends ``budget``)."""
+        if self.budget is None:
+            return await self._run_tool_call_traced(call)
+        reserved = await self.budget.reserve(tool_calls=1)
+        if isinstance(reserved, LimitHit):
+            if self._budget_hit is None:
+                self._budget_hit = reserved
+            if self._turn_scope is not None:
+                self._turn_scope.cancel()
+            return f"error: not run: the budget's {reserved.limit} is reached", True
+        try:
+            return await self._run_tool_call_traced(call)
+        finally:
+            hit = reserved.settle()
+            if hit is not None and self._budget_hit is None:
+                self._budget_hit = hit
+
+    async def _run_tool_call_traced(self, call: ToolCall) -> tuple[str, bool]:
         if not telemetry.enabled():
             output, failure = await self._execute_tool_call(call)
             return output, failure is not None

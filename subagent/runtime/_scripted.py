@@ -125,7 +125,14 @@ class ScriptedLlm:
             with ``LlmError(SCRIPT)`` naming what was asked.
 
     ``requests`` records every request received, in order: tests assert exactly what a child saw.
+
+    It bounds a call's output as a real model does (``bounds_output``): a reply whose ``usage``
+    counts more output tokens than the request's ``max_tokens`` is cut to them (its text to the same
+    share, its tool calls dropped) and finishes with ``length``.
     """
+
+    bounds_output = True
+    """The request's ``max_tokens`` bounds each reply's output tokens (see above)."""
 
     def __init__(
         self,
@@ -187,7 +194,7 @@ class ScriptedLlm:
     async def stream(self, request: CompletionRequest) -> AsyncIterator[CompletionEvent]:
         """Answer ``request`` with the next matching reply, streamed."""
         self.requests.append(request)
-        reply = await self._pick(request)
+        reply = _bounded(await self._pick(request), request.max_tokens)
         if reply.wait is not None:
             await reply.wait()
         for piece in _pieces(reply.text, reply.chunk):
@@ -220,6 +227,28 @@ class ScriptedLlm:
             LlmErrorKind.SCRIPT,
             f"the script has no reply left for this request (last user message: {last_user[:200]!r})",
         )
+
+
+def _bounded(reply: Reply, max_tokens: int | None) -> Reply:
+    """``reply`` cut to ``max_tokens`` output tokens, when its usage counts more."""
+    usage = reply.usage
+    if (
+        max_tokens is None
+        or usage is None
+        or usage.output_tokens is None
+        or usage.output_tokens <= max_tokens
+    ):
+        return reply
+    share = max_tokens / usage.output_tokens if usage.output_tokens else 0.0
+    cut = dataclasses.replace(
+        usage,
+        output_tokens=max_tokens,
+        total_tokens=None
+        if usage.total_tokens is None
+        else usage.total_tokens - usage.output_tokens + max_tokens,
+    )
+    text = reply.text[: int(len(reply.text) * share)]
+    return dataclasses.replace(reply, text=text, tool_calls=(), finish_reason="length", usage=cut)
 
 
 def _as_reply(item: Answer, where: str = "the responder's answer") -> Reply:

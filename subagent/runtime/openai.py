@@ -742,6 +742,9 @@ class OpenAiChatAdapter(CloseOnExit):
         LlmError: ``api_key`` cannot be sent as it is (``AUTH``; the message never quotes it).
     """
 
+    bounds_output = True
+    """A request's ``max_tokens`` is sent as the call's limit: the server never returns more output."""
+
     def __init__(
         self,
         *,
