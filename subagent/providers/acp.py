@@ -68,6 +68,7 @@ the transport's channel. A transport whose children do not see this host's files
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -76,7 +77,7 @@ import shlex
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 import anyio
 import anyio.abc
@@ -140,6 +141,7 @@ from subagent.providers._acp_budget import (
 )
 from subagent.providers._acp_subagents import SubagentRuns
 from subagent.types import (
+    BUDGET_FIELDS,
     BUDGET_META_KEY,
     LINEAGE_META_KEY,
     ErrorCode,
@@ -1202,6 +1204,10 @@ class AcpRun(DisposeOnExit):
             charges.end_turn(result.usage)
         if stopped:
             return self._budget_stopped(result, stopped[0], usage=charges.turn_usage())
+        if result.stop_reason == "budget" and result.limit is not None:
+            # The agent enforced the budget sent to it: ours, as it was left to this run.
+            hit = account.exhausted or dataclasses.replace(result.limit, owner=account.owner)
+            return self._budget_stopped(result, hit)
         if account.exhausted is not None:
             # The agent ended the turn itself, and its last report passed a cap: its answer stands whole.
             return self._budget_stopped(result, account.exhausted, final=result.stop_reason == "completed")
@@ -1346,6 +1352,17 @@ class AcpRun(DisposeOnExit):
             stop = "timeout"
             error = f"inactive for more than {timeout:g} s" if timeout is not None else None
         usage = usage_from_acp(turn.usage)
+        served_hit = _served_budget_hit(turn.meta)
+        if served_hit is not None and stop != "completed":
+            # An agent that enforces the budget it was sent (`subagent serve`) says which cap stopped it.
+            return SubagentResult(
+                output=turn.output,
+                stop_reason="budget",
+                error=f"stopped by its budget: {served_hit.describe()}",
+                usage=usage,
+                limit=served_hit,
+                output_final=False,
+            )
         return SubagentResult(output=turn.output, stop_reason=stop, error=error, usage=usage)
 
     # -- bookkeeping ---------------------------------------------------------------------------------
@@ -1438,6 +1455,28 @@ async def _watch_idle(session: AcpSession, timeout: float, on_timeout: Any) -> N
             await on_timeout()
             return
         await anyio.sleep(remaining)
+
+
+def _served_budget_hit(meta: Mapping[str, Any] | None) -> LimitHit | None:
+    """The cap a prompt response's ``_meta`` says stopped the turn (``subagent serve``'s answer to a
+    turn its budget stopped), if it says one in the expected shape."""
+    raw = meta.get(BUDGET_META_KEY) if meta is not None else None
+    if not isinstance(raw, Mapping):
+        return None
+    limit, allowed, spent, needed = (raw.get(key) for key in ("limit", "allowed", "spent", "needed"))
+    if limit not in BUDGET_FIELDS or not _is_number(allowed) or not _is_number(spent):
+        return None
+    return LimitHit(
+        limit=limit,
+        allowed=float(allowed),
+        spent=float(spent),
+        needed=float(needed) if _is_number(needed) else None,
+    )
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    """Whether ``value`` is a JSON number (a bool is not one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _why_not(cap: str, reports: frozenset[UsageReport]) -> str:
