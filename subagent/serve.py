@@ -35,6 +35,8 @@ in-process runtime (:class:`~subagent.runtime.Agent`):
   ``max_tokens``      ``max_tokens``
   ``max_turns``       ``max_turn_requests``
   ``refusal``         ``refusal``
+  ``budget``          ``max_tokens`` for a token cap, else ``max_turn_requests``; the cap in
+                      ``_meta["subagent-seam/budget"]``
   ``error``           JSON-RPC error -32603, ``data: {"stopReason", "details"}``
   ==================  =====================================================================
 
@@ -42,6 +44,18 @@ in-process runtime (:class:`~subagent.runtime.Agent`):
   text would read as a success: a client (ours maps it to stop reason ``error`` with the
   diagnosis; Zed shows it as an error) must learn that the turn failed. The unstable ``usage``
   of the prompt response is sent when the model reported its token counts.
+* Budgets: a client that sends a budget in ``session/new``'s ``_meta`` (``BUDGET_META_KEY``:
+  ``{"maxTokens", "maxCost", "maxSeconds", "maxToolCalls", "maxTurns"}``, as
+  :class:`~subagent.providers.acp.AcpProvider` sends what its run has left) caps the session's whole
+  tree with it: one root :class:`~subagent.budget.BudgetAccount` per session, charged by the session's
+  agent and, below it, by every run it delegates. A malformed budget is logged and ignored. A turn the
+  budget stopped answers with what it said so far, and since ACP has no stop reason for it, with the
+  limit the client is likeliest to read right: ``max_tokens`` for a token cap (ACP's "the maximum number
+  of tokens"), ``max_turn_requests`` for the rest (the agent was allowed no more work this turn). Neither
+  ``cancelled`` (the client asked for nothing), ``end_turn`` (a success) nor an error (the output so far
+  is an answer) would be true. The cap itself goes in the response's ``_meta["subagent-seam/budget"]``:
+  ``{"limit", "allowed", "spent", "needed"?}``, which our client reads back as the stop reason ``budget``. The
+  session's spending is reported as before: tokens in the prompt response's ``usage`` (no cost).
 * ``session/cancel`` aborts the turn at once (its answer is ``cancelled``) and disposes every
   subagent it started, in the background too; ``session/close`` does the same and then closes the
   session's agent.
@@ -105,7 +119,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, Self
+from typing import TYPE_CHECKING, Any, Final, Literal, Self, cast
 
 import anyio
 import anyio.abc
@@ -113,6 +127,7 @@ import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from subagent._acp_stop_reasons import TO_ACP
+from subagent._budget_meta import budget_from_meta
 from subagent._served_subagents import (
     MAX_SUBAGENT_SESSIONS,
     ChildSessions,
@@ -132,6 +147,7 @@ from subagent.acp.agent import (
     negotiate_protocol_version,
     serve_stdio,
 )
+from subagent.budget import BudgetAccount
 from subagent.delegation._background import BackgroundOptions
 from subagent.delegation._subagent_tool import COMPANION_ACTIONS, DEFAULT_TOOL_NAME, SubagentTool
 from subagent.events import EventHub
@@ -153,12 +169,14 @@ from subagent.runtime._messages import Retrying, TextDelta, ToolSpec
 from subagent.runtime._tools import Tool, ToolError, ToolInvocation
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import (
+    BUDGET_META_KEY,
     LINEAGE_META_KEY,
     RUN_META_KEY,
     TURN_META_KEY,
     Disposer,
     SubagentProgressInfo,
     SubagentProvider,
+    SubagentRequest,
     SubagentResult,
     SubagentRunEndInfo,
     SubagentRunInfo,
@@ -261,6 +279,8 @@ class ServedSession:
     reporter: _Reporter = field(repr=False)
     trace_context: telemetry.Parent = field(default=None, repr=False)
     """The trace context the client sent with ``session/new`` (None: none, or nothing recorded)."""
+    budget: BudgetAccount | None = field(default=None, repr=False)
+    """The account of the session's whole tree, when the client sent a budget (``BUDGET_META_KEY``)."""
 
 
 class ServedAgent(AgentHandler):
@@ -425,14 +445,24 @@ class ServedAgent(AgentHandler):
         cap = self.depth_limit
         if budget is not None and budget > 0:
             cap = budget - 1 if cap is None else min(cap, budget - 1)
+        caps = budget_from_meta(params.meta)
+        account = BudgetAccount(caps, owner=session_id) if caps is not None else None
         if self.delegate and (budget is None or budget > 0):
-            subagent_tool = SubagentTool(self.service, cwd=params.cwd, background=self.background)
+            # The tool takes the service; the session's one starts its runs below the session's budget.
+            service = (
+                self.service
+                if account is None
+                else cast(SubagentService, _WithinBudget(self.service, account))
+            )
+            subagent_tool = SubagentTool(service, cwd=params.cwd, background=self.background)
             delegation: Tool
             delegation, *companions = subagent_tool.agent_tools()
             if cap is not None:
                 delegation = _DepthCappedTool(delegation, cap)
             tools += (delegation, *companions)
         tools.extend(self.tools)
+        # The session's agent spends from the session's account, as every run below it does.
+        budgeted: dict[str, Any] = {} if account is None else {"budget": account}
         try:
             agent = Agent(
                 llm=self.llm,
@@ -445,6 +475,7 @@ class ServedAgent(AgentHandler):
                 approver=reporter.approve,
                 max_model_calls=self.max_model_calls,
                 registry=self.agents,
+                **budgeted,
             )
         except BaseException:
             if subagent_tool is not None:
@@ -454,7 +485,7 @@ class ServedAgent(AgentHandler):
         agent.on_event(reporter.on_event)
         reporter.watch(self.service.events)
         self._sessions[session_id] = ServedSession(
-            session_id, params.cwd, agent, subagent_tool, reporter, telemetry.extract(params.meta)
+            session_id, params.cwd, agent, subagent_tool, reporter, telemetry.extract(params.meta), account
         )
         logger.info("session %s opened in %s", session_id, params.cwd)
         return schema.NewSessionResponse(session_id=session_id)
@@ -594,6 +625,8 @@ class ServedAgent(AgentHandler):
                     await session.subagent_tool.aclose()
         finally:
             session.reporter.unwatch()
+            if session.budget is not None:
+                session.budget.close()
         logger.info("session %s closed", session.id)
 
 
@@ -618,6 +651,8 @@ def _answer(result: SubagentResult | None, turn: PromptTurn) -> schema.PromptRes
     """The prompt's answer for how the turn ended (None: it was aborted)."""
     if result is None or turn.cancel_requested:
         return schema.PromptResponse(stop_reason="cancelled")
+    if result.stop_reason == "budget":
+        return _budget_answer(result)
     stop_reason = TO_ACP.get(result.stop_reason)
     if stop_reason is None:
         # error (and timeout, which this server never sets): ACP has no stop reason for a failed turn.
@@ -631,6 +666,42 @@ def _answer(result: SubagentResult | None, turn: PromptTurn) -> schema.PromptRes
         return schema.PromptResponse(stop_reason=stop_reason)
     # `usage` is unstable in ACP, so the schema's PromptResponse has no field for it.
     return msgspec.Raw(schema.encode({"stopReason": stop_reason, "usage": usage}))
+
+
+def _budget_answer(result: SubagentResult) -> msgspec.Raw:
+    """The answer to a turn the budget stopped (see the module docstring for the stop reason chosen)."""
+    hit = result.limit
+    answer: dict[str, Any] = {
+        "stopReason": "max_tokens" if hit and hit.limit == "max_tokens" else "max_turn_requests"
+    }
+    usage = prompt_response_usage(result.usage)
+    if usage is not None:
+        answer["usage"] = usage
+    if hit is not None:
+        said: dict[str, Any] = {"limit": hit.limit, "allowed": hit.allowed, "spent": hit.spent}
+        if hit.needed is not None:
+            said["needed"] = hit.needed
+        answer["_meta"] = {BUDGET_META_KEY: said}
+    return msgspec.Raw(schema.encode(answer))
+
+
+class _WithinBudget:
+    """The service as one session's ``subagent`` tool sees it: every run the tool starts whose parent
+    is not a run of the service (the session's agent is not) is started below the session's account,
+    so the session's whole tree is held to the budget its client sent. The rest is the service's."""
+
+    def __init__(self, service: SubagentService, account: BudgetAccount) -> None:
+        self._service = service
+        self._account = account
+
+    def start(
+        self, name: str, request: SubagentRequest, *, within: BudgetAccount | None = None
+    ) -> ServiceRun:
+        """:meth:`SubagentService.start` below the session's account (or ``within``, if given)."""
+        return self._service.start(name, request, within=within if within is not None else self._account)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._service, name)
 
 
 def _prompt_text(blocks: Sequence[schema.ContentBlock]) -> str:

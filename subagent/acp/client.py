@@ -438,6 +438,9 @@ class TurnResult:
     messages_dropped: int = 0
     permissions_denied: int = 0
     last_denied: str | None = None
+    meta: dict[str, Any] | None = None
+    """The prompt response's ``_meta``, as the agent sent it (``subagent serve`` says there which
+    budget cap stopped the turn)."""
 
 
 @dataclass(eq=False, slots=True)
@@ -604,6 +607,7 @@ class AcpSession:
             messages_dropped=turn.output.messages_dropped,
             permissions_denied=turn.permissions_denied,
             last_denied=turn.last_denied,
+            meta=response.meta,
         )
 
     async def cancel(self) -> None:

@@ -46,6 +46,19 @@ so code that awaits every result before disposing any run cannot wait on itself;
 queues for a slot again before its turn. A run cancelled or disposed while it waits never spawns a
 child. ``ready_timeout`` starts at the spawn, so time spent queued never counts against it.
 
+Budgets (``request.budget``, or a cap of an ancestor's account): the run is held to the caps its agent's
+reports can enforce (``capabilities.budget``, from ``reports_usage``; see
+:mod:`subagent.providers._acp_budget`), and a request capping anything else is refused before any
+child exists. Each report is charged to the run's account as it arrives (tokens, the session's cost,
+each new tool call), on every turn, resumed ones too; a permission question for a tool call past the
+budget is answered with a reject; the deadline of ``max_seconds`` is kept by a timer. Once a cap is
+passed, here or anywhere above the run in its tree, the turn is cancelled as ``cancel()`` does (torn
+down past ``cancel_grace``) and ends ``budget``, with the cap in ``limit``, the output so far
+(``output_final`` False) and the usage reported, whatever the agent then answers. A turn the agent ended
+itself whose last report passed a cap ends ``budget`` too, its output whole (``output_final`` True).
+What the run has left is sent in ``session/new``'s ``_meta`` (:data:`~subagent.types.BUDGET_META_KEY`),
+for an agent that enforces it itself (``subagent serve``).
+
 Where children run: the provider's ``transport`` (:mod:`subagent.acp.transports`; a local child
 process by default) opens each one; its exit diagnosis, ``run.pid`` and ``run.kill()`` go through
 the transport's channel. A transport whose children do not see this host's files
@@ -55,6 +68,7 @@ the transport's channel. A transport whose children do not see this host's files
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import itertools
 import logging
@@ -62,8 +76,8 @@ import os
 import shlex
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 import anyio
 import anyio.abc
@@ -71,6 +85,7 @@ import msgspec
 
 from subagent import _structured
 from subagent._acp_stop_reasons import FROM_ACP
+from subagent._budget_meta import budget_to_meta
 from subagent._outcome import DisposeOnExit, Outcome
 from subagent._usage_codec import usage_from_acp
 from subagent.acp import schema
@@ -114,16 +129,29 @@ from subagent.acp.handlers import (
 from subagent.acp.transports._channel import ExitInfo, Transport
 from subagent.acp.transports._local import LocalTransport
 from subagent.acp.transports._schemes import transport_from_url
+from subagent.budget import BudgetAccount, account_for, budget_result
 from subagent.observability import _telemetry as telemetry
+from subagent.providers._acp_budget import (
+    BudgetPolicy,
+    RunCharges,
+    UsageReport,
+    checked_usage_reports,
+    enforceable_caps,
+    known_usage_reports,
+)
 from subagent.providers._acp_subagents import SubagentRuns
 from subagent.types import (
+    BUDGET_FIELDS,
+    BUDGET_META_KEY,
     LINEAGE_META_KEY,
     ErrorCode,
+    LimitHit,
     StopReason,
     SubagentCapabilities,
     SubagentError,
     SubagentRequest,
     SubagentResult,
+    Usage,
 )
 
 if TYPE_CHECKING:
@@ -266,15 +294,22 @@ class AcpProvider:
         config_options: config options to set, by id, after the mode and before the first prompt
             (``session/set_config_option``): a select option's value id, or a boolean. An id or a
             value the agent does not offer fails the start, listing what it offers.
+        reports_usage: what the agent reports of its spending: ``"tokens"``, ``"cost"``, both, or
+            neither (empty). It decides the budget caps the provider enforces (``capabilities.budget``:
+            ``max_seconds`` and ``max_tool_calls`` always, ``max_tokens`` with tokens, ``max_cost``
+            with cost, ``max_turns`` never). None (default): looked up by the command in
+            :data:`~subagent.providers._acp_budget.KNOWN_AGENT_USAGE` (``subagent serve`` reports
+            tokens); an agent it does not know reports nothing.
 
     Raises:
         ValueError: ``command`` is empty or a string, or an argument, the cwd or an environment
             value contains a NUL character, or an environment name is empty or contains ``=`` or
             NUL (none of them could reach the child intact); a limit is out of range; the
             transport URL is malformed or names no available transport; ``process_options`` are
-            given with a transport other than the local one.
+            given with a transport other than the local one; ``reports_usage`` names something other
+            than tokens and cost.
         TypeError: an argument, environment name or value is not a string; ``transport`` is
-            neither a URL nor a transport.
+            neither a URL nor a transport; ``reports_usage`` is a string.
     """
 
     inherits_parent_context = False
@@ -306,6 +341,7 @@ class AcpProvider:
         mode: str | None = None,
         config_options: Mapping[str, str | bool] | None = None,
         subagents: bool = True,
+        reports_usage: Iterable[UsageReport] | None = None,
     ) -> None:
         if isinstance(command, str) or not command:
             raise ValueError("command must be a non-empty argv list, e.g. ['npx', 'some-acp-agent']")
@@ -351,7 +387,17 @@ class AcpProvider:
         for value in self.config_options.values():
             if not isinstance(value, str | bool):
                 raise TypeError(f"config_options maps option ids to str or bool values, not {value!r}")
-        self.capabilities = SubagentCapabilities(output_schema=structured_output, additional_directories=True)
+        self.reports_usage: frozenset[UsageReport] = (
+            known_usage_reports(self.command)
+            if reports_usage is None
+            else checked_usage_reports(reports_usage)
+        )
+        """What the agent reports of its spending, which decides the budget caps enforced."""
+        self.capabilities = SubagentCapabilities(
+            output_schema=structured_output,
+            additional_directories=True,
+            budget=enforceable_caps(self.reports_usage),
+        )
         if getattr(self.transport, "fs_roots", None) is not None and not allows_everything(permission):
             # The transport serves fs/* where the agent runs (RayTransport(fs_roots=...)): the permission
             # policy stays here, so those writes are confined to the roots but not put to it.
@@ -394,6 +440,16 @@ class AcpProvider:
         """
         if request.output_schema is not None:
             _structured.check_schema(request.output_schema)
+        if request.budget is not None:
+            # The service refuses these before calling us; a provider used on its own does it here.
+            for cap in request.budget.fields():
+                if not self.capabilities.supports(cap):
+                    raise SubagentError(
+                        ErrorCode.UNSUPPORTED_CAPABILITY,
+                        f"provider {self.name!r} cannot enforce {cap!r}: {_why_not(cap, self.reports_usage)}",
+                        provider=self.name,
+                        feature=cap,
+                    )
         run = AcpRun(self, request)
         # Admitted here, synchronously, rather than in the run's task: tasks may first run in any
         # order (trio shuffles them), and slots must go out in the order runs were started.
@@ -485,6 +541,8 @@ class AcpRun(DisposeOnExit):
         self._queued = False
         self._holds_slot = False
         self._slot_granted = anyio.Event()
+        account = account_for(request)
+        self._charges = RunCharges(account) if account is not None else None
 
     def __repr__(self) -> str:
         state = (
@@ -836,7 +894,11 @@ class AcpRun(DisposeOnExit):
                     provider.command,
                     env=provider.env,
                     cwd=cwd,
-                    permission=_traced(provider.permission),
+                    permission=_traced(
+                        provider.permission
+                        if self._charges is None
+                        else BudgetPolicy(permission_policy(provider.permission), self._charges)
+                    ),
                     fs=sandbox if provider.fs else None,
                     terminals=terminals,
                     max_line_bytes=provider.max_line_bytes,
@@ -957,14 +1019,16 @@ class AcpRun(DisposeOnExit):
                 pass
 
     def _session_meta(self) -> dict[str, Any] | None:
-        """The child's place in the chain, for an agent that can honour it (``subagent serve``), and
-        the run's trace context (W3C ``traceparent``) when spans are recorded."""
+        """The child's place in the chain and the budget it has left, for an agent that can honour them
+        (``subagent serve``), and the run's trace context (W3C ``traceparent``) when spans are recorded."""
+        meta: dict[str, Any] = {}
         lineage = self.request.lineage
-        if lineage is None or lineage.depth_budget is None:
-            return telemetry.inject(None)
-        return telemetry.inject(
-            {LINEAGE_META_KEY: {"depth": lineage.depth, "depthBudget": lineage.depth_budget}}
-        )
+        if lineage is not None and lineage.depth_budget is not None:
+            meta[LINEAGE_META_KEY] = {"depth": lineage.depth, "depthBudget": lineage.depth_budget}
+        account = self._charges.account if self._charges is not None else None
+        if account is not None and account.capped:
+            meta[BUDGET_META_KEY] = budget_to_meta(account.remaining())
+        return telemetry.inject(meta or None)
 
     async def _handshake(self, client: AcpClient, cwd: str) -> AcpSession | None:
         """initialize, session/new (authenticating once when demanded); None after a failure."""
@@ -1108,6 +1172,73 @@ class AcpRun(DisposeOnExit):
         too_large = prompt_size_error(text, self.provider.max_line_bytes)
         if too_large is not None:
             return SubagentResult(output="", stop_reason="error", error=f"not sent: {too_large}")
+        charges = self._charges
+        if charges is None:
+            return await self._turn(session, text, None)
+        account = charges.account
+        spent_already = account.check()
+        if spent_already is not None:
+            # Spent before this turn (a resume after a stop, or by the tree meanwhile): nothing is sent.
+            self._output = TurnOutput(self.provider.max_output_chars)
+            return self._budget_stopped(SubagentResult(output="", stop_reason="cancelled"), spent_already)
+        charges.begin_turn()
+        stopped: list[LimitHit] = []  # the cap that stopped the turn while it ran
+        exhausted = anyio.Event()
+
+        def on_exhausted(hit: LimitHit) -> None:
+            # Called on whichever task charged (the connection's, a sibling's): the turn is stopped
+            # from a watcher of its own.
+            if not stopped:
+                stopped.append(hit)
+                exhausted.set()
+
+        stop_listening = account.on_exhausted(on_exhausted)
+        try:
+            result = await self._turn(session, text, charges, exhausted)
+        finally:
+            stop_listening()
+        if result.stop_reason == "error" and self._output is not None and self._output.truncated:
+            return budget_result(result, account)  # the output limit stopped it first
+        if result.usage is not None:
+            # The prompt response's counts: what the turn's updates had not reported yet.
+            charges.end_turn(result.usage)
+        if stopped:
+            return self._budget_stopped(result, stopped[0], usage=charges.turn_usage())
+        if result.stop_reason == "budget" and result.limit is not None:
+            # The agent enforced the budget sent to it: ours, as it was left to this run.
+            hit = account.exhausted or dataclasses.replace(result.limit, owner=account.owner)
+            return self._budget_stopped(result, hit)
+        if account.exhausted is not None:
+            # The agent ended the turn itself, and its last report passed a cap: its answer stands whole.
+            return self._budget_stopped(result, account.exhausted, final=result.stop_reason == "completed")
+        return budget_result(result, account)
+
+    def _budget_stopped(
+        self, result: SubagentResult, hit: LimitHit, *, usage: Usage | None = None, final: bool = False
+    ) -> SubagentResult:
+        """``result`` as a turn stopped by the budget: ``budget``, the cap, the output and usage kept."""
+        charges = self._charges
+        assert charges is not None
+        currency = charges.account.spent().cost_currency
+        stopped = SubagentResult(
+            output=result.output,
+            stop_reason="budget",
+            error=f"stopped by its budget: {hit.describe(currency)}",
+            usage=result.usage if result.usage is not None else usage,
+            limit=hit,
+            output_final=final,
+        )
+        return budget_result(stopped, charges.account)
+
+    async def _turn(
+        self,
+        session: AcpSession,
+        text: str,
+        charges: RunCharges | None,
+        exhausted: anyio.Event | None = None,
+    ) -> SubagentResult:
+        """One prompt, watched: the inactivity timeout, the output limit, and with ``charges`` the run's
+        budget (each update charged; ``exhausted`` set cancels the turn; the deadline exhausts it)."""
         self._output = output = TurnOutput(
             self.provider.max_output_chars, max_messages=self.provider.max_kept_updates
         )
@@ -1119,6 +1250,8 @@ class AcpRun(DisposeOnExit):
             # already appended the update to `self.updates` (bounded: the oldest falls out) and fed
             # `output`, whose length is therefore known here.
             self._update_count += 1
+            if charges is not None:
+                charges.take(update)
             if output.truncated and not overflowed.is_set():
                 overflowed.set()
             if listeners:
@@ -1147,6 +1280,15 @@ class AcpRun(DisposeOnExit):
                 await self.cancel()
 
             watchers.start_soon(on_overflow)
+            if charges is not None and exhausted is not None:
+
+                async def on_budget() -> None:
+                    await exhausted.wait()
+                    await self.cancel()
+
+                watchers.start_soon(on_budget)
+                if charges.account.deadline is not None:
+                    watchers.start_soon(_expire_at_deadline, charges.account)
             with anyio.CancelScope() as self._turn_scope:
                 try:
                     turn = await session.prompt(
@@ -1210,6 +1352,17 @@ class AcpRun(DisposeOnExit):
             stop = "timeout"
             error = f"inactive for more than {timeout:g} s" if timeout is not None else None
         usage = usage_from_acp(turn.usage)
+        served_hit = _served_budget_hit(turn.meta)
+        if served_hit is not None and stop != "completed":
+            # An agent that enforces the budget it was sent (`subagent serve`) says which cap stopped it.
+            return SubagentResult(
+                output=turn.output,
+                stop_reason="budget",
+                error=f"stopped by its budget: {served_hit.describe()}",
+                usage=usage,
+                limit=served_hit,
+                output_final=False,
+            )
         return SubagentResult(output=turn.output, stop_reason=stop, error=error, usage=usage)
 
     # -- bookkeeping ---------------------------------------------------------------------------------
@@ -1281,6 +1434,15 @@ class _TracedPolicy:
             telemetry.end_span(span, failure)
 
 
+async def _expire_at_deadline(account: BudgetAccount) -> None:
+    """Exhaust ``account`` once its chain's deadline has passed (its listeners then stop the turn)."""
+    while account.expire() is None:
+        left = account.remaining().max_seconds
+        if left is None:
+            return
+        await anyio.sleep(left)
+
+
 async def _watch_idle(session: AcpSession, timeout: float, on_timeout: Any) -> None:
     """Call ``on_timeout`` after ``timeout`` seconds of silence; waiting on a permission answer is
     not silence."""
@@ -1293,6 +1455,36 @@ async def _watch_idle(session: AcpSession, timeout: float, on_timeout: Any) -> N
             await on_timeout()
             return
         await anyio.sleep(remaining)
+
+
+def _served_budget_hit(meta: Mapping[str, Any] | None) -> LimitHit | None:
+    """The cap a prompt response's ``_meta`` says stopped the turn (``subagent serve``'s answer to a
+    turn its budget stopped), if it says one in the expected shape."""
+    raw = meta.get(BUDGET_META_KEY) if meta is not None else None
+    if not isinstance(raw, Mapping):
+        return None
+    limit, allowed, spent, needed = (raw.get(key) for key in ("limit", "allowed", "spent", "needed"))
+    if limit not in BUDGET_FIELDS or not _is_number(allowed) or not _is_number(spent):
+        return None
+    return LimitHit(
+        limit=limit,
+        allowed=float(allowed),
+        spent=float(spent),
+        needed=float(needed) if _is_number(needed) else None,
+    )
+
+
+def _is_number(value: object) -> TypeGuard[float]:
+    """Whether ``value`` is a JSON number (a bool is not one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _why_not(cap: str, reports: frozenset[UsageReport]) -> str:
+    """Why an ACP child cannot be held to ``cap``, for the refusal."""
+    if cap == "max_turns":
+        return "an agent's model calls are not visible over ACP"
+    said = " and ".join(sorted(reports)) if reports else "nothing"
+    return f"its agent reports {said} of what it spends (reports_usage)"
 
 
 def _additional_directories(cwd: str, paths: Sequence[str], *, check: bool) -> tuple[list[str], str | None]:

@@ -64,8 +64,12 @@ Steps (``{"step": <kind>, ...}``)
     ``tool_call_update`` {toolCallId, and any of those fields}; ``plan`` {entries: [{content,
     priority="medium", status="pending"}]}; ``usage`` {used, size, cost?} (a ``usage_update``);
     ``update`` {update, sessionId?}: any raw update object, unknown kinds included, optionally for another
-    session id; ``echo`` {prefix=""}: the prompt's text back as a message; ``flood`` {count, text="{i}"}:
-    ``count`` message chunks as fast as possible, ``{i}`` replaced by the chunk's index (from 0).
+    session id (Qwen Code's report of a model call's usage is one: an ``agent_message_chunk`` with empty
+    text and ``"_meta": {"usage": {"inputTokens", "outputTokens", "totalTokens"}}``; claude-agent-acp's is
+    a ``usage`` step whose ``cost`` {amount, currency} is what the session has cost so far, then its
+    prompt response's ``usage``, a ``stop`` step's); ``echo`` {prefix=""}: the prompt's text back as a
+    message; ``flood`` {count, text="{i}"}: ``count`` message chunks as fast as possible, ``{i}``
+    replaced by the chunk's index (from 0).
 
     Asking the client: ``permission`` {toolCall?, options?, branches={}, report=false} asks
     ``session/request_permission`` (``toolCall`` defaults to ``{"toolCallId": <the session's last tool
