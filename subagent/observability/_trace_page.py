@@ -35,10 +35,10 @@ Clicking a bar (or its label) shows its details: the prompt, the output, the usa
 its times and its marks. A run its budget stopped has a badge on its bar (``budget: max_tokens 10,312 of
 10,000``), and its details give the limit and what it spent beside each cap: read from the ``end``
 event for the root, and from a run's last update's ``_meta`` (``limit``, ``budget``, ``spent``, as
-:mod:`subagent._budget_codec` writes them) for the others; a cap's name must be one the budget knows. A child's prompt is the
-``prompt`` argument of one of its parent's delegating tool calls (the first not matched yet whose
-start the run's title quotes, else the first not matched yet); its output is the excerpt its run's
-last update carries.
+:mod:`subagent._budget_codec` writes them) for the others; a cap's name must be one the budget knows.
+A child's prompt is the ``prompt`` argument of one of its parent's delegating tool calls (the first
+not matched yet whose start the run's title quotes, else the first not matched yet); its output is the
+excerpt its run's last update carries.
 The root's prompt comes from a ``prompt`` event (``subagent run --trace`` and ``--events-file``
 write one) and its output is its streamed text.
 
