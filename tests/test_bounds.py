@@ -139,14 +139,29 @@ def hostile_events() -> Iterator[dict[str, Any]]:
     """A stream that fills every cap of the page at once, each number at its widest and each string
     escaped (``<`` and ``&`` take six bytes each on the page): the most runs, the most marks (short
     labels first, so the marks' cap is reached before the labels' budget), titles and providers that spend
-    the labels' budget, outputs that spend the texts' budget, usage with every count at 2**53."""
+    the labels' budget, outputs that spend the texts' budget, usage with every count at 2**53, and a
+    budget, its spent and its limit on every run."""
     far, near = -1e12, 1e12  # the furthest times taken: the page spans 2e12 seconds
     yield event("start", far, runId="cli", agent={"name": LONG})
     yield event("prompt", near, text=LONG, chars=2**53)
     usage = {key: 2**53 for key, _ in COUNT_FIELDS} | {
         "cost": {"amount": -2.2250738585072014e-308, "currency": LONG}
     }
-    meta = {RUN_META_KEY: {"usage": usage, "elapsedSeconds": -999_999_999_999.999}}
+    tiny = 2.2250738585072014e-308  # a cap and an amount are >= 0: the widest such float
+    widest = -tiny
+    limit = {"limit": "max_tool_calls", "allowed": widest, "spent": widest, "owner": None, "needed": widest}
+    caps = dict.fromkeys(("max_tokens", "max_cost", "max_seconds", "max_tool_calls", "max_turns"), tiny)
+    spent = {"tokens": 2**53, "toolCalls": 2**53, "turns": 2**53, "cost": tiny, "seconds": tiny,
+             "costCurrency": LONG}  # fmt: skip
+    meta = {
+        RUN_META_KEY: {
+            "usage": usage,
+            "elapsedSeconds": -999_999_999_999.999,
+            "limit": limit,
+            "budget": caps,
+            "spent": spent,
+        }
+    }
     for index in range(MAX_RUNS - 1):  # and the root
         text = "<" * MAX_TEXT_CHARS if index < 200 else ""
         content = [{"type": "content", "content": {"type": "text", "text": text}}]
@@ -174,14 +189,14 @@ def test_a_maximally_hostile_events_file_makes_a_page_under_max_page_bytes(
     assert (runs[-1]["title"], runs[-1]["provider"]) == ("", "")
     assert runs[1]["output"] == "<" * MAX_TEXT_CHARS
     assert runs[200]["output"] == ""
-    assert 0.85 * MAX_PAGE_BYTES < len(html) <= MAX_PAGE_BYTES  # 13.7 MB of 15.9 measured
+    assert 0.85 * MAX_PAGE_BYTES < len(html) <= MAX_PAGE_BYTES  # 16.8 MB of 19.0 measured
 
 
 def test_max_page_bytes_is_the_figure_the_module_and_the_readme_state() -> None:
     from subagent.observability import _trace_page as trace_page
 
     figure = f"{MAX_PAGE_BYTES / 2**20:.1f} MiB"
-    assert figure == "15.2 MiB"
+    assert figure == "18.1 MiB"
     assert f"at most :data:`MAX_PAGE_BYTES` ({figure})" in " ".join((trace_page.__doc__ or "").split())
     assert f"at most {figure}" in " ".join(README.read_text().split())
 

@@ -79,6 +79,23 @@ def samples(root: Path) -> dict[str, Sample]:
         ),
         "timeout": Sample(["--timeout", "9"], "timeout = 9", lambda spec: spec.timeout, 9.0),
         "ready_timeout": Sample(None, "ready_timeout = 3", lambda spec: spec.ready_timeout, 3.0),
+        "max_tokens": Sample(
+            ["--max-tokens", "1000"], "max_tokens = 1000", lambda spec: spec.max_tokens, 1000
+        ),
+        "max_cost": Sample(["--max-cost", "0.5"], "max_cost = 0.5", lambda spec: spec.max_cost, 0.5),
+        "max_seconds": Sample(
+            ["--max-seconds", "60"], "max_seconds = 60", lambda spec: spec.max_seconds, 60.0
+        ),
+        "max_tool_calls": Sample(
+            ["--max-tool-calls", "7"], "max_tool_calls = 7", lambda spec: spec.max_tool_calls, 7
+        ),
+        "max_turns": Sample(["--max-turns", "4"], "max_turns = 4", lambda spec: spec.max_turns, 4),
+        "reports_usage": Sample(
+            ["--reports-usage", "tokens"],
+            'reports_usage = ["tokens"]',
+            lambda spec: tuple(spec.reports_usage or ()),
+            ("tokens",),
+        ),
         "auth_method": Sample(
             ["--auth-method", "login"], 'auth_method = "login"', lambda spec: spec.auth_method, "login"
         ),

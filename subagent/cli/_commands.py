@@ -22,14 +22,16 @@ from typing import Any, Final, Literal
 
 import anyio
 
+from subagent._budget_codec import budget_to_json, limit_to_json, spend_to_json
 from subagent._usage_codec import usage_to_acp
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.acp.transports._channel import Transport
 from subagent.acp.transports._schemes import transport_from_url
 from subagent.acp.transports._ssh import SshTransport
-from subagent.cli._config import AgentConfig, config_search_path, find_config, load_config
+from subagent.cli._config import AgentConfig, Config, config_search_path, find_config, load_config
 from subagent.cli._console import Console, is_terminal, print_json, print_stdout, use_color
 from subagent.cli._exits import (
+    EXIT_BUDGET,
     EXIT_COMPLETED,
     EXIT_NOT_COMPLETED,
     EXIT_USAGE,
@@ -100,11 +102,14 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
             "no agent to run: put its command after `--` (e.g. `subagent run -- npx "
             "@agentclientprotocol/claude-agent-acp`) or name a configured one with --agent NAME"
         )
+    config: Config | None = None
     if args.agent is not None:
-        agent = configured_agent(args.agent, args.config)
+        config, agent = _config_and_agent(args.agent, args.config)
         command = list(agent.command)
     assert command
-    values = merge(RUN_OPTIONS, args, agent.options if agent else {})
+    # The file's [budget] caps hold for every agent of it, under the agent's own keys of those names.
+    settings = {**config.budget, **agent.options} if config is not None and agent is not None else {}
+    values = merge(RUN_OPTIONS, args, settings)
     transport = _with_ssh_options(
         _transport(values["transport"]), values["ssh_config"], values["ssh_options"]
     )
@@ -145,6 +150,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         answers=answers,
         transport=transport,
         progress=_progress_wanted(values, default=is_terminal(sys.stderr)),
+        prices=config.prices if config is not None else None,
     )
     return _execute(spec)
 
@@ -279,6 +285,11 @@ def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
 
 def configured_agent(name: str, explicit_config: str | None) -> AgentConfig:
     """The agent ``name`` of the config (``--config``, else the first found); a usage error if none."""
+    return _config_and_agent(name, explicit_config)[1]
+
+
+def _config_and_agent(name: str, explicit_config: str | None) -> tuple[Config, AgentConfig]:
+    """The config (``--config``, else the first found) and its agent ``name``; a usage error if none."""
     path = find_config(explicit_config)
     if path is None:
         looked = ", ".join(str(candidate) for candidate in config_search_path())
@@ -288,7 +299,7 @@ def configured_agent(name: str, explicit_config: str | None) -> AgentConfig:
     if agent is None:
         known = ", ".join(config.agents) or "none"
         raise UsageError(f"--agent {name}: no agent named {name!r} in {path} (configured: {known})")
-    return agent
+    return config, agent
 
 
 def agents_command(args: argparse.Namespace, command: list[str] | None) -> int:
@@ -401,6 +412,14 @@ def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
             report["subtreeUsage"] = usage_to_acp(outcome.subtree_usage)
         if outcome.runs:
             report["runs"] = list(outcome.runs.values())
+        if result.budget is not None or result.stop_reason == "budget":
+            # Only a run with a budget: the object of one without stays as it always was.
+            report |= {
+                "outputFinal": result.output_final,
+                "limit": limit_to_json(result.limit),
+                "budget": budget_to_json(result.budget),
+                "spent": spend_to_json(result.spent),
+            }
         print_json(report)
     elif result.output and outcome.start_error is None:
         print_stdout(result.output if result.output.endswith("\n") else result.output + "\n")
@@ -408,11 +427,19 @@ def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
         if not spec.events:
             console.line(f"{PROG}: the agent failed to start: {outcome.start_error}")
         return EXIT_USAGE
-    if not result.ok and not spec.events:
+    currency = result.spent.cost_currency if result.spent is not None else None
+    if result.stop_reason == "budget" and not spec.events:
+        cap = result.limit.describe(currency) if result.limit is not None else "a cap was passed"
+        console.line(f"{PROG}: the turn was stopped by its budget: {cap}")
+    elif not result.ok and not spec.events:
         detail = f": {result.error}" if result.error else ""
         console.line(f"{PROG}: the turn ended with stop reason {result.stop_reason!r}{detail}")
+    if result.budget is not None and result.spent is not None and not spec.events:
+        console.line(f"{PROG}: budget: {result.spent.describe(result.budget)}")
     if spec.demo and not spec.events:
         console.line(
             f"That was the bundled stub agent (no network, no keys). To drive a real one: {_REAL_AGENT_HINT}"
         )
+    if result.stop_reason == "budget":
+        return EXIT_BUDGET
     return EXIT_COMPLETED if result.ok else EXIT_NOT_COMPLETED

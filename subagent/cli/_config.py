@@ -19,6 +19,12 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     permission = "ask"                            # "allow", "deny" or "ask"
     timeout = 600                                 # inactivity timeout of a turn, in seconds
     ready_timeout = 120                           # spawn to a ready session, in seconds
+    max_tokens = 200000                           # the run's budget: input plus output tokens,
+    max_cost = 2.5                                # its cost, wall time, tool calls and model
+    max_seconds = 900                             # calls (as --max-*: the run and its subagents
+    max_tool_calls = 200                          # together; over one: stop reason "budget")
+    max_turns = 50
+    reports_usage = ["tokens"]                    # what the agent reports: "tokens", "cost"
     auth_method = "claude-login"                  # used when the agent demands authentication
     fs = false                                    # offer no fs/* to the agent (default: true)
     subagents = false                             # do not advertise ACP subagents (default: true)
@@ -27,6 +33,24 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     transport = "ssh://build-1"                   # where it runs (default: "local"); see below
     ssh_config = "ssh/build.conf"                 # over ssh://: ssh's config file (ssh -F)
     ssh_options = ["ConnectTimeout=20"]           # over ssh://: more ssh -o options
+
+Two more tables hold for every agent of the file: ``[budget]``, caps any agent's run gets unless its
+own table (or a flag) sets that cap; and ``[prices]``, what each model's tokens cost, per million, for
+``max_cost`` over an agent that reports its tokens but no cost (a model is found by its name, else by
+the longest name it starts with)::
+
+    [budget]
+    max_cost = 5.0
+    max_seconds = 1800
+
+    [prices]
+    currency = "USD"                              # the currency of every price (default: USD)
+
+    [prices."claude-sonnet-4-5"]
+    input = 3.0                                   # per million input tokens
+    output = 15.0
+    cached_read = 0.3                             # cached reads and writes (default: input's price)
+    cached_write = 3.75
 
 Every key but ``description``, ``command`` and ``args`` sets the ``subagent run`` option of the same name,
 and is declared with it in :data:`subagent.cli._options.RUN_OPTIONS` (its type, and the words of its
@@ -52,7 +76,9 @@ an agent that does not run over SSH.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 import re
 import tomllib
@@ -64,7 +90,8 @@ from typing import Annotated, Any, Final
 
 import msgspec
 
-from subagent.cli._options import OPTION_KEYS, RUN_OPTIONS, Argument, ConfigKey, Program
+from subagent.budget import Price, PriceTable
+from subagent.cli._options import BUDGET_OPTIONS, OPTION_KEYS, RUN_OPTIONS, Argument, ConfigKey, Program
 
 __all__ = [
     "AGENT_KEYS",
@@ -219,10 +246,16 @@ class AgentConfig:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """The agents of one config file, in file order."""
+    """The agents of one config file, in file order, and the budget and prices its runs share."""
 
     path: Path
     agents: Mapping[str, AgentConfig]
+    budget: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The ``[budget]`` table: a cap for every agent's run by option name (``max_tokens``...), under an
+    agent's own key of that name and the flag."""
+    prices: PriceTable | None = None
+    """The ``[prices]`` table: what each model's tokens cost, for ``max_cost`` over an agent that reports
+    tokens but no cost (None: the file has none)."""
 
 
 def user_config_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -301,6 +334,10 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
         ConfigError: the data breaks the schema.
     """
     location = Path(path)
+    data = dict(data)
+    # Checked by hand, before the agents: their errors name their keys as the agents' do.
+    budget = _budget_table(data.pop("budget", {}), location)
+    prices = _price_table(data.pop("prices", None), location)
     try:
         agents = msgspec.structs.asdict(msgspec.convert(data, ConfigFile, strict=True))["agents"]
     except msgspec.ValidationError as exc:
@@ -314,7 +351,102 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
             name: _agent_config(name, table, location, remote=name in remote)
             for name, table in tables.items()
         },
+        budget=budget,
+        prices=prices,
     )
+
+
+def _budget_table(table: Any, location: Path) -> dict[str, Any]:
+    """The ``[budget]`` table's caps by option name; ConfigError naming the key that is wrong."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(
+            location,
+            f"must be a table of caps, e.g. [budget] max_tokens = 100000, not {_toml_type(table)}",
+            key="budget",
+        )
+    caps: dict[str, Any] = {}
+    for name, value in table.items():
+        key = _key_text(["budget", name])
+        if name not in BUDGET_OPTIONS:
+            raise ConfigError(location, f"unknown key (known keys: {', '.join(BUDGET_OPTIONS)})", key=key)
+        config = OPTION_KEYS[name]
+        if _fails(value, config.type):
+            shown = (
+                repr(value)
+                if isinstance(value, int | float) and not isinstance(value, bool)
+                else _toml_type(value)
+            )
+            raise ConfigError(location, f"must be {config.expected}, not {shown}", key=key)
+        caps[name] = value
+    return caps
+
+
+_PRICE_FIELDS: Final = ("input", "output", "cached_read", "cached_write")
+"""The keys of a model's price table, per million tokens."""
+
+
+def _price_table(table: Any, location: Path) -> PriceTable | None:
+    """The ``[prices]`` table: ``currency`` (default USD) and one table per model of its prices per
+    million tokens; ConfigError naming the key that is wrong."""
+    if table is None:
+        return None
+    if not isinstance(table, Mapping):
+        raise ConfigError(
+            location,
+            f'must be a table of models, e.g. [prices."model-name"], not {_toml_type(table)}',
+            key="prices",
+        )
+    currency = table.get("currency", "USD")
+    if not isinstance(currency, str) or not currency.strip() or len(currency) > 16:
+        raise ConfigError(
+            location,
+            f'must be a currency\'s name of 1 to 16 characters, e.g. "USD", not {_toml_type(currency)}',
+            key="prices.currency",
+        )
+    prices: dict[str, Price] = {}
+    for model, fields in table.items():
+        if model == "currency":
+            continue
+        where = ["prices", model]
+        if not isinstance(fields, Mapping):
+            raise ConfigError(
+                location,
+                "must be a model's prices per million tokens, e.g. { input = 3.0, output = 15.0 }, "
+                f"not {_toml_type(fields)}",
+                key=_key_text(where),
+            )
+        for name, value in fields.items():
+            if name not in _PRICE_FIELDS:
+                raise ConfigError(
+                    location,
+                    f"unknown key (known keys: {', '.join(_PRICE_FIELDS)})",
+                    key=_key_text([*where, name]),
+                )
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                shown = (
+                    repr(value)
+                    if isinstance(value, int | float) and not isinstance(value, bool)
+                    else _toml_type(value)
+                )
+                raise ConfigError(
+                    location,
+                    f"must be a price per million tokens, a number >= 0, not {shown}",
+                    key=_key_text([*where, name]),
+                )
+        for name in ("input", "output"):
+            if name not in fields:
+                raise ConfigError(
+                    location,
+                    "missing: the price per million tokens, e.g. input = 3.0",
+                    key=_key_text([*where, name]),
+                )
+        prices[model] = Price(**{name: float(value) for name, value in fields.items()})
+    return PriceTable(prices, currency=currency)
 
 
 def _agent_config(name: str, table: Mapping[str, Any], source: Path, *, remote: bool) -> AgentConfig:
@@ -424,7 +556,7 @@ def _explain(error: str, data: Mapping[str, Any]) -> tuple[str | None, str]:
         unknown = next(name for name in value if name not in known)
         key = _key_text([*keys, unknown])
         if not keys:
-            return key, "unknown key (the only top-level table is [agents])"
+            return key, "unknown key (the top-level tables are [agents], [budget] and [prices])"
         return key, f"unknown key (known keys: {', '.join(AGENT_KEYS)})"
     if what.startswith("Object missing required field"):
         return _key_text([*keys, "command"]), 'missing: the program to run, e.g. command = "npx"'

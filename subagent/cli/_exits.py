@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Final, NoReturn
 
 __all__ = [
+    "EXIT_BUDGET",
     "EXIT_COMPLETED",
     "EXIT_NOT_COMPLETED",
     "EXIT_USAGE",
@@ -38,6 +39,8 @@ EXIT_NOT_COMPLETED: Final = 1
 """The turn ended any other way: refused, cut short, failed, timed out, cancelled or interrupted."""
 EXIT_USAGE: Final = 2
 """Bad usage, a bad config, or an agent that failed to start."""
+EXIT_BUDGET: Final = 3
+"""The turn was stopped by its budget (stop reason ``budget``): a ``--max-*`` cap was passed."""
 
 
 class UsageError(Exception):

@@ -79,8 +79,19 @@ exit status:
   0 the turn completed; 1 it ended any other way (refusal, max_tokens, max_turns, timeout,
   error, cancelled); 2 bad usage, a bad config, a prompt too large to send (over {MAX_PROMPT_MIB} MiB as
   one JSON message; no agent is started), the agent failed to start (the message names
-  the command, its exit status and the tail of its stderr), or the --trace page could not
-  be written.
+  the command, its exit status and the tail of its stderr), a --max-* cap the agent cannot
+  be held to (it does not report what the cap counts), or the --trace page could not be
+  written; 3 the turn was stopped by its budget (stop reason "budget": a --max-* cap was
+  passed; the message names the cap, what was spent and whose budget it was).
+
+budget:
+  --max-tokens, --max-cost, --max-seconds, --max-tool-calls and --max-turns cap what the run
+  and its subagents spend together (the agent's keys of those names in the config, else
+  the config's [budget] table, when not given). At the end stderr says what was spent beside
+  each cap ("subagent: budget: 1,234 of 10,000 tokens"); --json adds "outputFinal",
+  "budget" (the caps, by name), "spent" ({{"tokens", "cost", "costCurrency", "seconds",
+  "toolCalls", "turns"}}) and "limit" (the cap that stopped it: {{"limit", "allowed",
+  "spent", "owner", "needed"}}, else null), and so does the end event of --events.
 
 interrupts:
   Ctrl-C once cancels the turn (session/cancel; an agent that ignores it is torn down after

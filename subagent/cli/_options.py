@@ -29,6 +29,7 @@ from subagent.cli._exits import UsageError
 from subagent.cli._permission import PermissionMode
 
 __all__ = [
+    "BUDGET_OPTIONS",
     "DEMO_OPTIONS",
     "OPTION_KEYS",
     "RUN_OPTIONS",
@@ -59,6 +60,12 @@ SshOption = Annotated[str, msgspec.Meta(pattern=rf"\A{SSH_OPTION.pattern}\Z")]
 """A :data:`SSH_OPTION` in a config file."""
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
 """A positive, finite number of seconds."""
+Count = Annotated[int, msgspec.Meta(ge=0)]
+"""A whole number >= 0 (a budget's tokens, tool calls, turns)."""
+Amount = Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)]
+"""A finite number >= 0 (a budget's cost, a price)."""
+UsageReport = Literal["tokens", "cost"]
+"""What an agent reports of its usage, for the budget caps its provider can enforce."""
 Environment = dict[EnvName, Argument]
 """An agent's ``env`` table: variables merged over the caller's environment."""
 Settings = dict[NonBlank, str | bool]
@@ -162,6 +169,40 @@ def _seconds(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
     return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 0, not {text!r}")
+    return value
+
+
+def _amount(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, not {text!r}")
+    return value
+
+
+def _usage_reports(text: str) -> tuple[UsageReport, ...]:
+    """``tokens,cost`` (or ``none``) as the kinds of usage an agent reports."""
+    if text.strip() == "none":
+        return ()
+    words = [word.strip() for word in text.split(",")]
+    known = typing.get_args(UsageReport)
+    for word in words:
+        if word not in known:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {', '.join(known)} (or none), not {text!r}"
+            )
+    return tuple(dict.fromkeys(typing.cast(list[UsageReport], words)))
 
 
 def _non_blank(text: str) -> str:
@@ -276,6 +317,61 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
         config=ConfigKey(Seconds, _SECONDS),
     ),
     Option("ready_timeout", config=ConfigKey(Seconds, _SECONDS)),
+    Option(
+        "max_tokens",
+        ("--max-tokens",),
+        "stop the run with stop reason 'budget' (exit 3) once it and its subagents have used more than N "
+        "tokens, input plus output (default: the agent's `max_tokens` in the config, else [budget]'s, "
+        "else no cap)",
+        metavar="N",
+        parse=_count,
+        config=ConfigKey(Count, "a whole number >= 0"),
+    ),
+    Option(
+        "max_cost",
+        ("--max-cost",),
+        "likewise once they cost more than X, in the currency the agent reports or the config's "
+        "[prices] price it in",
+        metavar="X",
+        parse=_amount,
+        config=ConfigKey(Amount, "a number >= 0"),
+    ),
+    Option(
+        "max_seconds",
+        ("--max-seconds",),
+        "likewise after S seconds of wall time from the start (unlike --timeout, which counts silence)",
+        metavar="S",
+        parse=_seconds,
+        config=ConfigKey(Seconds, _SECONDS),
+    ),
+    Option(
+        "max_tool_calls",
+        ("--max-tool-calls",),
+        "likewise once they have made more than N tool calls",
+        metavar="N",
+        parse=_count,
+        config=ConfigKey(Count, "a whole number >= 0"),
+    ),
+    Option(
+        "max_turns",
+        ("--max-turns",),
+        "likewise once they have made more than N model calls",
+        metavar="N",
+        parse=_count,
+        config=ConfigKey(Count, "a whole number >= 0"),
+    ),
+    Option(
+        "reports_usage",
+        ("--reports-usage",),
+        "what the agent reports of its usage as it works, tokens, cost or both (comma-separated; none: "
+        "nothing), so which caps can be enforced on it; an agent that reports neither cannot run under a "
+        "cap (exit 2) (default: the agent's `reports_usage` in the config, else what is known of the agent)",
+        metavar="tokens,cost",
+        parse=_usage_reports,
+        config=ConfigKey(
+            list[UsageReport], 'an array of "tokens" and "cost", e.g. ["tokens"]', item='"tokens" or "cost"'
+        ),
+    ),
     Option(
         "auth_method",
         ("--auth-method",),
@@ -414,6 +510,9 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
 
 DEMO_OPTIONS: Final = tuple(option for option in RUN_OPTIONS if option.demo)
 """The options ``subagent demo`` takes too."""
+
+BUDGET_OPTIONS: Final = tuple(option.name for option in RUN_OPTIONS if option.name.startswith("max_"))
+"""The options that set a cap of the run's :class:`~subagent.types.Budget`, named like its fields."""
 
 OPTION_KEYS: Final = {option.name: option.config for option in RUN_OPTIONS if option.config is not None}
 """The config keys that set options, in documented order."""

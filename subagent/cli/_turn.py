@@ -7,6 +7,7 @@ an interrupt, a teardown, a denial the agent gave up on) into an :class:`TurnOut
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import shlex
 import time
@@ -23,15 +24,17 @@ from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.client import SubagentSession
 from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.acp.transports._channel import Transport
+from subagent.budget import PriceTable
 from subagent.cli._console import sanitize
 from subagent.cli._exits import UsageError
 from subagent.cli._interrupts import Interrupts
+from subagent.cli._options import UsageReport
 from subagent.cli._permission import AnswerSource, PermissionMode, permission_policy
 from subagent.cli._tool_call_tracker import ToolCalls, ToolCallState
 from subagent.cli._views import RunView, StartInfo, run_meta
 from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
 from subagent.service import ServiceRun, SubagentService
-from subagent.types import SubagentError, SubagentRequest, SubagentResult, Usage, sum_usage
+from subagent.types import Budget, SubagentError, SubagentRequest, SubagentResult, Usage, sum_usage
 
 __all__ = ["TurnOutcome", "TurnSpec", "drive"]
 
@@ -73,6 +76,28 @@ class TurnSpec:
     """Where the trace page is written when the run ends."""
     progress: bool = False
     demo: bool = False
+    max_tokens: int | None = None
+    max_cost: float | None = None
+    max_seconds: float | None = None
+    max_tool_calls: int | None = None
+    max_turns: int | None = None
+    """The caps of the run's budget (``--max-*``), each None when not capped."""
+    reports_usage: Sequence[UsageReport] | None = None
+    """What the agent reports of its usage (``--reports-usage``; None: what is known of the agent)."""
+    prices: PriceTable | None = None
+    """The config's ``[prices]``, for ``max_cost`` over an agent that reports tokens but no cost."""
+
+    @property
+    def budget(self) -> Budget | None:
+        """The run's caps (None: none)."""
+        budget = Budget(
+            max_tokens=self.max_tokens,
+            max_cost=self.max_cost,
+            max_seconds=self.max_seconds,
+            max_tool_calls=self.max_tool_calls,
+            max_turns=self.max_turns,
+        )
+        return budget if budget.fields() else None
 
 
 @dataclass(slots=True)
@@ -229,15 +254,18 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
             mode=spec.mode,
             config_options=spec.config_options,
             ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
+            **_usage_reports(spec),
         )
     except (ValueError, TypeError) as exc:
         # A command or environment no process could receive (a NUL in an argument, say).
         raise UsageError(str(exc)) from None
+    _check_caps(provider, spec)
     request = SubagentRequest(
         prompt=spec.prompt,
         cwd=spec.cwd,
         timeout=spec.timeout,
         additional_directories=spec.additional_directories,
+        budget=spec.budget,
     )
     began = time.monotonic()
     run_costs: dict[str, Usage] = {}
@@ -251,7 +279,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
         # task group below, before the gate reports the end.
         outer.start_soon(view.tick)
         try:
-            async with SubagentService() as service:
+            async with SubagentService(prices=spec.prices) as service:
                 service.register_provider(provider)
                 gate.spawning(spec.command, spec.cwd)
                 run = service.start(provider.name, request)
@@ -297,6 +325,36 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
     if outcome.start_error is None:
         gate.ended(outcome.result, outcome.elapsed)
     return outcome
+
+
+def _usage_reports(spec: TurnSpec) -> dict[str, Any]:
+    """``reports_usage`` for the provider, when the user said what the agent reports."""
+    if spec.reports_usage is None:
+        return {}
+    # The acp provider learns this parameter in the same release as budgets: refused clearly until then.
+    if "reports_usage" not in inspect.signature(AcpProvider).parameters:
+        raise UsageError("--reports-usage: this version's acp provider cannot be told what its agent reports")
+    return {"reports_usage": tuple(spec.reports_usage)}
+
+
+def _check_caps(provider: AcpProvider, spec: TurnSpec) -> None:
+    """Refuse, before any agent is spawned, a cap the agent cannot be held to: it does not report what
+    the cap counts (the service would refuse the run the same way)."""
+    budget = spec.budget
+    if budget is None:
+        return
+    unenforced = [cap for cap in budget.fields() if not provider.capabilities.supports(cap)]
+    if not unenforced:
+        return
+    flags = ", ".join("--" + cap.replace("_", "-") for cap in unenforced)
+    enforced = (
+        ", ".join("--" + cap.replace("_", "-") for cap in sorted(provider.capabilities.budget)) or "none"
+    )
+    raise UsageError(
+        f"{flags}: the agent cannot be held to {'it' if len(unenforced) == 1 else 'them'}: it does not "
+        f"report what {'it counts' if len(unenforced) == 1 else 'they count'} as it works (the caps it can "
+        f"be held to: {enforced}). If it does report its usage, say what with --reports-usage tokens,cost"
+    )
 
 
 _MAX_TITLE_CHARS: Final = 200

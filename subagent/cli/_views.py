@@ -22,8 +22,10 @@
   camelCase as on the wire), ``run``, ``permission_request``, ``permission``,
   ``elicitation_request`` (the agent's form: message, title, fields), ``elicitation`` (its action,
   never what was typed), ``interrupt``,
-  ``start_failed``, ``end`` and ``log``; and a ``"time"`` member: when it was written, in seconds
-  since the epoch (milliseconds kept), so a recorded stream can be laid out in time
+  ``start_failed``, ``end`` (``stopReason``, ``error``, ``usage``, ``elapsed``; for a run with a
+  budget also ``outputFinal``, its ``budget``, ``spent`` and the ``limit`` that stopped it, as
+  :mod:`subagent._budget_codec` writes them) and ``log``; and a ``"time"`` member: when it was
+  written, in seconds since the epoch (milliseconds kept), so a recorded stream can be laid out in time
   (``subagent trace``).
 
   ``run`` follows each ``update`` of a tool call that shows one run of the agent's subagent tree
@@ -47,6 +49,7 @@ from typing import Any, Final, TextIO
 
 import anyio
 
+from subagent._budget_codec import budget_to_json, limit_to_json, spend_to_json
 from subagent._text import one_line
 from subagent._usage_codec import usage_to_acp
 from subagent.acp import schema
@@ -583,12 +586,21 @@ class EventView(RunView):
         self.emit("start_failed", error=message)
 
     def ended(self, result: SubagentResult, elapsed: float) -> None:
+        budgeted: dict[str, Any] = {}
+        if result.budget is not None or result.stop_reason == "budget":
+            budgeted = {
+                "outputFinal": result.output_final,
+                "limit": limit_to_json(result.limit),
+                "budget": budget_to_json(result.budget),
+                "spent": spend_to_json(result.spent),
+            }
         self.emit(
             "end",
             stopReason=result.stop_reason,
             error=result.error,
             usage=usage_to_acp(result.usage),
             elapsed=round(elapsed, 3),
+            **budgeted,
         )
 
     def log(self, record: logging.LogRecord, message: str) -> None:

@@ -60,6 +60,7 @@ import anyio
 
 from subagent._outcome import CloseOnExit
 from subagent._text import one_line
+from subagent.budget import BudgetAccount
 from subagent.delegation._results import Spill, SubagentToolResult, map_result, seam_failure
 from subagent.events import Listeners
 from subagent.runtime._inprocess_agent import (
@@ -375,10 +376,20 @@ class BackgroundChildren(CloseOnExit):
     Args:
         service: where the children's runs are started; its task group runs their watchers.
         options: limits, spilling and waking.
+        within: a host's budget ceiling (:class:`~subagent.budget.BudgetAccount`): every child whose
+            parent is not a run of ``service`` is started below it, so they all stay under it together.
     """
 
-    def __init__(self, service: SubagentService, options: BackgroundOptions | None = None) -> None:
+    def __init__(
+        self,
+        service: SubagentService,
+        options: BackgroundOptions | None = None,
+        *,
+        within: BudgetAccount | None = None,
+    ) -> None:
         self._service = service
+        self.within = within
+        """The budget ceiling the children are started within (None: none but their own)."""
         self.options = options if options is not None else BackgroundOptions()
         self._parents: dict[str, _Parent] = {}
         self._notice_listeners: Listeners[Notice] = Listeners(logger, "a background notice listener raised")
@@ -473,7 +484,7 @@ class BackgroundChildren(CloseOnExit):
             parent.queue.append(child)
             parent.signal()
             return child.info()
-        run = self._service.start(provider, request)  # raises SubagentError: nothing kept
+        run = self._service.start(provider, request, within=self.within)  # raises SubagentError: nothing kept
         parent.running += 1
         child.run = run
         child.state = "running"
@@ -546,7 +557,7 @@ class BackgroundChildren(CloseOnExit):
                     handle=handle,
                 )
             try:
-                run = self._service.start(provider, child.request)
+                run = self._service.start(provider, child.request, within=self.within)
             except SubagentError as exc:
                 return seam_failure(
                     exc, lead="the subagent could not be started", provider=provider, handle=handle

@@ -8,10 +8,19 @@ maps the result of a child that ended long after the call that started it.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from subagent.types import ErrorCode, StopReason, SubagentError, SubagentRequest, SubagentResult, Usage
+from subagent.types import (
+    ErrorCode,
+    LimitHit,
+    Spend,
+    StopReason,
+    SubagentError,
+    SubagentRequest,
+    SubagentResult,
+    Usage,
+)
 
 __all__ = ["Spill", "SubagentToolResult", "map_result", "seam_failure"]
 
@@ -22,6 +31,7 @@ _STOP_EXPLANATIONS: dict[StopReason, str] = {
     "max_tokens": "it reached its output token limit.",
     "max_turns": "it reached its limit on turns.",
     "refusal": "it refused the task.",
+    "budget": "it reached a cap of its budget and was stopped.",
 }
 
 
@@ -59,6 +69,8 @@ class SubagentToolResult:
     and ``provider`` name the run when one was started; ``handle`` names a background child.
     ``spill`` is set when ``output`` was too large to show whole: :meth:`render` then shows its head
     and tail with the file that holds it (``output`` itself stays whole, for the host).
+    ``limit`` is the cap (or the timeout) that stopped the child, and ``spent`` what it had spent
+    against its budget, when it ran under one.
     """
 
     is_error: bool
@@ -72,6 +84,8 @@ class SubagentToolResult:
     usage: Usage | None = None
     handle: str | None = None
     spill: Spill | None = None
+    limit: LimitHit | None = None
+    spent: Spend | None = field(default=None, compare=False)  # holds wall time: no two runs alike
 
     @property
     def text(self) -> str:
@@ -150,6 +164,7 @@ def map_result(
             usage=result.usage,
             handle=handle,
             spill=spill,
+            spent=result.spent,
         )
     explanation = _STOP_EXPLANATIONS.get(result.stop_reason, "it stopped early.")
     if result.stop_reason == "error" and result.error:
@@ -158,6 +173,8 @@ def map_result(
         explanation = (
             f"it was silent for longer than the inactivity timeout ({request.timeout:g} s) and was stopped."
         )
+    elif result.stop_reason == "budget":
+        explanation = _budget_explanation(result)
     return SubagentToolResult(
         is_error=True,
         output=result.output,
@@ -168,4 +185,18 @@ def map_result(
         usage=result.usage,
         handle=handle,
         spill=spill,
+        limit=result.limit,
+        spent=result.spent,
     )
+
+
+def _budget_explanation(result: SubagentResult) -> str:
+    """Which cap stopped the run, and what it spent against each of its caps, for the model."""
+    currency = result.spent.cost_currency if result.spent is not None else None
+    if result.limit is None:
+        explanation = _STOP_EXPLANATIONS["budget"]
+    else:
+        explanation = f"it reached a cap of its budget and was stopped ({result.limit.describe(currency)})."
+    if result.spent is not None and result.budget is not None and result.budget.fields():
+        explanation += f" Spent: {result.spent.describe(result.budget)}."
+    return explanation

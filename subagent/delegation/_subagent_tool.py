@@ -38,6 +38,7 @@ from typing import Any, Literal, Self, TypeVar
 import anyio
 
 from subagent._outcome import CloseOnExit, raise_sole_error
+from subagent.budget import BudgetAccount
 from subagent.delegation._background import (
     BackgroundChildren,
     BackgroundError,
@@ -51,7 +52,10 @@ from subagent.runtime._messages import ToolSpec
 from subagent.runtime._tools import InvalidArguments, ToolError, ToolInvocation, parse_arguments
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import (
+    BUDGET_FIELDS,
     START_TIME_FEATURES,
+    Budget,
+    BudgetField,
     Disposer,
     ErrorCode,
     ObservableRun,
@@ -166,6 +170,34 @@ _FEATURE_PROPERTIES: dict[StartTimeFeature, dict[str, Any]] = {
 }
 
 
+_BUDGET_CAP_PROPERTIES: dict[BudgetField, dict[str, Any]] = {
+    "max_tokens": {
+        "type": ["integer", "null"],
+        "minimum": 0,
+        "description": "Input plus output tokens, over all its model calls.",
+    },
+    "max_cost": {
+        "type": ["number", "null"],
+        "minimum": 0,
+        "description": "Cost, in the currency the tool description gives.",
+    },
+    "max_seconds": {
+        "type": ["number", "null"],
+        "exclusiveMinimum": 0,
+        "description": "Wall time from its start, in seconds.",
+    },
+    "max_tool_calls": {"type": ["integer", "null"], "minimum": 0, "description": "Tool calls it makes."},
+    "max_turns": {"type": ["integer", "null"], "minimum": 0, "description": "Model calls it makes."},
+}
+_BUDGET_DESCRIPTION = (
+    "Caps on what the subagent, with every subagent it starts, may spend; it is stopped when it passes "
+    "one, and the result is an error with its partial output. A cap may only be tighter than what is "
+    "left of your own budget (the tool description says what is). Leave a cap out or null for none of "
+    "its own."
+)
+_WHOLE_CAPS: frozenset[BudgetField] = frozenset({"max_tokens", "max_tool_calls", "max_turns"})
+
+
 def _quoted(names: Sequence[str]) -> str:
     # JSON quoting: unambiguous for the model whatever characters a provider name holds.
     return ", ".join(json.dumps(name) for name in names)
@@ -177,6 +209,20 @@ def _code_names(names: Sequence[str]) -> str:
 
 def _supported(snapshot: ProviderSnapshot) -> list[StartTimeFeature]:
     return [feature for feature in START_TIME_FEATURES if snapshot.capabilities.supports(feature)]
+
+
+def _optional_parameters(snapshot: ProviderSnapshot) -> str:
+    """The optional parameters a provider accepts, as its line in the description names them."""
+    names = _code_names(_supported(snapshot))
+    caps = _caps(snapshot)
+    if caps:
+        names += (", " if names else "") + f"`budget` (with {_code_names(caps)})"
+    return names or "none"
+
+
+def _caps(snapshot: ProviderSnapshot) -> list[BudgetField]:
+    """The caps of a :class:`~subagent.types.Budget` the provider enforces, in check order."""
+    return [cap for cap in BUDGET_FIELDS if snapshot.capabilities.supports(cap)]
 
 
 # -- the definition ---------------------------------------------------------------------------------
@@ -306,6 +352,12 @@ class SubagentTool(CloseOnExit):
             too). None (the default): no background delegation, no spilling.
         on_notice: called with each background child's :class:`~subagent.delegation.Notice` as it
             ends (the host's way to hear back; an in-process parent agent also gets it in its log).
+        budget: the host's ceiling on every child started through the tool, together (background
+            ones too, and everything below them): the tool owns a root
+            :class:`~subagent.budget.BudgetAccount` of it (:attr:`budget_account`), and each child whose
+            parent is not a run of ``service`` is started within it. The description says what is left
+            of it, as of each time it is read; a call may set a ``budget`` of its own, never looser than
+            what is left. None (the default): no ceiling (a call's own ``budget`` still holds).
 
     The tool follows the registry from construction until :meth:`close` (or the end of its ``with``
     block). With background delegation, use it as an async context manager (or call :meth:`aclose`):
@@ -324,6 +376,7 @@ class SubagentTool(CloseOnExit):
         on_change: Callable[[ToolDefinition], object] | None = None,
         background: BackgroundOptions | None = None,
         on_notice: Callable[[Notice], object] | None = None,
+        budget: Budget | None = None,
     ) -> None:
         if not _TOOL_NAME.match(name):
             raise ValueError(f"a tool name must match {_TOOL_NAME.pattern}, got {name!r}")
@@ -340,7 +393,12 @@ class SubagentTool(CloseOnExit):
         self._on_change = on_change
         self._version = 0
         self._closed = False
-        self._background = BackgroundChildren(service, background) if background is not None else None
+        self._account = (
+            BudgetAccount(budget, prices=service.prices) if budget is not None and budget.fields() else None
+        )
+        self._background = (
+            BackgroundChildren(service, background, within=self._account) if background is not None else None
+        )
         self._notice_disposer: Disposer | None = None
         if self._background is not None and on_notice is not None:
             self._notice_disposer = self._background.on_notice(on_notice)
@@ -370,10 +428,46 @@ class SubagentTool(CloseOnExit):
         return self._template.timeout
 
     @property
+    def budget(self) -> Budget | None:
+        """The host's ceiling on every child started through the tool together (None: none)."""
+        return self._account.asked if self._account is not None else None
+
+    @property
+    def budget_account(self) -> BudgetAccount | None:
+        """The ceiling's account: what the children started through the tool spent together, and
+        what is left (None without a ceiling)."""
+        return self._account
+
+    @property
     def definition(self) -> ToolDefinition:
-        """The definition as of now: a copy, the caller may change it."""
+        """The definition as of now: a copy, the caller may change it. With a budget ceiling, the
+        description ends with what is left of it as of this read (spending does not change
+        :attr:`version`: a host that sends the tool list again before each model call shows the
+        model the budget as it is then; an in-process agent does)."""
         current = self._definition
-        return ToolDefinition(current.name, current.description, copy.deepcopy(current.input_schema))
+        description = current.description
+        note = self._budget_note()
+        if note is not None:
+            description += "\n\n" + note
+        return ToolDefinition(current.name, description, copy.deepcopy(current.input_schema))
+
+    def _budget_note(self) -> str | None:
+        """What the ceiling allows and what is left of it, for the model (None: no ceiling, or no
+        provider to spend it on)."""
+        account = self._account
+        if account is None or not self._service.list():
+            return None
+        currency = _currency(account)
+        hit = account.check()
+        if hit is not None:
+            left = f"It is spent ({hit.describe(currency)}): no subagent can be started."
+        else:
+            left = f"Left now: {account.remaining().describe(currency)}."
+        return (
+            "Budget: every subagent you start, with every subagent it starts, shares one budget of "
+            f"{account.asked.describe(currency)}. {left} A subagent that passes a cap is stopped, and its "
+            "result is an error with its partial output."
+        )
 
     @property
     def version(self) -> int:
@@ -485,7 +579,7 @@ class SubagentTool(CloseOnExit):
             lines = ["Providers (set `provider` to one of them):"]
             for snapshot in snapshots:
                 context = _INHERITED_CONTEXT if snapshot.inherits_parent_context else _FRESH_CONTEXT
-                optional = _code_names(_supported(snapshot)) or "none"
+                optional = _optional_parameters(snapshot)
                 lines.append(f"- {json.dumps(snapshot.name)}: {context} Optional parameters: {optional}.")
             paragraphs += ["\n".join(lines), _ERROR_NOTE]
             if self._background is not None:
@@ -520,6 +614,9 @@ class SubagentTool(CloseOnExit):
             if len(supporters) < len(names):
                 feature_property["description"] += f" Supported only by {_quoted(supporters)}."
             properties[feature] = feature_property
+        budget_property = _budget_property(snapshots)
+        if budget_property is not None:
+            properties["budget"] = budget_property
         if self._background is not None and names:
             properties["background"] = dict(_BACKGROUND_PROPERTY)
         return {
@@ -576,7 +673,7 @@ class SubagentTool(CloseOnExit):
         if background:
             return await self._start_background(provider, request, agent)
         try:
-            run = self._service.start(provider, request)
+            run = self._service.start(provider, request, within=self._account)
         except SubagentError as exc:
             return seam_failure(exc, lead="the subagent could not be started", provider=provider)
         # Leaving the block disposes the run, shielded, whatever the exit: return, exception, cancel.
@@ -750,6 +847,9 @@ class SubagentTool(CloseOnExit):
                 error="no subagent provider is registered right now, so no subagent can be started.",
                 error_code=ErrorCode.NO_PROVIDER,
             )
+        budget = self._call_budget(valid.get("budget"))
+        if isinstance(budget, SubagentToolResult):
+            return budget
         depth_limit = valid.get("depth_limit")
         request = replace(
             self._template,
@@ -760,11 +860,56 @@ class SubagentTool(CloseOnExit):
             depth_limit=None if depth_limit is None else int(depth_limit),
             tool_filter=_tool_filter(valid.get("tool_filter")),
             persona=valid.get("persona"),
+            budget=budget,
         )
         unsupported = self._unsupported(snapshots, valid["provider"], request)
         if unsupported is not None:
             return unsupported
         return valid["provider"], request, valid.get("background") is True
+
+    def _call_budget(self, argument: Mapping[str, Any] | None) -> Budget | SubagentToolResult | None:
+        """The call's own budget (a valid ``budget`` argument; a null cap counts as left out), or the
+        refusal of a call the ceiling cannot take: it is spent, or a cap asks more than is left
+        (``max_seconds`` excepted: the ceiling's deadline holds for the child anyway)."""
+        account = self._account
+        hit = account.check() if account is not None else None
+        if account is not None and hit is not None:
+            currency = _currency(account)
+            return SubagentToolResult(
+                is_error=True,
+                error=f"no subagent was started: your budget for subagents is spent "
+                f"({hit.describe(currency)}).",
+                limit=hit,
+                spent=account.spent(),
+            )
+        caps = {
+            name: int(value) if name in _WHOLE_CAPS else float(value)
+            for name, value in (argument or {}).items()
+            if value is not None
+        }
+        if not caps:
+            return None
+        budget = Budget.from_mapping(caps)  # the schema already bounds every cap
+        if account is None:
+            return budget
+        left = account.remaining()
+        currency = _currency(account)
+        over = [
+            f"`budget.{name}` is {Budget.from_mapping({name: caps[name]}).describe(currency)}, more than the "
+            f"{Budget.from_mapping({name: allowed}).describe(currency)} left of your budget."
+            # Time left shrinks while the model writes its call: a longer max_seconds is narrowed to
+            # the ceiling's deadline rather than refused.
+            for name in budget.fields()
+            if name != "max_seconds" and (allowed := left.cap(name)) is not None and caps[name] > allowed
+        ]
+        if over:
+            lines = "\n".join(f"- {problem}" for problem in over)
+            return SubagentToolResult(
+                is_error=True,
+                error="a subagent's budget may only be tighter than what is left of yours, no subagent "
+                f"was started:\n{lines}",
+            )
+        return budget
 
     def _unsupported(
         self, snapshots: Sequence[ProviderSnapshot], provider: str, request: SubagentRequest
@@ -793,6 +938,33 @@ class SubagentTool(CloseOnExit):
         )
 
 
+def _currency(account: BudgetAccount) -> str | None:
+    """The currency of the account's costs: its price table's, else the one its children reported."""
+    return account.prices.currency if account.prices is not None else account.spent().cost_currency
+
+
+def _budget_property(snapshots: Sequence[ProviderSnapshot]) -> dict[str, Any] | None:
+    """The ``budget`` argument: an object of the caps some registered provider enforces (None when
+    none does, so the model is never offered a cap every provider would refuse)."""
+    caps: dict[str, Any] = {}
+    for cap in BUDGET_FIELDS:
+        supporters = [s.name for s in snapshots if s.capabilities.supports(cap)]
+        if not supporters:
+            continue
+        cap_property = copy.deepcopy(_BUDGET_CAP_PROPERTIES[cap])
+        if len(supporters) < len(snapshots):
+            cap_property["description"] += f" Supported only by {_quoted(supporters)}."
+        caps[cap] = cap_property
+    if not caps:
+        return None
+    return {
+        "type": ["object", "null"],
+        "description": _BUDGET_DESCRIPTION,
+        "properties": caps,
+        "additionalProperties": False,
+    }
+
+
 def _tool_filter(argument: Mapping[str, Any] | None) -> ToolFilter | None:
     """The request's filter for a valid ``tool_filter`` argument (a null list counts as left out)."""
     if argument is None:
@@ -808,7 +980,8 @@ class AgentSubagentTool:
 
     def __init__(self, tool: SubagentTool) -> None:
         self.subagent_tool = tool
-        self._spec: tuple[int, ToolSpec] | None = None  # (the definition's version, its spec)
+        # (the definition's version and its budget note, its spec)
+        self._spec: tuple[tuple[int, str | None], ToolSpec] | None = None
 
     def __repr__(self) -> str:
         return f"<AgentSubagentTool {self.subagent_tool.name!r}>"
@@ -816,8 +989,9 @@ class AgentSubagentTool:
     @property
     def spec(self) -> ToolSpec:
         """The tool's current definition, as the runtime's tool spec."""
-        # Read at every model call and tool lookup: rebuilt only when the registry changed it.
-        version = self.subagent_tool.version
+        # Read at every model call and tool lookup: rebuilt only when the registry changed it, or
+        # what is left of the budget did.
+        version = (self.subagent_tool.version, self.subagent_tool._budget_note())
         if self._spec is None or self._spec[0] != version:
             definition = self.subagent_tool.definition
             self._spec = (version, ToolSpec(definition.name, definition.description, definition.input_schema))

@@ -3,7 +3,7 @@
 :class:`TraceBuilder` reads the events of ``subagent run --events`` one at a time (``add``, each a
 parsed JSON line, see :mod:`subagent.cli._views`) and keeps only what the page shows, every part of it
 bounded, so recording a run of any length holds a bounded amount, and the page of any event stream,
-however hostile its agent, takes at most :data:`MAX_PAGE_BYTES` (15.2 MiB):
+however hostile its agent, takes at most :data:`MAX_PAGE_BYTES` (18.1 MiB):
 
 * at most :data:`MAX_RUNS` runs, :data:`MAX_MARKS` marks per run and :data:`MAX_KEPT_MARKS` in all;
 * :data:`MAX_TEXT_CHARS` characters of each prompt, output and error, and :data:`MAX_KEPT_TEXT_BYTES`
@@ -32,10 +32,13 @@ known owner the root's), permission waits
 ``TURN_META_KEY``: several per prompt when background children call for more), its model calls
 retried (``RETRY_META_KEY``), streamed answer text, interrupts, errors, and warnings logged.
 Clicking a bar (or its label) shows its details: the prompt, the output, the usage, the stop reason,
-its times and its marks. A child's prompt is the
-``prompt`` argument of one of its parent's delegating tool calls (the first not matched yet whose
-start the run's title quotes, else the first not matched yet); its output is the excerpt its run's
-last update carries.
+its times and its marks. A run its budget stopped has a badge on its bar (``budget: max_tokens 10,312 of
+10,000``), and its details give the limit and what it spent beside each cap: read from the ``end``
+event for the root, and from a run's last update's ``_meta`` (``limit``, ``budget``, ``spent``, as
+:mod:`subagent._budget_codec` writes them) for the others; a cap's name must be one the budget knows.
+A child's prompt is the ``prompt`` argument of one of its parent's delegating tool calls (the first
+not matched yet whose start the run's title quotes, else the first not matched yet); its output is the
+excerpt its run's last update carries.
 The root's prompt comes from a ``prompt`` event (``subagent run --trace`` and ``--events-file``
 write one) and its output is its streamed text.
 
@@ -56,7 +59,7 @@ from typing import Any, Final
 
 from subagent._text import cut, one_line
 from subagent._usage_codec import COUNT_FIELDS
-from subagent.types import RETRY_META_KEY, RUN_META_KEY, TURN_META_KEY
+from subagent.types import BUDGET_FIELDS, RETRY_META_KEY, RUN_META_KEY, TURN_META_KEY
 
 __all__ = [
     "MAX_KEPT_LABEL_BYTES",
@@ -102,6 +105,10 @@ _MAX_CHAR_BYTES: Final = 6
 _WIDEST_FLOAT: Final = -2.2250738585072014e-308
 """A float whose JSON is as long as any float's can be (24 characters): the widest number on the page."""
 
+_LIMITS: Final = frozenset({*BUDGET_FIELDS, "timeout"})
+"""What a run's ``limit`` may name: a budget's cap or the inactivity timeout (anything else is dropped)."""
+_SPENT_COUNTS: Final = ("tokens", "toolCalls", "turns")
+_SPENT_AMOUNTS: Final = ("cost", "seconds")
 _ENDED_STATES: Final = frozenset({"completed", "failed", "cancelled"})
 _ROOT_STATES: Final = {"completed": "completed", "cancelled": "cancelled", "error": "failed"}
 """The root run's state by its stop reason; any other stop reason reads ``stopped``."""
@@ -182,6 +189,12 @@ class _Run:
     usage: dict[str, Any] | None = None
     elapsed: float | None = None
     """The run's own measure of its time, when its last update gave one."""
+    limit: dict[str, Any] | None = None
+    """The cap (or timeout) that stopped it, as :mod:`subagent._budget_codec` writes it, checked."""
+    caps: dict[str, float] | None = None
+    """The caps of its budget, by name."""
+    spent: dict[str, Any] | None = None
+    """What it spent against them."""
     marks: list[list[Any]] = field(default_factory=list)
     """Each ``[kind, start, end, label, status]``; ``end`` is None while it lasts, or for a point."""
     marks_dropped: int = 0
@@ -259,6 +272,57 @@ def _usage(value: object) -> dict[str, Any] | None:
         if amount is not None and currency is not None:
             usage["cost"] = {"amount": amount, "currency": cut(currency, _MAX_CURRENCY_CHARS)}
     return usage or None
+
+
+def _limit(value: object, budget: _Budget) -> dict[str, Any] | None:
+    """What the page shows of a run's ``limit``: a known cap's name, its value and the spent (numbers),
+    whose budget (an id, when the labels' budget holds it) and the need; None when it is not one."""
+    if not isinstance(value, Mapping):
+        return None
+    name = value.get("limit")
+    allowed = _number(value.get("allowed"), sys.float_info.max)
+    spent = _number(value.get("spent"), sys.float_info.max)
+    if name not in _LIMITS or allowed is None or spent is None:
+        return None
+    owner = _id(value.get("owner"))
+    if owner is not None and not budget.take(owner):
+        owner = None
+    return {
+        "limit": name,
+        "allowed": allowed,
+        "spent": spent,
+        "owner": owner,
+        "needed": _number(value.get("needed"), sys.float_info.max),
+    }
+
+
+def _caps(value: object) -> dict[str, float] | None:
+    """A budget's caps that are numbers >= 0, by their known names; None when none is."""
+    if not isinstance(value, Mapping):
+        return None
+    caps: dict[str, float] = {
+        name: cap
+        for name in BUDGET_FIELDS
+        if (cap := _number(value.get(name), sys.float_info.max)) is not None and cap >= 0
+    }
+    return caps or None
+
+
+def _spent(value: object) -> dict[str, Any] | None:
+    """What a run spent: its known counts and amounts, and a short currency; None when nothing is."""
+    if not isinstance(value, Mapping):
+        return None
+    spent: dict[str, Any] = {
+        key: count for key in _SPENT_COUNTS if (count := _count(value.get(key))) is not None
+    }
+    for key in _SPENT_AMOUNTS:
+        amount = _number(value.get(key), sys.float_info.max)
+        if amount is not None and amount >= 0:
+            spent[key] = amount
+    currency = _text(value.get("costCurrency"))
+    if currency:
+        spent["costCurrency"] = cut(currency, _MAX_CURRENCY_CHARS)
+    return spent or None
 
 
 def _matching_prompt(pending: list[str], title: str | None) -> int:
@@ -358,6 +422,7 @@ class TraceBuilder:
                 root.error.replace(error)
                 root.mark("error", when, error, lasts=False)
             root.usage = _usage(event.get("usage"))
+            self._budgeted(root, event)
             # A turn cut short (refusal, max_tokens, timeout...) is no failure of the agent: its own colour.
             state = _ROOT_STATES.get(stop or "", "stopped")
             self._ended(root, when, state, stop)
@@ -530,8 +595,7 @@ class TraceBuilder:
                 self._run_result(run, update[1], failed=state == "failed")
             self._ended(run, when, state, _text(event.get("stopReason")))
 
-    @staticmethod
-    def _run_result(run: _Run, update: Mapping[str, Any], *, failed: bool) -> None:
+    def _run_result(self, run: _Run, update: Mapping[str, Any], *, failed: bool) -> None:
         """What a run's last update says: its last message's excerpt (or its error), usage, elapsed."""
         text = _content_text(update.get("content"))
         (run.error if failed else run.output).replace(text)
@@ -541,6 +605,13 @@ class TraceBuilder:
             return
         run.usage = _usage(details.get("usage")) or run.usage
         run.elapsed = _number(details.get("elapsedSeconds"))
+        self._budgeted(run, details)
+
+    def _budgeted(self, run: _Run, source: Mapping[str, Any]) -> None:
+        """A run's budget, what it spent, and the cap that stopped it, where its end says them."""
+        run.caps = _caps(source.get("budget")) or run.caps
+        run.spent = _spent(source.get("spent")) or run.spent
+        run.limit = _limit(source.get("limit"), self._budget) or run.limit
 
     def _ended(self, run: _Run, when: float, state: str, stop_reason: str | None) -> None:
         run.state = state
@@ -642,6 +713,9 @@ def _row(run: _Run, depth: int, at: Callable[[float | None], float | None]) -> d
         "error": run.error.kept or None,
         "usage": run.usage,
         "elapsed": run.elapsed,
+        "limit": run.limit,
+        "budget": run.caps,
+        "spent": run.spent,
         "marks": [[kind, at(start), at(end), label, status] for kind, start, end, label, status in run.marks],
         "marksDropped": run.marks_dropped,
     }
@@ -734,6 +808,14 @@ def _widest_page_bytes() -> int:
     run.prompt.total = run.output.total = run.marks_dropped = _MAX_COUNT
     run.usage = {key: _MAX_COUNT for key, _ in COUNT_FIELDS}
     run.usage["cost"] = {"amount": widest, "currency": "<" * _MAX_CURRENCY_CHARS}
+    # The longest cap's name; the owner's id is drawn from the labels' budget, as every other id.
+    run.limit = {"limit": "max_tool_calls", "allowed": widest, "spent": widest, "owner": "", "needed": widest}
+    run.caps = dict.fromkeys(BUDGET_FIELDS, widest)
+    run.spent = {
+        **dict.fromkeys(_SPENT_COUNTS, _MAX_COUNT),
+        **dict.fromkeys(_SPENT_AMOUNTS, widest),
+        "costCurrency": "<" * _MAX_CURRENCY_CHARS,
+    }
     row = len(_script_json(_row(run, MAX_RUNS, lambda value: value)).encode()) + 1  # and a comma
     mark = len(_script_json(["permission", widest, widest, "", None]).encode()) + 1
     frame = _page(

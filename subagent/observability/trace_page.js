@@ -62,6 +62,27 @@
     layout();
   }
 
+  // A run's budget, in a cap's own units: whole counts with separators, a cost and seconds shortened.
+  const spentKeys = {max_tokens: "tokens", max_cost: "cost", max_seconds: "seconds",
+    max_tool_calls: "toolCalls", max_turns: "turns"};
+  function amount(cap, value) {
+    if (cap === "max_cost" || cap === "max_seconds" || cap === "timeout") return String(+value.toPrecision(4));
+    return Math.round(value).toLocaleString("en-US");
+  }
+  function limitText(limit) {
+    const unit = limit.limit === "max_seconds" || limit.limit === "timeout" ? " s" : "";
+    return limit.limit + " " + amount(limit.limit, limit.spent) + " of " + amount(limit.limit, limit.allowed) + unit;
+  }
+  function spentLines(run) {
+    if (!run.budget) return [];
+    return Object.entries(run.budget).map(([cap, value]) => {
+      const spent = run.spent ? run.spent[spentKeys[cap]] : undefined;
+      const unit = cap === "max_cost" && run.spent && run.spent.costCurrency ? " " + run.spent.costCurrency
+        : cap === "max_seconds" ? " s" : "";
+      return [cap, (spent === undefined ? "?" : amount(cap, spent)) + " of " + amount(cap, value) + unit];
+    });
+  }
+
   function hover(run) {
     const parts = [(run.provider || "run") + ": " + run.title, "state: " + run.state];
     if (run.stopReason) parts.push("stop reason: " + run.stopReason);
@@ -71,6 +92,7 @@
     if (run.output) parts.push("output: " + excerpt(run.output));
     if (run.error) parts.push("error: " + excerpt(run.error));
     if (run.usage) parts.push("usage: " + excerpt(JSON.stringify(run.usage)));
+    if (run.limit) parts.push("stopped by its budget: " + limitText(run.limit));
     parts.push("(click for the details)");
     return parts.join("\n");
   }
@@ -102,6 +124,10 @@
     const lane = el("div", "lane");
     const bar = el("div", "bar " + stateClass(run));
     bar.title = hover(run);
+    if (run.limit && run.limit.limit !== "timeout") {
+      bar.append(el("span", "badge", "budget: " + limitText(run.limit)));
+      bar.classList.add("capped");
+    }
     lane.append(bar);
     row.shapes = [bar];
     for (const [kind, from, , text, status] of run.marks) {
@@ -171,7 +197,18 @@
     field(list, "ended", run.end === null ? "(not ended)" : seconds(run.end));
     if (run.end !== null && run.start !== null) field(list, "duration", seconds(run.end - run.start));
     if (run.elapsed !== null) field(list, "elapsed (reported)", seconds(run.elapsed));
+    if (run.limit) {
+      const whose = run.limit.owner ? " (the budget of " + run.limit.owner + ")" : "";
+      field(list, "limit", limitText(run.limit) + whose);
+    }
     details.append(list);
+    if (run.budget) {
+      details.append(el("h3", null, "budget"));
+      const budget = el("dl");
+      budget.id = "detail-budget";
+      for (const [cap, line] of spentLines(run)) field(budget, cap, line);
+      details.append(budget);
+    }
     if (run.error) textSection("error", run.error, run.error.length, "detail-error");
     textSection("prompt", run.prompt, run.promptChars, "detail-prompt");
     textSection("output", run.output, run.outputChars, "detail-output");
