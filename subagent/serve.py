@@ -119,7 +119,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, Self, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, Self
 
 import anyio
 import anyio.abc
@@ -176,7 +176,6 @@ from subagent.types import (
     Disposer,
     SubagentProgressInfo,
     SubagentProvider,
-    SubagentRequest,
     SubagentResult,
     SubagentRunEndInfo,
     SubagentRunInfo,
@@ -448,21 +447,16 @@ class ServedAgent(AgentHandler):
         caps = budget_from_meta(params.meta)
         account = BudgetAccount(caps, owner=session_id) if caps is not None else None
         if self.delegate and (budget is None or budget > 0):
-            # The tool takes the service; the session's one starts its runs below the session's budget.
-            service = (
-                self.service
-                if account is None
-                else cast(SubagentService, _WithinBudget(self.service, account))
+            # The session's runs start below the session's account: its agent and its tree share it.
+            subagent_tool = SubagentTool(
+                self.service, cwd=params.cwd, background=self.background, budget=account
             )
-            subagent_tool = SubagentTool(service, cwd=params.cwd, background=self.background)
             delegation: Tool
             delegation, *companions = subagent_tool.agent_tools()
             if cap is not None:
                 delegation = _DepthCappedTool(delegation, cap)
             tools += (delegation, *companions)
         tools.extend(self.tools)
-        # The session's agent spends from the session's account, as every run below it does.
-        budgeted: dict[str, Any] = {} if account is None else {"budget": account}
         try:
             agent = Agent(
                 llm=self.llm,
@@ -475,7 +469,8 @@ class ServedAgent(AgentHandler):
                 approver=reporter.approve,
                 max_model_calls=self.max_model_calls,
                 registry=self.agents,
-                **budgeted,
+                # The session's agent spends from the session's account, as every run below it does.
+                budget=account,
             )
         except BaseException:
             if subagent_tool is not None:
@@ -683,25 +678,6 @@ def _budget_answer(result: SubagentResult) -> msgspec.Raw:
             said["needed"] = hit.needed
         answer["_meta"] = {BUDGET_META_KEY: said}
     return msgspec.Raw(schema.encode(answer))
-
-
-class _WithinBudget:
-    """The service as one session's ``subagent`` tool sees it: every run the tool starts whose parent
-    is not a run of the service (the session's agent is not) is started below the session's account,
-    so the session's whole tree is held to the budget its client sent. The rest is the service's."""
-
-    def __init__(self, service: SubagentService, account: BudgetAccount) -> None:
-        self._service = service
-        self._account = account
-
-    def start(
-        self, name: str, request: SubagentRequest, *, within: BudgetAccount | None = None
-    ) -> ServiceRun:
-        """:meth:`SubagentService.start` below the session's account (or ``within``, if given)."""
-        return self._service.start(name, request, within=within if within is not None else self._account)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._service, name)
 
 
 def _prompt_text(blocks: Sequence[schema.ContentBlock]) -> str:

@@ -274,7 +274,7 @@ async def test_a_run_past_its_deadline_ends_budget_with_what_it_said_so_far(tmp_
     assert result.output_final is False
 
 
-async def test_tokens_reported_only_at_the_end_of_a_turn_are_charged_once_and_end_it_budget(
+async def test_tokens_reported_only_at_the_end_of_a_turn_are_charged_once_and_the_next_turn_is_not_sent(
     tmp_path: Path,
 ) -> None:
     # As claude-agent-acp and Gemini CLI report tokens: once, in the prompt response. Qwen's chunk
@@ -293,15 +293,17 @@ async def test_tokens_reported_only_at_the_end_of_a_turn_are_charged_once_and_en
     (first, second), run_id = await run_with(
         stub_provider(scenario, tmp_path), Budget(max_tokens=100), "more"
     )
-    assert first.stop_reason == "budget"
-    assert first.limit == LimitHit("max_tokens", allowed=100, spent=120, owner=run_id)
-    assert first.limit.spent == 120
+    # The agent completed the turn itself: its answer is whole, and the spent shows the overshoot.
+    assert first.stop_reason == "completed"
+    assert first.limit is None
     assert first.output == "Done: 42."
-    assert first.output_final is True  # the agent ended its turn itself: its answer is whole
+    assert first.output_final is True
+    assert first.spent is not None
+    assert first.spent.tokens == 120
     assert first.usage == Usage(input_tokens=90, output_tokens=30, total_tokens=120)
     # A resumed turn of a spent run is not sent at all.
     assert second.stop_reason == "budget"
-    assert second.limit == first.limit
+    assert second.limit == LimitHit("max_tokens", allowed=100, spent=120, owner=run_id)
     assert second.output == ""
     assert second.usage is None
 

@@ -13,20 +13,17 @@ import io
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import subagent.cli._commands as commands
-import subagent.cli._turn as turn
-from subagent import BUDGET_FIELDS, Budget, LimitHit, Price, Spend, SubagentCapabilities, SubagentResult
+from subagent import Budget, LimitHit, Price, Spend, SubagentResult
 from subagent.cli import main
 from subagent.cli._config import ConfigError, load_config
 from subagent.cli._console import Console
 from subagent.cli._exits import EXIT_BUDGET
 from subagent.cli._turn import TurnOutcome, TurnSpec
 from subagent.cli._views import EventView
-from subagent.providers.acp import AcpProvider
 
 STUB = [sys.executable, "-m", "subagent.testing.stub_agent"]
 
@@ -171,29 +168,18 @@ def test_a_cap_the_agent_cannot_be_held_to_is_refused_before_any_agent_starts(
     err = capsys.readouterr().err
     assert (
         "--max-tokens, --max-turns: the agent cannot be held to them: it does not report what they count "
-        "as it works (the caps it can be held to: none). If it does report its usage, say what with "
+        "as it works (the caps it can be held to: --max-seconds, --max-tool-calls). If it does report its "
+        "usage, say what with "
         "--reports-usage tokens,cost"
     ) in " ".join(err.split())
     assert not marker.exists()
 
 
-class _EnforcingAcpProvider(AcpProvider):
-    """An acp provider that declares every cap (as one whose agent reports its usage will)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.capabilities = SubagentCapabilities(
-            output_schema=self.capabilities.output_schema,
-            additional_directories=True,
-            budget=frozenset(BUDGET_FIELDS),
-        )
-
-
 def test_a_run_under_caps_reports_what_it_spent_beside_each_in_json_and_on_stderr(
     root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(turn, "AcpProvider", _EnforcingAcpProvider)
-    status = main(["run", "-p", "hi", "--json", "--max-tokens", "1000", "--max-tool-calls", "3", "--", *STUB])
+    caps = ["--max-tokens", "1000", "--max-tool-calls", "3", "--reports-usage", "tokens"]
+    status = main(["run", "-p", "hi", "--json", *caps, "--", *STUB])
     captured = capsys.readouterr()
     assert status == 0
     report = json.loads(captured.out)
@@ -203,8 +189,27 @@ def test_a_run_under_caps_reports_what_it_spent_beside_each_in_json_and_on_stder
     assert report["outputFinal"] is True
     spent = report["spent"]
     assert isinstance(spent.pop("seconds"), float)
-    assert spent == {"tokens": 0, "cost": 0.0, "costCurrency": None, "toolCalls": 0, "turns": 0}
-    assert "subagent: budget: 0 of 1,000 tokens, 0 of 3 tool calls\n" in captured.err
+    # The stub agent's turn makes two tool calls and reports no tokens.
+    assert spent == {"tokens": 0, "cost": 0.0, "costCurrency": None, "toolCalls": 2, "turns": 0}
+    assert "subagent: budget: 0 of 1,000 tokens, 2 of 3 tool calls\n" in captured.err
+
+
+def test_a_run_past_its_tool_call_cap_is_stopped_exits_3_and_says_which_cap(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = main(["run", "-p", "hi", "--json", "--max-tool-calls", "1", "--", *STUB])
+    captured = capsys.readouterr()
+    assert status == 3
+    report = json.loads(captured.out)
+    assert report["stopReason"] == "budget"
+    assert report["outputFinal"] is False
+    limit = report["limit"]
+    assert limit.pop("owner").startswith("acp-")  # the run's own budget
+    assert limit == {"limit": "max_tool_calls", "allowed": 1, "spent": 2, "needed": None}
+    assert report["spent"]["toolCalls"] == 2
+    assert "subagent: the turn was stopped by its budget: max_tool_calls: 2 spent of 1 tool call (the" in (
+        captured.err
+    )
 
 
 def stopped_by_budget() -> TurnOutcome:

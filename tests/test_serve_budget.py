@@ -1,15 +1,12 @@
-"""`subagent serve` and budgets: the budget a client sends in ``session/new`` caps the session's whole tree,
-and a turn it stopped is answered so that any client reads a limit, and ours reads the stop reason ``budget``.
-
-The served agent's own enforcement (``Agent(budget=...)``) lands with the in-process budgets: the tests
-that need it are skipped until then (see ``AGENT_TAKES_A_BUDGET``)."""
+"""`subagent serve` and budgets: the budget a client sends in ``session/new`` caps the session's whole
+tree, and a turn it stopped is answered so that any client reads a limit, and ours reads the stop reason
+``budget``."""
 
 from __future__ import annotations
 
-import inspect
 import logging
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 import anyio
 import pytest
@@ -26,11 +23,6 @@ from tests.leaks import assert_no_leaks
 from tests.test_serve import WAIT, served
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
-
-AGENT_TAKES_A_BUDGET: Final = "budget" in inspect.signature(Agent).parameters
-needs_agent_budget = pytest.mark.skipif(
-    not AGENT_TAKES_A_BUDGET, reason="Agent(budget=...) lands with the in-process budget enforcement"
-)
 
 
 # -- the budget on the wire ---------------------------------------------------------------------------------
@@ -175,7 +167,6 @@ async def test_a_served_budget_stop_reads_as_budget_without_a_budget_of_our_own(
 # -- serve enforcing the budget it was sent ----------------------------------------------------------------
 
 
-@needs_agent_budget
 async def test_serve_stops_a_session_over_the_token_budget_it_was_sent(tmp_path: Path) -> None:
     llm = ScriptedLlm(
         [Reply(text="A long answer", usage=Usage(input_tokens=90, output_tokens=30))],
@@ -196,7 +187,6 @@ async def test_serve_stops_a_session_over_the_token_budget_it_was_sent(tmp_path:
     assert sent["spent"] > 50 or sent["needed"] > 50 - sent["spent"]
 
 
-@needs_agent_budget
 async def test_a_served_sessions_subagents_are_started_below_its_budget(tmp_path: Path) -> None:
     async with served(ScriptedLlm(fallback="ok")) as (handler, client):
         with anyio.fail_after(WAIT):
@@ -210,7 +200,10 @@ async def test_a_served_sessions_subagents_are_started_below_its_budget(tmp_path
         ) as direct:
             # Not through the session's tool: a run started on the service itself is not capped.
             assert direct.request.account is None
-        run = tool._service.start("spawn", SubagentRequest(prompt="help", parent_id=session.session_id))
+        # The session's tool has the session's account as its ceiling: what it starts is charged to it.
+        assert tool.budget_account is account
+        request = SubagentRequest(prompt="help", parent_id=session.session_id)
+        run = handler.service.start("spawn", request, within=tool.budget_account)
         async with run:
             assert run.request.account is not None
             assert run.request.account.parent is account

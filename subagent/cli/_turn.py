@@ -7,7 +7,6 @@ an interrupt, a teardown, a denial the agent gave up on) into an :class:`TurnOut
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
 import shlex
 import time
@@ -254,7 +253,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
             mode=spec.mode,
             config_options=spec.config_options,
             ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
-            **_usage_reports(spec),
+            reports_usage=spec.reports_usage,
         )
     except (ValueError, TypeError) as exc:
         # A command or environment no process could receive (a NUL in an argument, say).
@@ -325,16 +324,6 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
     if outcome.start_error is None:
         gate.ended(outcome.result, outcome.elapsed)
     return outcome
-
-
-def _usage_reports(spec: TurnSpec) -> dict[str, Any]:
-    """``reports_usage`` for the provider, when the user said what the agent reports."""
-    if spec.reports_usage is None:
-        return {}
-    # The acp provider learns this parameter in the same release as budgets: refused clearly until then.
-    if "reports_usage" not in inspect.signature(AcpProvider).parameters:
-        raise UsageError("--reports-usage: this version's acp provider cannot be told what its agent reports")
-    return {"reports_usage": tuple(spec.reports_usage)}
 
 
 def _check_caps(provider: AcpProvider, spec: TurnSpec) -> None:

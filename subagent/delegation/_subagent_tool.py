@@ -357,7 +357,10 @@ class SubagentTool(CloseOnExit):
             :class:`~subagent.budget.BudgetAccount` of it (:attr:`budget_account`), and each child whose
             parent is not a run of ``service`` is started within it. The description says what is left
             of it, as of each time it is read; a call may set a ``budget`` of its own, never looser than
-            what is left. None (the default): no ceiling (a call's own ``budget`` still holds).
+            what is left. A :class:`~subagent.budget.BudgetAccount` instead is used as that account
+            itself: the children then share it with whatever else the host charges to it (``subagent
+            serve`` gives a session's agent and its tool one account). None (the default): no ceiling
+            (a call's own ``budget`` still holds).
 
     The tool follows the registry from construction until :meth:`close` (or the end of its ``with``
     block). With background delegation, use it as an async context manager (or call :meth:`aclose`):
@@ -376,7 +379,7 @@ class SubagentTool(CloseOnExit):
         on_change: Callable[[ToolDefinition], object] | None = None,
         background: BackgroundOptions | None = None,
         on_notice: Callable[[Notice], object] | None = None,
-        budget: Budget | None = None,
+        budget: Budget | BudgetAccount | None = None,
     ) -> None:
         if not _TOOL_NAME.match(name):
             raise ValueError(f"a tool name must match {_TOOL_NAME.pattern}, got {name!r}")
@@ -393,9 +396,14 @@ class SubagentTool(CloseOnExit):
         self._on_change = on_change
         self._version = 0
         self._closed = False
-        self._account = (
-            BudgetAccount(budget, prices=service.prices) if budget is not None and budget.fields() else None
-        )
+        if isinstance(budget, BudgetAccount):
+            self._account: BudgetAccount | None = budget
+        else:
+            self._account = (
+                BudgetAccount(budget, prices=service.prices)
+                if budget is not None and budget.fields()
+                else None
+            )
         self._background = (
             BackgroundChildren(service, background, within=self._account) if background is not None else None
         )

@@ -54,8 +54,9 @@ each new tool call), on every turn, resumed ones too; a permission question for 
 budget is answered with a reject; the deadline of ``max_seconds`` is kept by a timer. Once a cap is
 passed, here or anywhere above the run in its tree, the turn is cancelled as ``cancel()`` does (torn
 down past ``cancel_grace``) and ends ``budget``, with the cap in ``limit``, the output so far
-(``output_final`` False) and the usage reported, whatever the agent then answers. A turn the agent ended
-itself whose last report passed a cap ends ``budget`` too, its output whole (``output_final`` True).
+(``output_final`` False) and the usage reported, whatever the agent then answers. A turn the agent
+completed itself, whose last report (the prompt response's usage) passed a cap, stays ``completed``: the
+agent said so and its answer is whole; ``spent`` shows the overshoot, and the next turn is not sent.
 What the run has left is sent in ``session/new``'s ``_meta`` (:data:`~subagent.types.BUDGET_META_KEY`),
 for an agent that enforces it itself (``subagent serve``).
 
@@ -1208,13 +1209,14 @@ class AcpRun(DisposeOnExit):
             # The agent enforced the budget sent to it: ours, as it was left to this run.
             hit = account.exhausted or dataclasses.replace(result.limit, owner=account.owner)
             return self._budget_stopped(result, hit)
-        if account.exhausted is not None:
-            # The agent ended the turn itself, and its last report passed a cap: its answer stands whole.
-            return self._budget_stopped(result, account.exhausted, final=result.stop_reason == "completed")
+        if account.exhausted is not None and result.stop_reason != "completed":
+            return self._budget_stopped(result, account.exhausted)
+        # Completed is the agent's word: an answer whose last report passed a cap stands whole (the spent
+        # shows by how much), as an in-process child's final answer does; the next turn is not sent.
         return budget_result(result, account)
 
     def _budget_stopped(
-        self, result: SubagentResult, hit: LimitHit, *, usage: Usage | None = None, final: bool = False
+        self, result: SubagentResult, hit: LimitHit, *, usage: Usage | None = None
     ) -> SubagentResult:
         """``result`` as a turn stopped by the budget: ``budget``, the cap, the output and usage kept."""
         charges = self._charges
@@ -1226,7 +1228,7 @@ class AcpRun(DisposeOnExit):
             error=f"stopped by its budget: {hit.describe(currency)}",
             usage=result.usage if result.usage is not None else usage,
             limit=hit,
-            output_final=final,
+            output_final=False,
         )
         return budget_result(stopped, charges.account)
 
