@@ -1046,7 +1046,7 @@ async def test_the_tool_offers_background_and_five_companions_only_with_backgrou
         refused = await plain.execute({"prompt": "task a", "provider": "spawn", "background": True})
         assert refused.render() == (
             'Error: invalid arguments, nothing was run:\n- unknown argument "background"; the tool takes '
-            '"prompt", "provider", "output_schema", "depth_limit", "tool_filter", "persona"'
+            '"prompt", "provider", "output_schema", "depth_limit", "tool_filter", "persona", "budget"'
         )
         with pytest.raises(ValueError, match="no background delegation"):
             await plain.execute_companion("list", {})
