@@ -127,6 +127,7 @@ import msgspec
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from subagent._acp_stop_reasons import TO_ACP
+from subagent._budget_codec import budget_to_json, limit_to_json, spend_to_json
 from subagent._budget_meta import budget_from_meta
 from subagent._served_subagents import (
     MAX_SUBAGENT_SESSIONS,
@@ -1046,6 +1047,10 @@ class _Reporter:
             meta["usage"] = usage
         if info.elapsed_seconds is not None:
             meta["elapsedSeconds"] = round(info.elapsed_seconds, 3)
+        if info.budget is not None or info.limit is not None:
+            # Which cap stopped it and what it spent beside each: the trace page marks it.
+            meta.update(budget=budget_to_json(info.budget), spent=spend_to_json(info.spent))
+            meta["limit"] = limit_to_json(info.limit)
         self._finish_run(run, cut(text, _RUN_TEXT_EXCERPT), state, stop_reason, meta=meta)
 
     def _finish_run(

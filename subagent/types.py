@@ -235,7 +235,9 @@ subagent tree to the client: ``{"runId", "parentId", "provider", "state", "depth
 ``"stopReason"`` once the run ended with one. ``state`` is ``running``, ``completed``, ``failed``
 or ``cancelled``; ``parentId`` is the session's id for the session's own children, and ``depth``
 counts levels below the session (1 for those children). At a run's end it also carries
-``"elapsedSeconds"`` and, when the run reported any, ``"usage"`` (ACP's camelCase counts)."""
+``"elapsedSeconds"`` and, when the run reported any, ``"usage"`` (ACP's camelCase counts); a run that
+ran under a budget adds ``"budget"``, ``"spent"`` and ``"limit"`` (the cap that stopped it, or null),
+in the form ``subagent run --json`` writes them."""
 
 TURN_META_KEY = "subagent-seam/turn"
 """The ``_meta`` key of the ``session_info_update`` with which ``subagent serve`` tells its client that

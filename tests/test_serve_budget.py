@@ -13,12 +13,14 @@ import pytest
 
 from subagent import Budget, LimitHit, SubagentRequest, SubagentResult, SubagentService, Usage
 from subagent._budget_meta import budget_from_meta, budget_to_meta
+from subagent.acp import schema
 from subagent.providers._acp_budget import SERVE_USAGE, known_usage_reports
 from subagent.providers.acp import AcpProvider
-from subagent.runtime import Reply, ScriptedLlm
+from subagent.runtime import Reply, ScriptedLlm, When
 from subagent.runtime._inprocess_agent import Agent
+from subagent.runtime._scripted import call
 from subagent.testing import StubAgentTransport
-from subagent.types import BUDGET_META_KEY
+from subagent.types import BUDGET_META_KEY, RUN_META_KEY
 from tests.leaks import assert_no_leaks
 from tests.test_serve import WAIT, served
 
@@ -182,9 +184,10 @@ async def test_serve_stops_a_session_over_the_token_budget_it_was_sent(tmp_path:
     assert turn.stop_reason == "max_tokens"
     assert turn.meta is not None
     sent = turn.meta[BUDGET_META_KEY]
-    # Stopped before the call (it could not fit, `needed` says by how much) or after it (`spent` > 50).
-    assert (sent["limit"], sent["allowed"]) == ("max_tokens", 50)
-    assert sent["spent"] > 50 or sent["needed"] > 50 - sent["spent"]
+    # Stopped before the call: its input alone (the prompt and the tools' definitions) could not fit.
+    assert (sent["limit"], sent["allowed"], sent["spent"]) == ("max_tokens", 50, 0)
+    assert sent["needed"] > 50
+    assert llm.requests == []
 
 
 async def test_a_served_sessions_subagents_are_started_below_its_budget(tmp_path: Path) -> None:
@@ -208,3 +211,48 @@ async def test_a_served_sessions_subagents_are_started_below_its_budget(tmp_path
             assert run.request.account is not None
             assert run.request.account.parent is account
             assert run.request.account.budget == Budget(max_tool_calls=5)
+
+
+async def test_a_served_run_stopped_by_the_sessions_budget_ends_with_the_cap_in_its_row(
+    tmp_path: Path,
+) -> None:
+    llm = ScriptedLlm(
+        [
+            Reply(
+                tool_calls=[call("subagent", {"provider": "spawn", "prompt": "count"}, id="call-1")],
+                usage=Usage(input_tokens=10, output_tokens=5),
+                when=When(last_user_contains="go", after_tool_result=False),
+            ),
+            # Far more output than the session has left: the call is bounded to what is left, and cut.
+            Reply(
+                "1, 2, 3, " * 50,
+                usage=Usage(input_tokens=10, output_tokens=1_000_000),
+                when=When(last_user_contains="count"),
+            ),
+        ],
+        fallback=Reply("Done.", usage=Usage(input_tokens=10, output_tokens=5)),
+    )
+    async with served(llm) as (_handler, client):
+        with anyio.fail_after(WAIT):
+            session = await client.new_session(tmp_path, meta={BUDGET_META_KEY: {"maxTokens": 50_000}})
+            turn = await session.prompt("go")
+    ends = [
+        update
+        for update in turn.updates
+        if isinstance(update, schema.ToolCallProgress)
+        and update.tool_call_id.startswith("run/")
+        and update.status
+    ]
+    assert len(ends) == 1
+    row = (ends[0].meta or {})[RUN_META_KEY]
+    assert (row["state"], row["stopReason"]) == ("failed", "budget")
+    assert row["limit"] == {
+        "limit": "max_tokens",
+        "allowed": 50_000,
+        "spent": row["limit"]["spent"],
+        "owner": session.session_id,
+        "needed": None,
+    }
+    assert row["limit"]["spent"] <= 50_000  # bounded to what was left: not passed
+    assert row["budget"]["max_tokens"] <= 50_000
+    assert row["spent"]["tokens"] == row["limit"]["spent"] - 15  # the session's own first call is above it
