@@ -19,6 +19,7 @@ from subagent import (
     Budget,
     ErrorCode,
     LimitHit,
+    PriceTable,
     ResumableRun,
     SubagentError,
     SubagentRequest,
@@ -135,7 +136,8 @@ def test_what_an_agent_reports_is_looked_up_by_its_command(command: list[str], r
     [
         (None, {"max_tokens", "max_cost", "max_seconds", "max_tool_calls"}),  # claude-agent-acp, by its name
         ((), {"max_seconds", "max_tool_calls"}),
-        (("tokens",), {"max_tokens", "max_seconds", "max_tool_calls"}),
+        # Tokens can be priced by the service's table: max_cost too.
+        (("tokens",), {"max_tokens", "max_cost", "max_seconds", "max_tool_calls"}),
         (("cost",), {"max_cost", "max_seconds", "max_tool_calls"}),
     ],
 )
@@ -489,3 +491,73 @@ async def test_a_provider_used_without_a_service_fills_in_the_budget_and_the_spe
     assert result.spent is not None
     assert result.spent.tokens == 50
     assert result.output == "Short "
+
+
+# -- a cost cap over an agent that reports tokens only: priced by the service's table ------------------------
+
+MODEL_OPTION = {
+    "type": "select",
+    "id": "model",
+    "name": "Model",
+    "category": "model",
+    "currentValue": "house-model-2",
+    "options": [{"value": "house-model-2", "name": "House"}],
+}
+HOUSE_PRICES = PriceTable({"house-model": {"input": 1_000.0, "output": 4_000.0}}, currency="EUR")
+
+
+async def test_an_agent_reporting_tokens_only_is_held_to_a_cost_cap_by_the_price_of_its_sessions_model(
+    tmp_path: Path,
+) -> None:
+    scenario = {
+        "newSession": {"configOptions": [MODEL_OPTION]},
+        "turns": [[say("One."), tokens(100, 50), say("Two."), tokens(100, 50), {"step": "wait_for_cancel"}]],
+    }
+    provider = stub_provider(scenario, tmp_path, reports=("tokens",))
+    async with assert_no_leaks(), SubagentService(prices=HOUSE_PRICES) as service:
+        service.register_provider(provider)
+        async with service.start("acp", SubagentRequest(prompt="go", budget=Budget(max_cost=0.5))) as run:
+            with anyio.fail_after(WAIT):
+                result = await run.result()
+    # Each report costs 100 x 1,000 + 50 x 4,000 per million: 0.3 EUR; the second passes the cap.
+    assert result.stop_reason == "budget"
+    assert result.limit == LimitHit("max_cost", allowed=0.5, spent=0.6, owner=run.id)
+    assert result.limit.spent == pytest.approx(0.6)
+    assert result.spent is not None
+    assert (result.spent.cost_currency, result.spent.tokens) == ("EUR", 300)
+    assert result.output == "One.Two."
+
+
+async def test_a_cost_cap_over_an_agent_reporting_no_cost_is_refused_without_a_price_table(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "spawned"
+    provider = AcpProvider(["sh", "-c", f"touch {marker}"], cwd=tmp_path, reports_usage=("tokens",))
+    async with assert_no_leaks(), SubagentService() as service:
+        service.register_provider(provider)
+        with pytest.raises(SubagentError) as refused:
+            service.start("acp", SubagentRequest(prompt="go", budget=Budget(max_cost=1.0)))
+    assert refused.value.code is ErrorCode.UNSUPPORTED_CAPABILITY
+    assert refused.value.feature == "max_cost"
+    assert "reports no cost, and the service has no price table" in refused.value.message
+    assert not marker.exists()
+
+
+async def test_a_cost_cap_fails_the_start_when_the_table_has_no_price_for_the_sessions_model(
+    tmp_path: Path,
+) -> None:
+    scenario = {
+        "newSession": {"configOptions": [{**MODEL_OPTION, "currentValue": "unpriced"}]},
+        "turns": [[say("x")]],
+    }
+    provider = stub_provider(scenario, tmp_path, reports=("tokens",))
+    async with assert_no_leaks(), SubagentService(prices=HOUSE_PRICES) as service:
+        service.register_provider(provider)
+        async with service.start("acp", SubagentRequest(prompt="go", budget=Budget(max_cost=1.0))) as run:
+            with anyio.fail_after(WAIT), pytest.raises(SubagentError) as failed:
+                await run.started()
+    assert failed.value.code is ErrorCode.START_FAILED
+    assert (
+        "cannot be held to max_cost: it reports no cost, and the service's price table has no price for "
+        "its model 'unpriced'" in failed.value.message
+    )

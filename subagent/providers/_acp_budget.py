@@ -30,7 +30,7 @@ from subagent.acp.handlers import (
     PermissionQuestion,
     policy_name,
 )
-from subagent.budget import BudgetAccount, usage_tokens
+from subagent.budget import BudgetAccount, Price, usage_tokens
 from subagent.types import BudgetField, Usage
 
 __all__ = [
@@ -130,7 +130,8 @@ def enforceable_caps(reports: frozenset[UsageReport]) -> frozenset[BudgetField]:
     """The caps an ACP child that reports ``reports`` can be held to (see the module docstring)."""
     caps: set[BudgetField] = {"max_seconds", "max_tool_calls"}
     if "tokens" in reports:
-        caps.add("max_tokens")
+        # Tokens are also priced by the service's price table, for an agent that reports no cost.
+        caps |= {"max_tokens", "max_cost"}
     if "cost" in reports:
         caps.add("max_cost")
     return frozenset(caps)
@@ -148,6 +149,11 @@ class RunCharges:
 
     def __init__(self, account: BudgetAccount) -> None:
         self.account = account
+        self.price: Price | None = None
+        """The price of the agent's tokens, when it reports no cost of its own (set once the session's
+        model is known): each charge of tokens is then charged as cost too."""
+        self.currency: str | None = None
+        self._turn_priced = 0.0  # the cost of the running turn's tokens, charged so far
         self._tool_calls: set[str] = set()
         self._session_cost: float | None = None  # the cumulative cost last reported
         self._turn_usage = TurnUsage()
@@ -157,6 +163,7 @@ class RunCharges:
         """A new turn: its token count starts from nothing (the session's cost does not)."""
         self._turn_usage = TurnUsage()
         self._turn_tokens = 0
+        self._turn_priced = 0.0
 
     def turn_usage(self) -> Usage | None:
         """The usage the running (or last) turn reported through its updates (not its prompt
@@ -170,7 +177,7 @@ class RunCharges:
             meta = update.meta  # type: ignore[union-attr]
             if meta is not None and "usage" in meta:
                 self._turn_usage.add_chunk_meta(meta)
-                self._charge_tokens(usage_tokens(self.turn_usage()))
+                self._charge_tokens(self.turn_usage())
         elif kind is schema.ToolCall:
             self.tool_call(update.tool_call_id)  # type: ignore[union-attr]
         elif kind is schema.UsageUpdate:
@@ -182,7 +189,7 @@ class RunCharges:
 
     def end_turn(self, usage: Usage | None) -> None:
         """The turn's prompt response said ``usage``: charge the tokens its updates had not."""
-        self._charge_tokens(usage_tokens(usage))
+        self._charge_tokens(usage)
 
     def tool_call(self, tool_call_id: str) -> None:
         """Charge a tool call the first time its id is seen."""
@@ -190,10 +197,25 @@ class RunCharges:
             self._tool_calls.add(tool_call_id)
             self.account.charge(tool_calls=1)
 
-    def _charge_tokens(self, turn_total: int) -> None:
-        if turn_total > self._turn_tokens:
-            more, self._turn_tokens = turn_total - self._turn_tokens, turn_total
-            self.account.charge(tokens=more)
+    def _charge_tokens(self, turn: Usage | None) -> None:
+        """Charge what ``turn`` (the turn's usage so far) counts beyond what was charged: its tokens, and
+        with a price, their cost."""
+        if turn is None:
+            return
+        total = usage_tokens(turn)
+        more = max(0, total - self._turn_tokens)
+        self._turn_tokens = max(total, self._turn_tokens)
+        cost = 0.0
+        if self.price is not None:
+            priced = self.price.cost(
+                input_tokens=turn.input_tokens or 0,
+                output_tokens=turn.output_tokens or 0,
+                cached_read=turn.cached_read_tokens or 0,
+                cached_write=turn.cached_write_tokens or 0,
+            )
+            cost, self._turn_priced = max(0.0, priced - self._turn_priced), max(priced, self._turn_priced)
+        if more or cost:
+            self.account.charge(tokens=more, cost=cost, currency=self.currency)
 
     def _take_usage_update(self, used: object, size: object, cost: object) -> None:
         self._turn_usage.add_usage_update(used, size, cost)

@@ -258,6 +258,11 @@ class AcpProvider:
             listeners as runs of its tree, the way ``subagent serve`` reports its own (a tool call
             with ``_meta["subagent-seam/run"]``). Their questions and file requests meet the same
             permission policy and sandbox. False: the agent is told nothing of the capability.
+        model: the model name to price the agent's tokens by, for a ``max_cost`` cap over an agent that
+            reports tokens but no cost: looked up in the service's :class:`~subagent.budget.PriceTable`.
+            Default: the current value of the agent's config option of category ``model``. Such a cap
+            is refused before any child exists when the service has no price table, and fails the start
+            when the table has no price for the model.
         ready_timeout: spawn to a ready session, in seconds. It starts at the spawn, after the run
             got its concurrency slot: time spent queued behind other runs never counts.
         idle_timeout: default inactivity timeout of a turn (a request's ``timeout`` overrides it).
@@ -343,6 +348,7 @@ class AcpProvider:
         config_options: Mapping[str, str | bool] | None = None,
         subagents: bool = True,
         reports_usage: Iterable[UsageReport] | None = None,
+        model: str | None = None,
     ) -> None:
         if isinstance(command, str) or not command:
             raise ValueError("command must be a non-empty argv list, e.g. ['npx', 'some-acp-agent']")
@@ -381,6 +387,9 @@ class AcpProvider:
         """Where each child runs (see :mod:`subagent.acp.transports`)."""
         self.idle_close_grace = idle_close_grace
         self.mode = mode
+        self.model = model
+        """The model the agent's tokens are priced as (by the service's price table) when it reports no
+        cost (None: its config option of category ``model``, as it stands once the session exists)."""
         self.subagents = subagents
         """Whether the client advertises ACP's ``subagents`` capability and shows the child sessions the
         agent announces as runs of the run's tree (see :attr:`AcpRun.subagents`)."""
@@ -451,6 +460,7 @@ class AcpProvider:
                         provider=self.name,
                         feature=cap,
                     )
+        self._check_pricing(request)
         run = AcpRun(self, request)
         # Admitted here, synchronously, rather than in the run's task: tasks may first run in any
         # order (trio shuffles them), and slots must go out in the order runs were started.
@@ -463,6 +473,31 @@ class AcpProvider:
         return run
 
     # -- slots: a FIFO admission queue, driven synchronously by the runs --------------------------
+
+    def _check_pricing(self, request: SubagentRequest) -> None:
+        """Refuse a ``max_cost`` cap over an agent reporting no cost when nothing could price its tokens."""
+        if "cost" in self.reports_usage:
+            return
+        account = request.account
+        chain = list(account.chain()) if account is not None else []
+        capped = (request.budget is not None and request.budget.max_cost is not None) or any(
+            a.asked.max_cost is not None for a in chain
+        )
+        if not capped:
+            return
+        prices = account.prices if account is not None else None
+        why = None
+        if prices is None:
+            why = "and the service has no price table to price its tokens by (SubagentService(prices=...))"
+        elif self.model is not None and prices.price(self.model) is None:
+            why = f"and the service's price table has no price for its model {self.model!r}"
+        if why is not None:
+            raise SubagentError(
+                ErrorCode.UNSUPPORTED_CAPABILITY,
+                f"provider {self.name!r} cannot enforce 'max_cost': its agent reports no cost, {why}",
+                provider=self.name,
+                feature="max_cost",
+            )
 
     def _admit(self, run: AcpRun) -> None:
         limit = self._max_concurrent
@@ -1093,8 +1128,41 @@ class AcpRun(DisposeOnExit):
                 f"agent `{self.command_line}` failed its handshake at {step}: {exc}{_stderr_suffix(client)}"
             )
             return None
+        if not self._price_tokens(session):
+            return None
         self.session_id = session.session_id
         return session
+
+    def _price_tokens(self, session: AcpSession) -> bool:
+        """For an agent that reports no cost, price its tokens by the service's table (its model: the
+        provider's ``model``, else its config option of category ``model``). False, the start failed,
+        when a ``max_cost`` cap needs the price and the table has none for the model."""
+        charges = self._charges
+        if charges is None or "cost" in self.provider.reports_usage or charges.account.prices is None:
+            return True
+        model = self.provider.model
+        if model is None:
+            options = session.config_options or ()
+            chosen = [
+                o.current_value
+                for o in options
+                if isinstance(o, schema.SessionConfigSelect) and o.category == "model"
+            ]
+            model = chosen[0] if chosen else None
+        prices = charges.account.prices
+        charges.price, charges.currency = prices.price(model), prices.currency
+        capped = any(a.asked.max_cost is not None for a in charges.account.chain())
+        if charges.price is None and capped:
+            known = (
+                "it names no model (no config option of category model)"
+                if model is None
+                else (f"the service's price table has no price for its model {model!r}")
+            )
+            self._fail_start(
+                f"agent `{self.command_line}` cannot be held to max_cost: it reports no cost, and {known}"
+            )
+            return False
+        return True
 
     async def _configure(self, session: AcpSession) -> None:
         """Apply the provider's mode and config options; then, when the policy is not ``allow`` and
