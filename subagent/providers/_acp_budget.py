@@ -6,8 +6,9 @@ An ACP child reports what it spends after the fact, each agent in its own place 
 passed by at most what the agent spent between two of its reports. A cap over something the agent never
 reports cannot be enforced at all, so the provider offers only the caps its agent's reports cover
 (:data:`KNOWN_AGENT_USAGE`): ``max_seconds`` and ``max_tool_calls`` always (the clock is ours, and every
-tool call is announced), ``max_tokens`` when the agent reports tokens, ``max_cost`` when it reports cost,
-and never ``max_turns`` (an agent's model calls are not visible over ACP).
+tool call is announced), ``max_tokens`` when the agent reports tokens, ``max_cost`` when it reports cost or
+tokens (priced then by the service's :class:`~subagent.budget.PriceTable` at the session's model), and never
+``max_turns`` (an agent's model calls are not visible over ACP).
 """
 
 from __future__ import annotations
