@@ -418,7 +418,10 @@ class BudgetAccount:
         cap = self.asked.cap(name)
         assert cap is not None
         spent = self.spent().of(name)
-        return LimitHit(limit=name, allowed=cap, spent=spent, owner=self.owner, needed=needed)
+        currency = self._currency if name == "max_cost" else None
+        return LimitHit(
+            limit=name, allowed=cap, spent=spent, owner=self.owner, needed=needed, currency=currency
+        )
 
     def _cost(self, cost: float, currency: str | None) -> float:
         if not cost:

@@ -403,9 +403,12 @@ class LimitHit:
     spent: float = field(compare=False)
     owner: str | None = None
     needed: float | None = field(default=None, compare=False)
+    currency: str | None = field(default=None, compare=False)
+    """The currency of a ``max_cost`` hit's amounts, when the spending had one."""
 
     def describe(self, currency: str | None = None) -> str:
         """One line for a person and for a model: what was hit, spent against allowed, whose."""
+        currency = currency or self.currency
         if self.limit == "timeout":
             return f"no sign of life for {self.allowed:g} s (the inactivity timeout)"
         whose = f" (the budget of {self.owner})" if self.owner else ""

@@ -76,8 +76,10 @@ async def test_a_session_sent_a_malformed_budget_is_served_without_one(
 def test_serve_is_known_to_report_tokens_only() -> None:
     assert {"tokens"} == SERVE_USAGE
     assert known_usage_reports(["subagent", "serve", "--model", "m"]) == SERVE_USAGE
+    # Its tokens are priced by the client's price table, for a cost cap.
     assert AcpProvider(["subagent", "serve"]).capabilities.budget == {
         "max_tokens",
+        "max_cost",
         "max_seconds",
         "max_tool_calls",
     }
