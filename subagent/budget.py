@@ -369,6 +369,26 @@ class BudgetAccount:
             self._released = anyio.Event()
         await self._released.wait()
 
+    def take(self, *, tool_calls: int = 0, turns: int = 0) -> LimitHit | None:
+        """Charge a step whose cost is known exactly when it starts (a tool call) if it fits along the
+        chain (what others reserved counted as spent), or return the cap it would pass, charging nothing.
+
+        Never waits, unlike :meth:`reserve`: a tool call may wait on a subagent whose own steps need the
+        room, so holding a reservation through it could wait forever."""
+        hit = self.check()
+        if hit is not None:
+            return hit
+        steps: tuple[tuple[BudgetField, str, int], ...] = (
+            ("max_tool_calls", "tool_calls", tool_calls),
+            ("max_turns", "turns", turns),
+        )
+        for account in self.chain():
+            for name, key, amount in steps:
+                cap = account.asked.cap(name)
+                if cap is not None and amount and account._spent[key] + account._reserved[key] + amount > cap:
+                    return account._limit(name, needed=amount)
+        return self.charge(tool_calls=tool_calls, turns=turns)
+
     def on_exhausted(self, listener: Callable[[LimitHit], object]) -> Disposer:
         """Call ``listener`` once with the cap, when this account (or one above it) is exhausted: the run
         must stop. Called at once when it already is."""

@@ -341,3 +341,38 @@ def test_a_budget_refuses_caps_out_of_range_and_of_the_wrong_type_with_clear_err
     assert Budget(max_tokens=5, max_turns=9).tighter(Budget(max_turns=3, max_cost=1.0)) == Budget(
         max_tokens=5, max_turns=3, max_cost=1.0
     )
+
+
+@pytest.mark.both_backends
+async def test_a_parent_waiting_in_a_tool_call_never_holds_back_its_childs_tool_calls() -> None:
+    # The parent's tool call (a wait on its child, as the subagent tool does) counts one of the three
+    # tool calls from its start; the child gets the other two, and its third is refused, not waited on.
+    hold, waiting = anyio.Event(), anyio.Event()
+
+    async def wait_for_child(arguments: Any) -> str:
+        waiting.set()
+        await hold.wait()
+        return "the child is done"
+
+    parent_model = ScriptedLlm([Reply(tool_calls=(call("wait", {}),)), Reply("done")])
+    ran: list[int] = []
+    # The child inherits its in-process parent's tools: `work` is among them.
+    tools = [FunctionTool("wait", "Wait for the child.", NO_ARGUMENTS, wait_for_child), work_tool(ran)]
+    async with SubagentService() as service:
+        service.register_provider(SpawnProvider(llm=parent_model, name="parent", tools=tools))
+        service.register_provider(SpawnProvider(llm=WorkingModel()))
+        with anyio.fail_after(WAIT):
+            parent = service.start("parent", SubagentRequest(prompt="p", budget=Budget(max_tool_calls=3)))
+            await waiting.wait()
+            child = service.start("spawn", SubagentRequest(prompt="c", parent_id=parent.id))
+            child_result = await child.result()
+            hold.set()
+            parent_result = await parent.result()
+            await child.dispose()
+            await parent.dispose()
+    assert child_result.stop_reason == "budget"
+    assert child_result.limit == LimitHit("max_tool_calls", allowed=3, spent=3, owner=parent.id)
+    assert len(ran) == 2
+    # The parent's own tool call had started before the cap was reached: its answer comes back whole.
+    assert parent_result.stop_reason == "completed"
+    assert parent_result.output == "done"

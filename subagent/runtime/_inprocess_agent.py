@@ -943,21 +943,17 @@ class Agent:
     async def _run_tool_call(self, call: ToolCall) -> tuple[str, bool]:
         """The call's output and whether it failed, inside its ``execute_tool`` span; not run when the
         budget has no tool call left (the turn then ends ``budget``)."""
-        if self.budget is None:
-            return await self._run_tool_call_traced(call)
-        reserved = await self.budget.reserve(tool_calls=1)
-        if isinstance(reserved, LimitHit):
-            if self._budget_hit is None:
-                self._budget_hit = reserved
-            if self._turn_scope is not None:
-                self._turn_scope.cancel()
-            return f"error: not run: the budget's {reserved.limit} is reached", True
-        try:
-            return await self._run_tool_call_traced(call)
-        finally:
-            hit = reserved.settle()
-            if hit is not None and self._budget_hit is None:
-                self._budget_hit = hit
+        if self.budget is not None:
+            # Charged as it starts (never reserved through the call: it may wait on a subagent of this
+            # very budget); one that does not fit is not run, and the turn ends.
+            refused = self.budget.take(tool_calls=1)
+            if refused is not None:
+                if self._budget_hit is None:
+                    self._budget_hit = refused
+                if self._turn_scope is not None:
+                    self._turn_scope.cancel()
+                return f"error: not run: the budget's {refused.limit} is reached", True
+        return await self._run_tool_call_traced(call)
 
     async def _run_tool_call_traced(self, call: ToolCall) -> tuple[str, bool]:
         if not telemetry.enabled():
