@@ -18,6 +18,9 @@ already passes the cap runs to its end, and the cap is passed by the whole turn'
 for an ACP child, "at most the usage between two reports", with one report a turn), not by one model
 call's. The provider then ends the run ``budget`` all the same (the report came before the prompt
 response, and a cap passed during the turn stops it whatever the agent answers): exit status 3.
+
+For contrast, a cap over what it does report during a turn: under ``--max-tool-calls`` the turn is
+cancelled at the tool call that passes the cap, mid-call, and Claude Code reports its cost at the cancel.
 """
 
 from __future__ import annotations
@@ -62,6 +65,9 @@ SIDE_USAGE: Final = (10, 5)
 MAX_COST: Final = 0.005
 """The cap, in USD: below one model call's cost, so the first call of the turn passes it."""
 CLOSING: Final = "Done."
+STALL_AFTER: Final = 5
+"""message_start, the text block's start, its one delta and its stop, the tool_use block's start: then a
+stalled call hangs, its tool call announced and its input never complete."""
 SIDE_TEXT: Final = "Stub title"
 
 
@@ -111,9 +117,11 @@ def _closed(messages: list[Any]) -> bool:
     )
 
 
-def serve_steps(workdir: Path) -> Serve:
+def serve_steps(workdir: Path, *, stall_at: int | None = None) -> Serve:
     """A `tests.test_real_agents.Serve` whose model writes ``step<N>.txt`` in ``workdir`` for each of
-    `STEPS` calls (one tool call each), then closes the turn with `CLOSING`; every call reports usage."""
+    `STEPS` calls (one tool call each), then closes the turn with `CLOSING`; every call reports usage.
+    ``stall_at``: the call of that step hangs once its tool call has started (`STALL_AFTER` events), until
+    the agent hangs up."""
 
     @asynccontextmanager
     async def serve(turn: Turn, home: Path) -> AsyncIterator[tuple[Served, dict[str, str], ModelLog]]:
@@ -134,8 +142,15 @@ def serve_steps(workdir: Path) -> Serve:
             if step < STEPS:
                 write = {"file_path": str(workdir / f"step{step}.txt"), "content": f"{step}\n"}
                 use = ToolUse(f"toolu_step_{step}", "Write", write)
+                stall = STALL_AFTER if step == stall_at else None
+                if stall is not None:
+                    log.stalled.append(request.disconnected)
                 return MessagesReply(
-                    text=step_text(step), tool_uses=[use], input_tokens=inputs, output_tokens=outputs
+                    text=step_text(step),
+                    tool_uses=[use],
+                    input_tokens=inputs,
+                    output_tokens=outputs,
+                    stall_after=stall,
                 )
             return MessagesReply(text=CLOSING, input_tokens=inputs, output_tokens=outputs)
 
@@ -165,14 +180,19 @@ async def test_claude_agent_acp_past_its_cost_cap_ends_budget_with_exit_3_at_its
     assert isinstance(log, CostLog)
     assert {call.model for call in log.calls} == {CLAUDE_MODEL}  # the model whose price is known
 
-    # What claude-agent-acp reported: the cost once, in the turn's last update, after every model call.
+    # What claude-agent-acp reported: the cost once, at the turn's end, after every model call.
     costs = [update["cost"] for update in usage_updates(finished) if "cost" in update]
     assert len(costs) == 1, usage_updates(finished)
     (reported,) = costs
     assert reported["currency"] == "USD"
     assert reported["amount"] == pytest.approx(sum(call.cost() for call in log.turn_calls()), rel=1e-9)
-    assert finished.of("update")[-1]["update"] == usage_updates(finished)[-1]
-    assert "cost" in usage_updates(finished)[-1]
+    updates = [event["update"] for event in finished.of("update")]
+    closing = [u for u in updates if u["sessionUpdate"] == "agent_message_chunk"][-1]
+    assert closing["content"]["text"] == CLOSING
+    (report,) = [u for u in updates if "cost" in u]
+    assert updates.index(report) > updates.index(
+        closing
+    )  # after the closing answer's text (a title may follow)
     # So the cap, passed by the first call already, was seen passed only at the turn's end: every step ran.
     assert log.started == 1
     turn_calls = STEPS + 1  # the steps and the closing call
@@ -224,3 +244,57 @@ async def test_claude_agent_acp_past_its_cost_cap_ends_budget_with_exit_3_at_its
         result["limit"],
         spent["cost"],
     )
+
+
+async def test_claude_agent_acp_past_its_tool_call_cap_is_stopped_mid_turn_and_reports_its_cost_at_the_cancel(
+    tmp_path: Path,
+) -> None:
+    # What a cap over something claude-agent-acp reports during a turn does: each tool call is announced as
+    # the model starts it, so the second one passes the cap while the model is still mid-call (it stalls
+    # there, so nothing else can end the turn) and the turn is cancelled then and there.
+    workdir = tmp_path / "work"
+    agent = dataclasses.replace(make_agent("claude"), serve=serve_steps(workdir, stall_at=1))
+    # run_cli also waits for the stalled call to be hung up on, and checks no process outlived the CLI.
+    finished, _, log = await run_cli(
+        agent, Turn(), tmp_path, permission="allow", options=("--max-tool-calls", "1")
+    )
+    assert isinstance(log, CostLog)
+    result = finished.result
+    assert finished.status == 3
+    assert result["stopReason"] == "budget"
+    limit = {"limit": "max_tool_calls", "allowed": 1, "spent": 2, "owner": "acp-1", "needed": None}
+    assert result["limit"] == limit
+    assert result["budget"] == {"max_tool_calls": 1}
+    assert (
+        result["error"]
+        == "stopped by its budget: max_tool_calls: 2 spent of 1 tool call (the budget of acp-1)"
+    )
+    assert (result["output"], result["outputFinal"]) == ("", False)  # no text after the last tool call
+    # The first step ran; the second never did (Claude Code says so of it), and no call came after it.
+    assert (workdir / "step0.txt").read_text() == "0\n"
+    assert not (workdir / "step1.txt").exists()
+    (stopped,) = [
+        update
+        for event in finished.of("update")
+        if (update := event["update"])["sessionUpdate"] == "tool_call_update"
+        and update["toolCallId"] == "toolu_step_1"
+    ]
+    assert stopped["status"] == "failed"
+    side = Call(CLAUDE_MODEL, *SIDE_USAGE, after_turn=False)
+    step = Call(CLAUDE_MODEL, *CALL_USAGE, after_turn=False)
+    assert Counter(log.turn_calls()) == Counter({side: 1, step: 2})
+    # Claude Code reports its cost at the cancel too: the title and the first step's call, the stalled call
+    # (whose usage never completed) not priced. The turn's token counts are the first step's.
+    (reported,) = [update["cost"] for update in usage_updates(finished) if "cost" in update]
+    assert reported["currency"] == "USD"
+    assert reported["amount"] == pytest.approx(side.cost() + step.cost(), rel=1e-9)
+    assert (result["usage"]["inputTokens"], result["usage"]["outputTokens"]) == CALL_USAGE
+    spent = result["spent"]
+    assert (spent["toolCalls"], spent["tokens"], spent["cost"], spent["costCurrency"]) == (
+        2,
+        sum(CALL_USAGE),
+        reported["amount"],
+        "USD",
+    )
+    end = finished.events[-1]
+    assert (end["event"], end["stopReason"], end["limit"]) == ("end", "budget", limit)
