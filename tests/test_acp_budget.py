@@ -368,7 +368,7 @@ async def test_an_agent_answering_end_turn_after_the_budget_cancel_still_ends_bu
     assert result.stop_reason == "budget"
     assert result.limit == LimitHit("max_tokens", allowed=50, spent=60, owner=run_id)
     assert result.output == "Half and the rest."
-    assert result.output_final is False
+    assert result.output_final is True  # the agent said its turn ended: its output is its final message
 
 
 # -- across the tree and the process boundary -------------------------------------------------------------

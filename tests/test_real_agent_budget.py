@@ -226,8 +226,9 @@ async def test_claude_agent_acp_past_its_cost_cap_ends_budget_with_exit_3_at_its
     assert (
         result["error"] == "stopped by its budget: max_cost: 0.02414 spent of 0.005 USD (the budget of acp-1)"
     )
-    # The output so far is kept (the agent's closing text), marked as not known to be final; the usage too.
-    assert (result["output"], result["outputFinal"]) == (CLOSING, False)
+    # The output is kept (the agent's closing text: it answered end_turn, so it is its final message); the
+    # usage too.
+    assert (result["output"], result["outputFinal"]) == (CLOSING, True)
     # The title is in the turn's cost, not in its token counts.
     turn_tokens = turn_calls * sum(CALL_USAGE)
     assert (result["usage"]["inputTokens"], result["usage"]["outputTokens"]) == (

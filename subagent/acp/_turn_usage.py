@@ -8,8 +8,9 @@ agents spread it wider. Where each puts it (read from their ACP code):
 
 * claude-agent-acp: the prompt response's ``usage`` (``inputTokens``, ``outputTokens``,
   ``cachedReadTokens``, ``cachedWriteTokens``, ``totalTokens``, summed over the turn's model
-  calls), and ``usage_update`` {``used``, ``size``, ``cost``: {``amount``, ``currency``}} after
-  each model call.
+  calls), ``usage_update`` {``used``, ``size``} after each model call, and one with ``cost``:
+  {``amount``, ``currency``} (the session's total) at the turn's end, just before the response
+  (0.101.0; also when the turn is cancelled).
 * Gemini CLI (``--experimental-acp``): only the prompt response's ``_meta``:
   ``{"quota": {"token_count": {"input_tokens", "output_tokens"}, "model_usage": [{"model",
   "token_count": {...}}]}}``, the turn's sums (a slash command answers zeros).

@@ -68,7 +68,8 @@ class KnownAgentUsage:
 
 
 KNOWN_AGENT_USAGE: Final[tuple[KnownAgentUsage, ...]] = (
-    # Tokens in the prompt response (the turn's sum), cost in a usage_update after each model call.
+    # Tokens in the prompt response (the turn's sum); cost in one usage_update at the turn's end (0.101.0:
+    # after each model call it reports only the context's size), so either cap stops it at the turn's end.
     KnownAgentUsage(
         "claude-agent-acp", frozenset({"claude-agent-acp", "claude-code-acp"}), frozenset({"tokens", "cost"})
     ),

@@ -54,7 +54,8 @@ each new tool call), on every turn, resumed ones too; a permission question for 
 budget is answered with a reject; the deadline of ``max_seconds`` is kept by a timer. Once a cap is
 passed, here or anywhere above the run in its tree, the turn is cancelled as ``cancel()`` does (torn
 down past ``cancel_grace``) and ends ``budget``, with the cap in ``limit``, the output so far
-(``output_final`` False) and the usage reported, whatever the agent then answers. A turn the agent
+(``output_final`` False, or True when the agent answers ``end_turn`` all the same: its output is then its
+final message) and the usage reported. A turn the agent
 completed itself, whose last report (the prompt response's usage) passed a cap, stays ``completed``: the
 agent said so and its answer is whole; ``spent`` shows the overshoot, and the next turn is not sent.
 What the run has left is sent in ``session/new``'s ``_meta`` (:data:`~subagent.types.BUDGET_META_KEY`),
@@ -1272,7 +1273,10 @@ class AcpRun(DisposeOnExit):
             # The prompt response's counts: what the turn's updates had not reported yet.
             charges.end_turn(result.usage)
         if stopped:
-            return self._budget_stopped(result, stopped[0], usage=charges.turn_usage())
+            # The agent may still answer end_turn (it finished as the cancel went out, or ignored it):
+            # the budget stopped the run all the same, and the output is then its final message.
+            final = result.stop_reason == "completed"
+            return self._budget_stopped(result, stopped[0], usage=charges.turn_usage(), final=final)
         if result.stop_reason == "budget" and result.limit is not None:
             # The agent enforced the budget sent to it: ours, as it was left to this run.
             hit = account.exhausted or dataclasses.replace(result.limit, owner=account.owner)
@@ -1284,7 +1288,7 @@ class AcpRun(DisposeOnExit):
         return budget_result(result, account)
 
     def _budget_stopped(
-        self, result: SubagentResult, hit: LimitHit, *, usage: Usage | None = None
+        self, result: SubagentResult, hit: LimitHit, *, usage: Usage | None = None, final: bool = False
     ) -> SubagentResult:
         """``result`` as a turn stopped by the budget: ``budget``, the cap, the output and usage kept."""
         charges = self._charges
@@ -1296,7 +1300,7 @@ class AcpRun(DisposeOnExit):
             error=f"stopped by its budget: {hit.describe(currency)}",
             usage=result.usage if result.usage is not None else usage,
             limit=hit,
-            output_final=False,
+            output_final=final,
         )
         return budget_result(stopped, charges.account)
 
