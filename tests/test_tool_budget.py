@@ -2,12 +2,12 @@
 through it, the remaining budget in its description, a call's own tighter `budget`, and a child
 stopped by its budget reported to the model (foreground and background), on asyncio and trio.
 
-The children that spend are real in-process runs (``spawn``) on a scripted model whose replies report
-their usage, stopped by the runtime's own enforcement. Most models here do not bound their output by
-the request's ``max_tokens`` (as behind an adapter that cannot pass one): a reply's usage is then
-charged whole, a call may pass a cap by its output, and every amount is exact. Where the model does
-bound its output, the reservations keep the children within the ceiling altogether. Argument checks
-that start nothing run on fake providers.
+The children that spend are real in-process runs (``spawn``, ``fork``) on a scripted model whose
+replies report their usage, stopped by the runtime's own enforcement. Most models here do not bound
+their output by the request's ``max_tokens`` (as behind an adapter that cannot pass one): a reply's
+usage is then charged whole, a call may pass a cap by its output, and every amount is exact. Where
+the model does bound its output, the reservations keep the children within the ceiling together.
+Argument checks that start nothing run on fake providers.
 """
 
 from __future__ import annotations
@@ -33,9 +33,11 @@ from subagent import (
     Usage,
 )
 from subagent.delegation import BackgroundOptions, Notice
-from subagent.providers._inprocess import InProcessRun
+from subagent.providers._inprocess import InProcessProvider, InProcessRun
+from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
 from subagent.runtime import (
+    Agent,
     AgentRegistry,
     CompletionRequest,
     FunctionTool,
@@ -97,9 +99,9 @@ def spent_as(tokens: int) -> Usage:
 
 
 class Worker(ScriptedLlm):
-    """A model that asks for a step of work at every call, reporting its input as a tokenizer making a token of four
-    bytes a token would (never more than the runtime's estimate) and ``output_tokens`` of output: the
-    reservations bound its output, so only a call cut short by what is left ends its run."""
+    """A model that asks for a step of work at every call, reporting its input as a tokenizer making a
+    token of four bytes would (never more than the runtime's estimate) and ``output_tokens`` of output:
+    the reservations bound its output, so only a call cut short by what is left ends its run."""
 
     def __init__(self, output_tokens: int) -> None:
         super().__init__(self._answer)
@@ -134,7 +136,7 @@ def running_task_ids() -> set[int]:
 
 
 @asynccontextmanager
-async def open_service(*providers: SpawnProvider | FakeProvider) -> AsyncIterator[SubagentService]:
+async def open_service(*providers: InProcessProvider | FakeProvider) -> AsyncIterator[SubagentService]:
     """An open service with ``providers``; on exit, no run is live and no task of it is left."""
     before = running_task_ids()
     async with SubagentService() as service:
@@ -580,4 +582,47 @@ async def test_a_grandchild_started_through_the_tool_is_stopped_by_the_roots_bud
     assert result.spent is not None
     assert result.spent.tokens == 100 + 100 + 30_000
     assert len(model.requests) == 3  # nobody read a tool result after the cap was passed
+    assert agents.list() == []
+
+
+async def test_an_agent_forking_through_the_tool_reads_its_forks_budget_error_and_the_spent_ceiling() -> None:
+    agents = AgentRegistry()
+    model = UnboundedLlm(
+        [
+            Reply(
+                tool_calls=(call("subagent", {"provider": "fork", "prompt": "beta task"}),),
+                usage=spent_as(100),
+                when=When(last_user_contains="alpha", after_tool_result=False),
+            ),
+            spending(60_000, when=When(last_user_contains="beta")),
+            answering(100, "the fork ran out", when=When(last_user_contains="alpha", after_tool_result=True)),
+        ]
+    )
+    async with open_service(ForkProvider(agents=agents)) as service:
+        with SubagentTool(service, budget=Budget(max_tokens=50_000)) as tool:
+            # The root is no run of the service (its own calls are not charged): only its fork is.
+            root = Agent(llm=model, id="root", tools=[tool.for_agents()], registry=agents)
+            with anyio.fail_after(WAIT):
+                result = await root.run_turn("alpha task")
+            await root.close()
+            ceiling = tool.budget_account
+            assert ceiling is not None
+            assert ceiling.spent().tokens == 60_000
+    assert (result.stop_reason, result.output) == ("completed", "the fork ran out")
+    first, fork_call, after = model.requests
+    assert (fork_call.messages[-1].role, fork_call.messages[-1].content) == ("user", "beta task")
+    assert after.messages[-1].role == "tool"
+    assert after.messages[-1].content == (
+        "error: the subagent stopped before finishing (stop reason: budget): it reached a cap of its budget "
+        "and was stopped (max_tokens: 60,000 spent of 50,000 tokens). Spent: 60,000 of 50,000 tokens."
+        "\n\nPartial output:\npartial answer"
+    )
+    # The root's model read the ceiling as it was at each call: whole, then spent.
+    [before_spec] = first.tools
+    [after_spec] = after.tools
+    assert "Left now: 50,000 tokens." in before_spec.description
+    assert after_spec.description.endswith(
+        "It is spent (max_tokens: 60,000 spent of 50,000 tokens): no subagent can be started. "
+        "A subagent that passes a cap is stopped, and its result is an error with its partial output."
+    )
     assert agents.list() == []
