@@ -244,7 +244,11 @@ class InProcessRun(DisposeOnExit):
         of the registry. Idempotent; returns once no task of the run is left."""
         if not self._disposing:
             self._disposing = True
-            if not self._result.is_set():
+            budget = self.agent.budget
+            # A turn its budget is stopping ends with that (its parent's call, stopped by the same cap,
+            # disposes it at that very moment): it is let end and tell so, rather than be "disposed".
+            stopping = budget is not None and budget.exhausted is not None and self.agent.busy
+            if not self._result.is_set() and not stopping:
                 self._result.fail(self._disposed_error("before its turn ended"))
         with anyio.CancelScope(shield=True):
             await self.agent.close(DISPOSED_REASON)
