@@ -19,10 +19,14 @@ __all__ = [
     "Budget",
     "BudgetAccount",
     "BudgetField",
+    "CleanupPolicy",
     "Disposer",
     "ErrorCode",
     "EventHub",
     "EventName",
+    "FileChange",
+    "IsolationMode",
+    "IsolationSettings",
     "LimitHit",
     "Lineage",
     "ObservableRun",
@@ -49,6 +53,7 @@ __all__ = [
     "SubagentService",
     "ToolFilter",
     "Usage",
+    "WorkspaceChange",
 ]
 
 if TYPE_CHECKING:
@@ -56,6 +61,7 @@ if TYPE_CHECKING:
     # own __all__. What the package exports is its __all__ above (types.py's also has a few helpers).
     from subagent.budget import BudgetAccount, Price, PriceTable
     from subagent.events import EventHub, EventName
+    from subagent.isolation import IsolationSettings
     from subagent.service import *
     from subagent.types import *
 else:
@@ -67,6 +73,7 @@ else:
         {
             "subagent.budget": ("BudgetAccount", "Price", "PriceTable"),
             "subagent.events": ("EventHub", "EventName"),
+            "subagent.isolation": ("IsolationSettings",),
             "subagent.service": ("DEFAULT_PROGRESS_INTERVAL", "RunState", "ServiceRun", "SubagentService"),
         },
         default="subagent.types",

@@ -118,6 +118,7 @@ def _snapshot(provider: SubagentProvider) -> ProviderSnapshot:
         # Read with a default: a provider's own capabilities record may predate this feature.
         additional_directories=bool(getattr(declared, "additional_directories", False)),
         budget=frozenset(getattr(declared, "budget", ())),
+        isolation=frozenset(getattr(declared, "isolation", ())),
     )
     return ProviderSnapshot(
         name=name,
@@ -248,6 +249,15 @@ class SubagentService:
                     provider=name,
                     feature=feature,
                 )
+        if request.isolation is not None and request.isolation not in snapshot.capabilities.isolation:
+            offered = ", ".join(sorted(snapshot.capabilities.isolation))
+            raise SubagentError(
+                ErrorCode.UNSUPPORTED_CAPABILITY,
+                f"provider {name!r} cannot give a child isolation={request.isolation!r} "
+                f"(it offers: {offered})",
+                provider=name,
+                feature="isolation",
+            )
         lineage = self._lineage(snapshot, request)
         account = self._account(snapshot, request, within)
         request = dataclasses.replace(request, lineage=lineage, account=account)

@@ -45,8 +45,11 @@ __all__ = [
     "TURN_META_KEY",
     "Budget",
     "BudgetField",
+    "CleanupPolicy",
     "Disposer",
     "ErrorCode",
+    "FileChange",
+    "IsolationMode",
     "LimitHit",
     "LimitName",
     "Lineage",
@@ -69,6 +72,7 @@ __all__ = [
     "SubagentRunInfo",
     "ToolFilter",
     "Usage",
+    "WorkspaceChange",
     "freeze_json",
     "sum_usage",
     "thaw_json",
@@ -93,6 +97,12 @@ BUDGET_FIELDS: tuple[BudgetField, ...] = (
 )
 """Every cap of a :class:`Budget`, in the order they are checked and described."""
 
+IsolationMode = Literal["worktree", "copy"]
+"""How a child's workspace is isolated: its own git worktree on its own branch, or a plain copy."""
+
+CleanupPolicy = Literal["remove", "keep", "remove-always"]
+"""What becomes of an isolated workspace when its run is disposed (see :mod:`subagent.isolation`)."""
+
 LimitName = Literal["max_tokens", "max_cost", "max_seconds", "max_tool_calls", "max_turns", "timeout"]
 """What a :class:`LimitHit` names: a budget's cap, or the inactivity ``timeout``."""
 
@@ -107,6 +117,7 @@ StartTimeFeature = Literal[
     "max_seconds",
     "max_tool_calls",
     "max_turns",
+    "isolation",
 ]
 """A request field that needs the provider's support; checked in this order before any child exists."""
 
@@ -473,6 +484,12 @@ class SubagentRequest:
     """Hard caps on what the run, with everything below it, may spend. Each cap set is a start-time
     feature of its own: a provider that cannot enforce it refuses the request, naming the cap. The
     service narrows it to what the run's ancestors have left."""
+    isolation: IsolationMode | None = None
+    """Run the child in its own workspace: ``"worktree"`` (a git worktree of ``cwd``'s repository on
+    a branch of its own, its changes handed back as that branch) or ``"copy"`` (a copy of ``cwd``).
+    A start-time feature: a provider that cannot isolate refuses it (see :mod:`subagent.isolation`)."""
+    cleanup: CleanupPolicy = "remove"
+    """With ``isolation``: what becomes of the workspace when the run is disposed."""
     account: BudgetAccount | None = field(default=None, compare=False, repr=False)
     """The run's account in its tree's budget ledger: filled in by the service (a caller's value is
     replaced); a provider used without a service makes one from ``budget``."""
@@ -485,6 +502,10 @@ class SubagentRequest:
             raise ValueError(f"depth_limit must be >= 0, got {self.depth_limit}")
         if self.timeout is not None and self.timeout <= 0:
             raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        if self.isolation not in (None, "worktree", "copy"):
+            raise ValueError(f"isolation must be 'worktree', 'copy' or None, got {self.isolation!r}")
+        if self.cleanup not in ("remove", "keep", "remove-always"):
+            raise ValueError(f"cleanup must be 'remove', 'keep' or 'remove-always', got {self.cleanup!r}")
 
     def requested_features(self) -> tuple[StartTimeFeature, ...]:
         """The start-time features this request asks for, in the order they are checked."""
@@ -497,7 +518,9 @@ class SubagentRequest:
         features = tuple(feature for feature in START_TIME_FEATURES if asked[feature])
         if self.additional_directories:
             features = (*features, "additional_directories")
-        return features if self.budget is None else (*features, *self.budget.fields())
+        if self.budget is not None:
+            features = (*features, *self.budget.fields())
+        return features if self.isolation is None else (*features, "isolation")
 
 
 @dataclass(slots=True)
@@ -523,6 +546,57 @@ class Usage:
 
 _TOKEN_FIELDS = tuple(f.name for f in fields(Usage) if f.name.endswith("_tokens"))
 """The fields of :class:`Usage` that count tokens (and so add up across turns and runs)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileChange:
+    """One file a child changed: its path in the repository, and the lines added and deleted (None for
+    a binary file)."""
+
+    path: str
+    added: int | None
+    deleted: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceChange:
+    """Where an isolated child worked and what it changed.
+
+    ``branch`` (worktree mode) holds the child's work: ``commit`` is its tip when the child changed
+    anything (what the child left uncommitted is committed there, so nothing is lost), over ``base``,
+    the commit the worktree started from. ``files`` lists what changed since ``base`` (a copy: against
+    the directory copied). ``path`` is the workspace's directory; ``removed`` says whether the cleanup
+    policy removed it (a removed worktree's work stays on its branch).
+    """
+
+    mode: IsolationMode
+    path: str
+    changed: bool
+    files: tuple[FileChange, ...] = ()
+    branch: str | None = None
+    base: str | None = None
+    commit: str | None = None
+    removed: bool = False
+
+    def describe(self) -> str:
+        """One paragraph for a person and for a model: where the work is, and the files with their counts."""
+        if not self.changed:
+            return "it changed no file"
+        files = ", ".join(
+            f"{change.path} (+{change.added} -{change.deleted})"
+            if change.added is not None
+            else f"{change.path} (binary)"
+            for change in self.files[:20]
+        )
+        more = f" and {len(self.files) - 20} more" if len(self.files) > 20 else ""
+        commit = self.commit[:12] if self.commit else "?"
+        base = self.base[:12] if self.base else "?"
+        where = (
+            f"its changes are on branch {self.branch} (commit {commit}, over {base})"
+            if self.mode == "worktree"
+            else f"its changes are in the copy at {self.path}"
+        )
+        return f"{where}: {len(self.files)} file(s) changed: {files}{more}"
 
 
 @dataclass(slots=True)
@@ -554,6 +628,8 @@ class SubagentResult:
     by the service; not part of equality: it holds wall time)."""
     budget: Budget | None = None
     """The caps the run ran under (its own, narrowed by its ancestors'), when it had any."""
+    workspace: WorkspaceChange | None = None
+    """With ``isolation``: where the child worked and what it changed (its branch, base and commit)."""
 
     def __post_init__(self) -> None:
         if self.output_final is None:
@@ -579,9 +655,14 @@ class SubagentCapabilities:
     """The caps of a :class:`Budget` the provider enforces (in-process providers: all of them; the acp
     provider: what its agent reports, see :class:`~subagent.providers.acp.AcpProvider`)."""
 
+    isolation: AbstractSet[IsolationMode] = frozenset()
+    """The workspace isolations the provider can give a child (``worktree``, ``copy``)."""
+
     def __post_init__(self) -> None:
         if not isinstance(self.budget, frozenset):
             object.__setattr__(self, "budget", frozenset(self.budget))
+        if not isinstance(self.isolation, frozenset):
+            object.__setattr__(self, "isolation", frozenset(self.isolation))
         unknown = set(self.budget) - set(BUDGET_FIELDS)
         if unknown:
             raise ValueError(f"unknown budget caps: {', '.join(sorted(unknown))}")
@@ -592,6 +673,8 @@ class SubagentCapabilities:
             return self.tool_filter
         if feature in BUDGET_FIELDS:
             return feature in self.budget
+        if feature == "isolation":
+            return bool(self.isolation)
         return bool(getattr(self, feature))
 
 
