@@ -27,12 +27,14 @@ branch; :func:`merge` refuses a merge with conflicts and names the conflicting p
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import anyio
+import anyio.abc
 import anyio.lowlevel
 import anyio.to_thread
 
@@ -186,6 +189,43 @@ class _TransientGitError(Exception):
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class _Done:
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+async def _run(command: Sequence[str], env: Mapping[str, str] | None = None) -> _Done:
+    """Run ``command`` to its end in a process group of its own, killed whole if we are cancelled: git
+    runs helpers of its own (``worktree add`` a checkout), which would go on changing the repository
+    after a cancelled command was cleaned up after."""
+    full_env = None if env is None else {**os.environ, **env}
+    process = await anyio.open_process(
+        list(command), env=full_env, stdin=subprocess.DEVNULL, start_new_session=True
+    )
+    out: list[bytes] = []
+    err: list[bytes] = []
+
+    async def drain(stream: anyio.abc.ByteReceiveStream | None, into: list[bytes]) -> None:
+        if stream is not None:
+            into.extend([chunk async for chunk in stream])
+
+    try:
+        async with process:
+            async with anyio.create_task_group() as readers:
+                readers.start_soon(drain, process.stdout, out)
+                readers.start_soon(drain, process.stderr, err)
+            returncode = await process.wait()
+    except BaseException:
+        # Its leader is killed and reaped by now (by the event loop's own means: killing it first
+        # would race the loop's reaping); what it started is killed with its group.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        raise
+    return _Done(returncode, b"".join(out), b"".join(err))
+
+
 async def _git_once(
     cwd: str | Path,
     *args: str,
@@ -193,12 +233,9 @@ async def _git_once(
     env: Mapping[str, str] | None = None,
     transient: bool = False,
 ) -> str:
-    full_env = None if env is None else {**os.environ, **env}
     try:
         with anyio.fail_after(GIT_TIMEOUT):
-            done = await anyio.run_process(
-                ["git", "-C", str(cwd), *args], check=False, env=full_env, stdin=subprocess.DEVNULL
-            )
+            done = await _run(["git", "-C", str(cwd), *args], env)
     except TimeoutError as exc:
         raise IsolationError(f"`git {' '.join(args[:2])}` took more than {GIT_TIMEOUT:g} s") from exc
     except OSError as exc:
@@ -305,21 +342,25 @@ class Workspace:
     async def commit(self, message: str) -> WorkspaceChange:
         """Commit what the child left uncommitted on its branch (``message``: the run's prompt) and say
         what changed since the base (for a copy: against the source)."""
-        if self.mode == "copy":
-            change = await self._copy_change()
-        else:
-            change = await self._worktree_change(message)
+        # Shielded (each git command is bounded): git stopped mid-commit leaves an index.lock behind
+        # that every later commit, and the reaper, would trip on.
+        with anyio.CancelScope(shield=True):
+            if self.mode == "copy":
+                change = await self._copy_change()
+            else:
+                change = await self._worktree_change(message)
         self._last = change
         return change
 
     async def close(self) -> WorkspaceChange | None:
-        """Apply the cleanup policy (the last turn's work is committed first); return the final change."""
+        """Commit what the child did since its last commit (a turn cut short, a job it left running), apply
+        the cleanup policy and return the final change."""
         if self._closed:
             return self._last
         self._closed = True
         with anyio.CancelScope(shield=True):
             try:
-                change = self._last or await self.commit(f"subagent run {self.run_id}")
+                change = await self.commit(f"subagent run {self.run_id}: the work it left at its end")
                 removed = await self._clean_up(change)
                 await anyio.to_thread.run_sync(_settle_record, self._record, removed)
                 self._last = dataclasses.replace(change, removed=removed)
@@ -372,9 +413,8 @@ class Workspace:
         )
 
     async def _copy_change(self) -> WorkspaceChange:
-        done = await anyio.run_process(
-            ["git", "diff", "--no-index", "--no-renames", "--numstat", "-z", self.source, self.root],
-            check=False,
+        done = await _run(
+            ["git", "diff", "--no-index", "--no-renames", "--numstat", "-z", self.source, self.root]
         )
         files = _numstat(done.stdout.decode(errors="replace"), strip=(self.source, self.root))
         return WorkspaceChange(mode="copy", path=self.path, changed=bool(files), files=files)
@@ -461,11 +501,7 @@ async def open_workspace(
 
 async def _repository(cwd: str) -> tuple[str, str]:
     """The top level and the common git directory of the repository ``cwd`` is in."""
-    probe = await anyio.run_process(
-        ["git", "-C", cwd, "rev-parse", "--show-toplevel", "--git-common-dir"],
-        check=False,
-        stdin=subprocess.DEVNULL,
-    )
+    probe = await _run(["git", "-C", cwd, "rev-parse", "--show-toplevel", "--git-common-dir"])
     lines = probe.stdout.decode(errors="replace").splitlines()
     if probe.returncode != 0 or len(lines) < 2:
         raise IsolationError(
@@ -515,13 +551,15 @@ async def _open_worktree(
     try:
         workers = _config_env("checkout.workers", str(settings.checkout_workers))
         await _git(toplevel, "worktree", "add", "--quiet", "-b", branch, path, base, env=workers)
+        await anyio.to_thread.run_sync(_mark_record, record, "ready")
+        real_top = await anyio.to_thread.run_sync(os.path.realpath, toplevel)
     except BaseException:
+        # Whatever of it was made goes (a cancel may land after the worktree exists): nobody else
+        # would close it while this process lives.
         with anyio.CancelScope(shield=True):
             await _remove_half_made(toplevel, path, branch, base)
             await anyio.to_thread.run_sync(_drop_record, record)
         raise
-    await anyio.to_thread.run_sync(_mark_record, record, "ready")
-    real_top = await anyio.to_thread.run_sync(os.path.realpath, toplevel)
     relative = os.path.relpath(cwd, real_top)  # noqa: ASYNC240 (no file system)
     child_cwd = path if relative == os.curdir else os.path.join(path, relative)
     return Workspace(
@@ -555,12 +593,12 @@ async def _open_copy(
         raise IsolationError(f"no free workspace name for run {run_id!r} in {records}")
     try:
         await anyio.to_thread.run_sync(_copy_tree, cwd, path)
+        await anyio.to_thread.run_sync(_mark_record, record, "ready")
     except BaseException:
         with anyio.CancelScope(shield=True):
             await anyio.to_thread.run_sync(shutil.rmtree, path, True)
             await anyio.to_thread.run_sync(_drop_record, record)
         raise
-    await anyio.to_thread.run_sync(_mark_record, record, "ready")
     return Workspace(
         mode="copy", run_id=run_id, source=cwd, root=path, path=path, cwd=path, record=record, branch=None,
         base=None, cleanup=cleanup,
@@ -641,6 +679,8 @@ def _tree_size(top: str, stop_after: int) -> int | None:
 
 async def _remove_half_made(repo: str, path: str, branch: str | None, base: str | None) -> None:
     """Remove a workspace that was never ready: its directory, and its branch while it is at the base."""
+    # A `worktree add` stopped half way leaves its entry locked ("initializing"), which prune spares.
+    await _git(repo, "worktree", "unlock", path, check=False)
     await _git(repo, "worktree", "remove", "--force", path, check=False)
     await anyio.to_thread.run_sync(shutil.rmtree, path, True)
     await _git(repo, "worktree", "prune", check=False)
@@ -866,9 +906,7 @@ async def merge(repo: str, change: WorkspaceChange, *, message: str | None = Non
     args = ["merge", "--no-edit", "--no-verify", "-q", change.branch]
     if message is not None:
         args[1:1] = ["-m", message]
-    done = await anyio.run_process(
-        ["git", "-C", repo, *args], check=False, env={**os.environ, **env}, stdin=subprocess.DEVNULL
-    )
+    done = await _run(["git", "-C", repo, *args], env)
     if done.returncode != 0:
         conflicted = (await _git(repo, "diff", "--name-only", "--diff-filter=U", check=False)).splitlines()
         await _git(repo, "merge", "--abort", check=False)

@@ -345,3 +345,31 @@ async def _change_of(repo: Path, branch: str) -> WorkspaceChange:
         base=base,
         commit=git(repo, "rev-parse", branch),
     )
+
+
+async def test_close_commits_what_the_child_did_after_its_last_turns_commit(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    workspace = await open_workspace(str(repo), "late", "worktree")
+    await anyio.Path(workspace.cwd, "turn.txt").write_text("in the turn\n")
+    first = await workspace.commit("the turn")
+    await anyio.Path(workspace.cwd, "late.txt").write_text("a job it left running wrote this\n")
+    final = await workspace.close()
+    assert first.files == (FileChange("turn.txt", 1, 0),)
+    assert final is not None
+    assert final.files == (FileChange("late.txt", 1, 0), FileChange("turn.txt", 1, 0))
+    assert final.commit == git(repo, "rev-parse", "subagent/late")
+    assert git(repo, "log", "--format=%s", "main..subagent/late").splitlines() == [
+        "subagent run late: the work it left at its end",
+        "the turn",
+    ]
+
+
+async def test_a_start_cancelled_while_its_worktree_is_made_leaves_nothing(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    for delay in (0.0, 0.01, 0.02, 0.05, 0.1):
+        with anyio.move_on_after(delay):
+            workspace = await open_workspace(str(repo), f"cut-{delay}", "worktree")
+            await workspace.close()
+        assert branches(repo) == ["main"]
+        assert worktrees(repo) == [str(repo)]
+        assert not records_dir(repo).exists() or list(records_dir(repo).iterdir()) == []
