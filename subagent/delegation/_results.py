@@ -20,6 +20,7 @@ from subagent.types import (
     SubagentRequest,
     SubagentResult,
     Usage,
+    WorkspaceChange,
 )
 
 __all__ = ["Spill", "SubagentToolResult", "map_result", "seam_failure"]
@@ -70,7 +71,8 @@ class SubagentToolResult:
     ``spill`` is set when ``output`` was too large to show whole: :meth:`render` then shows its head
     and tail with the file that holds it (``output`` itself stays whole, for the host).
     ``limit`` is the cap (or the timeout) that stopped the child, and ``spent`` what it had spent
-    against its budget, when it ran under one.
+    against its budget, when it ran under one. ``workspace`` is where an isolated child worked and what
+    it changed (its branch, commit and files): :meth:`render` ends with it.
     """
 
     is_error: bool
@@ -86,6 +88,7 @@ class SubagentToolResult:
     spill: Spill | None = None
     limit: LimitHit | None = None
     spent: Spend | None = field(default=None, compare=False)  # holds wall time: no two runs alike
+    workspace: WorkspaceChange | None = None
 
     @property
     def text(self) -> str:
@@ -98,8 +101,12 @@ class SubagentToolResult:
         Success: the structured value as JSON when one was asked for, else the child's output (its
         head and tail when it was spilled). Error: ``Error: `` and the explanation, then, when a child
         ran, its partial output. The ``Error:`` prefix carries the outcome in formats that have no
-        error flag (OpenAI's tool messages).
+        error flag (OpenAI's tool messages). An isolated child's workspace is said last (where its
+        changes are: a branch and commit, with the files changed).
         """
+        return self._outcome() + self._workspace_note()
+
+    def _outcome(self) -> str:
         output = self.output if self.spill is None else self.spill.render()
         if not self.is_error:
             if self.structured is not None:
@@ -112,6 +119,12 @@ class SubagentToolResult:
         if self.stop_reason is not None:
             text += f"\n\nPartial output:\n{output}" if output else "\n\nIt produced no output."
         return text
+
+    def _workspace_note(self) -> str:
+        """Where an isolated child's changes are, as the last paragraph (empty for a child that was not)."""
+        if self.workspace is None:
+            return ""
+        return f"\n\nThe subagent worked in a workspace of its own: {self.workspace.describe()}."
 
     def to_openai(self, tool_call_id: str) -> dict[str, Any]:
         """An OpenAI chat-completions tool message answering ``tool_call_id``."""
@@ -165,6 +178,7 @@ def map_result(
             handle=handle,
             spill=spill,
             spent=result.spent,
+            workspace=result.workspace,
         )
     explanation = _STOP_EXPLANATIONS.get(result.stop_reason, "it stopped early.")
     if result.stop_reason == "error" and result.error:
@@ -187,6 +201,7 @@ def map_result(
         spill=spill,
         limit=result.limit,
         spent=result.spent,
+        workspace=result.workspace,
     )
 
 
