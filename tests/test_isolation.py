@@ -106,7 +106,7 @@ async def test_a_hostile_run_id_cannot_name_a_path_outside_the_workspaces_direct
         await workspace.close()
 
 
-# -- leftovers ------------------------------------------------------------------------------------------------
+# -- leftovers -----------------------------------------------------------------------------------------------
 
 PARENT = textwrap.dedent(
     """
