@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 import anyio
+import anyio.lowlevel
 import anyio.to_thread
 
 from subagent.types import CleanupPolicy, FileChange, IsolationMode, WorkspaceChange
@@ -133,8 +134,55 @@ class IsolationSettings:
 # -- git ---------------------------------------------------------------------------------------------------
 
 
+_ADMIN_LOCKS: dict[tuple[object, str], anyio.Lock] = {}
+"""One lock per event loop and repository, held by the git commands that add or remove worktrees."""
+
+_TRANSIENT: Final = ("failed to read", "could not lock", "unable to create", "is locked")
+"""What git says when another git process was changing the worktree list at the same moment."""
+
+_ADMIN_ATTEMPTS: Final = 5
+
+
+def _admin_lock(cwd: str | Path) -> anyio.Lock:
+    token = anyio.lowlevel.current_token()
+    key = (token, os.path.normpath(str(cwd)))
+    lock = _ADMIN_LOCKS.get(key)
+    if lock is None:
+        # Locks of event loops that have ended are dropped (a host runs one loop; tests many).
+        for stale in [k for k in _ADMIN_LOCKS if k[0] is not token]:
+            del _ADMIN_LOCKS[stale]
+        lock = _ADMIN_LOCKS[key] = anyio.Lock()
+    return lock
+
+
 async def _git(cwd: str | Path, *args: str, check: bool = True, env: Mapping[str, str] | None = None) -> str:
-    """Run ``git -C cwd args...`` and return its stdout (stripped); IsolationError when it fails."""
+    """Run ``git -C cwd args...`` and return its stdout (stripped); IsolationError when it fails.
+
+    Git does not guard its worktree list against concurrent changes (a ``worktree add`` half done makes
+    another process's ``branch -D`` fail reading it), so the commands that change it run one at a time
+    per repository here, and one that another process's change made fail is tried again."""
+    if not (args[0] == "worktree" or args[:2] == ("branch", "-D")):
+        return await _git_once(cwd, *args, check=check, env=env)
+    async with _admin_lock(cwd):
+        for attempt in range(1, _ADMIN_ATTEMPTS + 1):
+            try:
+                return await _git_once(cwd, *args, check=check, env=env, transient=attempt < _ADMIN_ATTEMPTS)
+            except _TransientGitError:
+                await anyio.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+class _TransientGitError(Exception):
+    pass
+
+
+async def _git_once(
+    cwd: str | Path,
+    *args: str,
+    check: bool = True,
+    env: Mapping[str, str] | None = None,
+    transient: bool = False,
+) -> str:
     full_env = None if env is None else {**os.environ, **env}
     try:
         with anyio.fail_after(GIT_TIMEOUT):
@@ -145,6 +193,10 @@ async def _git(cwd: str | Path, *args: str, check: bool = True, env: Mapping[str
         raise IsolationError(f"`git {' '.join(args[:2])}` took more than {GIT_TIMEOUT:g} s") from exc
     except OSError as exc:
         raise IsolationError(f"git cannot be run: {exc}") from exc
+    if done.returncode != 0 and transient:
+        said = done.stderr.decode(errors="replace")
+        if any(sign in said for sign in _TRANSIENT) and "already exists" not in said:
+            raise _TransientGitError(said)
     if check and done.returncode != 0:
         said = done.stderr.decode(errors="replace").strip()[-500:]
         raise IsolationError(f"`git {' '.join(args[:2])}` failed (exit {done.returncode}): {said}")
@@ -437,10 +489,17 @@ async def _open_worktree(
         }  # fmt: skip
         if not await anyio.to_thread.run_sync(_claim_record, record, details):
             continue
-        if await _git(toplevel, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False):
-            await anyio.to_thread.run_sync(_drop_record, record)  # a kept branch of an earlier run
-            continue
-        break
+        try:
+            taken = await _git(
+                toplevel, "rev-parse", "--verify", "--quiet", f"refs/heads/{branch}", check=False
+            )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(_drop_record, record)
+            raise
+        if not taken:
+            break
+        await anyio.to_thread.run_sync(_drop_record, record)  # a kept branch of an earlier run
     else:
         raise IsolationError(f"no free workspace name for run {run_id!r} in {records}")
     try:

@@ -45,6 +45,7 @@ BOTH_BACKENDS_MODULES = frozenset(
         "test_connection",  # JSON-RPC over streams: cancellation of requests and handlers
         "test_connection_drain",
         "test_fake_model_servers",
+        "test_inprocess_isolation",  # git worktrees made and removed concurrently
         "test_faults",  # the fault battery on local child processes
         "test_jsonrpc_letter",
         "test_liveness",  # timeouts and silence

@@ -14,8 +14,10 @@ and repaired once by the agent) and the inactivity timeout.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import os
 from collections.abc import Sequence
 
 import anyio
@@ -24,6 +26,7 @@ import anyio.abc
 from subagent import _structured
 from subagent._outcome import DisposeOnExit, Outcome
 from subagent.budget import account_for, budget_result
+from subagent.isolation import IsolationError, IsolationSettings, Workspace, open_workspace
 from subagent.runtime._inprocess_agent import DEFAULT_MAX_MODEL_CALLS, Agent, AgentClosedError, AgentRegistry
 from subagent.runtime._llm import LlmAdapter, LlmService
 from subagent.runtime._messages import Message
@@ -67,6 +70,7 @@ class InProcessProvider:
         persona: str | None = None,
         approver: Approver | None = None,
         max_model_calls: int = DEFAULT_MAX_MODEL_CALLS,
+        isolation: IsolationSettings | None = None,
     ) -> None:
         if isinstance(llm, str) and llm_service is None:
             raise ValueError(f"llm={llm!r} names an adapter, so an llm_service to look it up in is needed")
@@ -74,7 +78,11 @@ class InProcessProvider:
             raise ValueError(f"max_model_calls must be >= 1, got {max_model_calls}")
         self.name = name or self.default_name
         self.capabilities = SubagentCapabilities(
-            output_schema=True, depth_limit=True, tool_filter=True, budget=frozenset(BUDGET_FIELDS)
+            output_schema=True,
+            depth_limit=True,
+            tool_filter=True,
+            budget=frozenset(BUDGET_FIELDS),
+            isolation=frozenset({"worktree", "copy"}),
         )
         self.llm = llm
         self.llm_service = llm_service
@@ -84,6 +92,8 @@ class InProcessProvider:
         self.persona = persona
         self.approver = approver
         self.max_model_calls = max_model_calls
+        self.isolation = isolation if isolation is not None else IsolationSettings()
+        """Where isolated children's workspaces are made (``SubagentRequest.isolation``)."""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} live={len(self.agents)}>"
@@ -174,6 +184,13 @@ class InProcessRun(DisposeOnExit):
         self._done = anyio.Event()
         self._cancelled_before_turn = False
         self._disposing = False
+        self.workspace: Workspace | None = None
+        """The child's isolated workspace (``request.isolation``), once made; None without isolation."""
+        # Set once the child can work: at once, or when its workspace is made (or failed to be).
+        self._ready = anyio.Event()
+        self._start_error: SubagentError | None = None
+        if request.isolation is None:
+            self._ready.set()
 
     @property
     def id(self) -> str:
@@ -209,11 +226,16 @@ class InProcessRun(DisposeOnExit):
     # -- the SubagentRun protocol ---------------------------------------------------------------
 
     async def started(self) -> None:
-        """Return at once unless disposed: the child agent exists from ``start()`` on.
+        """Return at once unless disposed: the child agent exists from ``start()`` on; with
+        ``isolation``, once its workspace is made.
 
         Raises:
-            SubagentError: ``DISPOSED`` when the run was disposed before its turn began.
+            SubagentError: ``DISPOSED`` when the run was disposed before its turn began;
+                ``START_FAILED`` when its workspace could not be made.
         """
+        await self._ready.wait()
+        if self._start_error is not None:
+            raise self._start_error
         if self._disposing and self._result.error is not None:
             self._result.get()  # raises it
 
@@ -253,6 +275,8 @@ class InProcessRun(DisposeOnExit):
         with anyio.CancelScope(shield=True):
             await self.agent.close(DISPOSED_REASON)
             await self._done.wait()
+            if self.workspace is not None:
+                await self.workspace.close()
 
     async def send_message(self, text: str) -> None:
         """Send ``text`` to the child: at once into its log when it is idle, else at its next idle
@@ -284,16 +308,55 @@ class InProcessRun(DisposeOnExit):
         if self._disposing:
             # dispose() cut the turn short: the same outcome as a first turn disposed mid-way.
             raise self._disposed_error("before its resumed turn ended")
-        return self._with_budget(outcome)
+        return await self._with_workspace(self._with_budget(outcome), prompt)
 
     def _with_budget(self, outcome: SubagentResult) -> SubagentResult:
         budget = self.agent.budget
         return outcome if budget is None else budget_result(outcome, budget)
 
+    async def _with_workspace(self, outcome: SubagentResult, prompt: str) -> SubagentResult:
+        """The turn's work committed on the child's branch, and said in the result."""
+        if self.workspace is None:
+            return outcome
+        with anyio.CancelScope(shield=True):  # a turn's work is recorded even when the run is torn down
+            try:
+                change = await self.workspace.commit(prompt)
+            except IsolationError as exc:
+                logger.error("run %r: its workspace's work could not be committed: %s", self.id, exc)
+                return outcome
+        return dataclasses.replace(outcome, workspace=change)
+
+    async def _open_workspace(self) -> bool:
+        """Make the child's workspace and move the child into it; whether it can work."""
+        request = self.request
+        assert request.isolation is not None
+        try:
+            self.workspace = await open_workspace(
+                self.agent.cwd or os.getcwd(),
+                self.id,
+                request.isolation,
+                settings=self.provider.isolation,
+                cleanup=request.cleanup,
+            )
+        except IsolationError as exc:
+            self._start_error = SubagentError(
+                ErrorCode.START_FAILED,
+                f"provider {self.provider.name!r}: the child's workspace could not be made: {exc}",
+                provider=self.provider.name,
+            )
+            self._result.fail(self._start_error)
+            return False
+        finally:
+            self._ready.set()
+        self.agent.cwd = self.workspace.cwd
+        return True
+
     # -- the first turn, in the service's task group -----------------------------------------------
 
     async def _main(self) -> None:
         try:
+            if self.request.isolation is not None and not await self._open_workspace():
+                return
             if self._cancelled_before_turn or self._disposing:
                 self._result.settle(SubagentResult(output="", stop_reason="cancelled"))
                 return
@@ -302,8 +365,9 @@ class InProcessRun(DisposeOnExit):
                 output_schema=self.request.output_schema,
                 idle_timeout=self.request.timeout,
             )
+            outcome = await self._with_workspace(self._with_budget(outcome), self.request.prompt)
             # dispose() settles the result itself (DISPOSED) before the agent's turn comes back.
-            self._result.settle(self._with_budget(outcome))
+            self._result.settle(outcome)
         except AgentClosedError:
             self._result.fail(self._disposed_error("before its turn began"))
         except Exception as exc:
@@ -315,6 +379,7 @@ class InProcessRun(DisposeOnExit):
         finally:
             # Cancelled from outside (the service's task group): no waiter may hang on the result.
             self._result.settle(SubagentResult(output="", stop_reason="cancelled"))
+            self._ready.set()
             self._done.set()
 
     def _disposed_error(self, when: str) -> SubagentError:
