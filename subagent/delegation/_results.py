@@ -72,7 +72,9 @@ class SubagentToolResult:
     and tail with the file that holds it (``output`` itself stays whole, for the host).
     ``limit`` is the cap (or the timeout) that stopped the child, and ``spent`` what it had spent
     against its budget, when it ran under one. ``workspace`` is where an isolated child worked and what
-    it changed (its branch, commit and files): :meth:`render` ends with it.
+    it changed (its branch, commit and files), as of the end of its turn: :meth:`render` ends with it.
+    ``workspace_discarded`` says that its cleanup policy (``remove-always``) removes the workspace, branch
+    and all, when the child is disposed.
     """
 
     is_error: bool
@@ -89,6 +91,7 @@ class SubagentToolResult:
     limit: LimitHit | None = None
     spent: Spend | None = field(default=None, compare=False)  # holds wall time: no two runs alike
     workspace: WorkspaceChange | None = None
+    workspace_discarded: bool = False
 
     @property
     def text(self) -> str:
@@ -122,9 +125,25 @@ class SubagentToolResult:
 
     def _workspace_note(self) -> str:
         """Where an isolated child's changes are, as the last paragraph (empty for a child that was not)."""
-        if self.workspace is None:
+        change = self.workspace
+        if change is None:
             return ""
-        return f"\n\nThe subagent worked in a workspace of its own: {self.workspace.describe()}."
+        if not self.workspace_discarded:
+            return f"\n\nThe subagent worked in a workspace of its own: {change.describe()}."
+        # As describe() lists them, without the branch or copy that is no more.
+        files = ", ".join(
+            f"{file.path} (+{file.added} -{file.deleted})"
+            if file.added is not None
+            else f"{file.path} (binary)"
+            for file in change.files[:20]
+        )
+        more = f" and {len(change.files) - 20} more" if len(change.files) > 20 else ""
+        what = (
+            f"{len(change.files)} file(s) changed: {files}{more}" if change.changed else "it changed no file"
+        )
+        return (
+            f"\n\nThe subagent worked in a scratch workspace, removed with its changes when it ended: {what}."
+        )
 
     def to_openai(self, tool_call_id: str) -> dict[str, Any]:
         """An OpenAI chat-completions tool message answering ``tool_call_id``."""
@@ -166,6 +185,7 @@ def map_result(
     """A run's result as the tool's: ``completed`` is a success, any other stop reason an error
     result with the partial output and an explanation."""
     structured = result.structured if request.output_schema is not None else None
+    discarded = result.workspace is not None and request.cleanup == "remove-always"
     if result.stop_reason == "completed":
         return SubagentToolResult(
             is_error=False,
@@ -179,6 +199,7 @@ def map_result(
             spill=spill,
             spent=result.spent,
             workspace=result.workspace,
+            workspace_discarded=discarded,
         )
     explanation = _STOP_EXPLANATIONS.get(result.stop_reason, "it stopped early.")
     if result.stop_reason == "error" and result.error:
@@ -202,6 +223,7 @@ def map_result(
         limit=result.limit,
         spent=result.spent,
         workspace=result.workspace,
+        workspace_discarded=discarded,
     )
 
 
