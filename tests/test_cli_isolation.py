@@ -13,10 +13,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
@@ -27,7 +29,8 @@ from subagent.cli._config import ConfigError, load_config
 from subagent.cli._console import Console
 from subagent.cli._turn import TurnOutcome, TurnSpec
 from subagent.cli._views import EventView
-from tests.test_cli import LiveCli, live, run_cli, scenario  # noqa: F401 (used below, once ACP isolates)
+from tests.leaks import leaked_processes
+from tests.test_cli import BOUND, LiveCli, live, run_cli, scenario
 
 __all__ = ["live"]  # the fixture, used by name
 
@@ -344,3 +347,194 @@ def test_the_end_event_of_an_isolated_run_carries_its_workspace() -> None:
         "elapsed": 2.5,
         "workspace": WORKSPACE_JSON,
     }
+
+
+# -- end to end: the stub agent through the acp provider ----------------------------------------------------
+
+REWRITE: Final = {
+    "turns": [
+        [
+            {"step": "write_file", "path": "notes.txt", "content": "the agent's notes\n", "report": False},
+            {"step": "message", "text": "I rewrote the notes."},
+        ]
+    ]
+}
+"""A turn that rewrites notes.txt (a path relative to the session's cwd: the worktree), then answers."""
+
+
+def isolated_run(tmp_path: Path, repo: Path, *flags: str) -> Any:
+    agent = scenario(tmp_path, REWRITE)
+    argv = ["run", "-p", "Rewrite the notes", "--permission", "allow", "--isolation", "worktree", *flags]
+    return run_cli(tmp_path, *argv, "--", *agent, cwd=repo)
+
+
+@pytest.mark.subprocess
+def test_an_isolated_run_names_the_branch_and_file_its_changes_are_on_and_leaves_the_tree_untouched(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    base = git(repo, "rev-parse", "HEAD")
+    done = isolated_run(tmp_path, repo)
+    assert done.status == 0, done.stderr
+    commit = git(repo, "rev-parse", "subagent/acp-1")
+    assert done.stdout == "I rewrote the notes.\n"
+    assert done.stderr == (
+        f"subagent: workspace: its changes are on branch subagent/acp-1 (commit {commit[:12]}, over "
+        f"{base[:12]}): 1 file(s) changed: notes.txt (+1 -1)\n"
+        "subagent: take them with `git merge subagent/acp-1`, or drop them with "
+        "`git branch -D subagent/acp-1`\n"
+    )
+    assert (repo / "notes.txt").read_text() == "the parent's notes\n"
+    assert git(repo, "status", "--porcelain") == ""
+    assert git(repo, "show", "subagent/acp-1:notes.txt") == "the agent's notes"
+    assert git(repo, "log", "-1", "--format=%s", "subagent/acp-1") == "Rewrite the notes"
+    assert worktrees(repo) == [str(repo)]
+    assert branches(repo) == ["main", "subagent/acp-1"]
+
+
+@pytest.mark.subprocess
+def test_json_of_an_isolated_run_holds_its_workspace_exactly(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    base = git(repo, "rev-parse", "HEAD")
+    done = isolated_run(tmp_path, repo, "--json", "--branch-prefix", "agent/")
+    assert done.status == 0, done.stderr
+    report = done.json()
+    assert (report["output"], report["stopReason"]) == ("I rewrote the notes.", "completed")
+    assert report["workspace"] == {
+        "mode": "worktree",
+        "path": f"{repo}/.git/subagent-worktrees/acp-1",
+        "changed": True,
+        "branch": "agent/acp-1",
+        "base": base,
+        "commit": git(repo, "rev-parse", "agent/acp-1"),
+        "removed": True,
+        "files": [{"path": "notes.txt", "added": 1, "deleted": 1}],
+    }
+
+
+@pytest.mark.subprocess
+def test_the_end_event_of_an_isolated_run_carries_its_workspace_and_a_kept_one_is_listed(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    done = isolated_run(tmp_path, repo, "--events", "--cleanup", "keep")
+    assert done.status == 0
+    end = done.events()[-1]
+    path = f"{repo}/.git/subagent-worktrees/acp-1"
+    assert (end["event"], end["workspace"]["removed"], end["workspace"]["path"]) == ("end", False, path)
+    assert (Path(path) / "notes.txt").read_text() == "the agent's notes\n"
+    listed = run_cli(tmp_path, "worktrees", "--repo", str(repo))
+    assert (listed.status, listed.stderr) == (0, "")
+    assert listed.stdout == (
+        f"workspaces of {repo}:\n"
+        "  RUN    MODE      STATE  BRANCH          OWNER  PATH\n"
+        f"  acp-1  worktree  kept   subagent/acp-1  -      {path}\n"
+        "kept worktrees are yours: take one's work with `git merge BRANCH`, drop it with "
+        "`git worktree remove --force PATH && git branch -D BRANCH`\n"
+    )
+    pruned = run_cli(tmp_path, "worktrees", "--repo", str(repo), "--prune", "--json")
+    assert json.loads(pruned.stdout) == {
+        "repo": str(repo),
+        "workspaces": [
+            {
+                "runId": "acp-1",
+                "mode": "worktree",
+                "state": "kept",
+                "branch": "subagent/acp-1",
+                "path": path,
+                "ownerPid": None,
+                "recovered": None,
+                "commit": None,
+            }
+        ],
+        "recovered": [],  # a kept workspace is the user's: never pruned
+    }
+
+
+@pytest.mark.subprocess
+def test_a_run_killed_mid_turn_leaves_an_orphan_that_worktrees_lists_and_prune_recovers_onto_its_branch(
+    tmp_path: Path, live: list[LiveCli]
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    base = git(repo, "rev-parse", "HEAD")
+    agent = scenario(
+        tmp_path,
+        {"turns": [[{"step": "write_file", "path": "found.txt", "content": "written before the kill\n"},
+                    {"step": "hang"}]]},
+    )  # fmt: skip
+    argv = [
+        "run",
+        "-p",
+        "write",
+        "--permission",
+        "allow",
+        "--isolation",
+        "worktree",
+        "--events",
+        "--cwd",
+        str(repo),
+    ]
+    cli = LiveCli(tmp_path, *argv, "--", *agent)
+    live.append(cli)
+    while "fs/write_text_file" not in json.dumps(cli.wait_for_event("update")):
+        pass  # each wait bounded: the write's report is the turn's first update with it
+    path = Path(f"{repo}/.git/subagent-worktrees/acp-1")
+    assert (path / "found.txt").read_text() == "written before the kill\n"
+    os.kill(cli.process.pid, signal.SIGKILL)  # the CLI alone: its agent's supervisor sees it go
+    assert cli.process.wait(timeout=BOUND) == -signal.SIGKILL
+    deadline = time.monotonic() + BOUND
+    while leaked_processes(cli.tag) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polled: no event tells of the death of a process that is not our child
+    assert leaked_processes(cli.tag) == []
+    pid = cli.process.pid
+    width = max(len("OWNER"), len(str(pid)))
+
+    listed = run_cli(tmp_path, "worktrees", "--repo", str(repo))
+    assert (listed.status, listed.stderr) == (0, "")
+    assert listed.stdout == (
+        f"workspaces of {repo}:\n"
+        f"  RUN    MODE      STATE     BRANCH          {'OWNER'.ljust(width)}  PATH\n"
+        f"  acp-1  worktree  orphaned  subagent/acp-1  {str(pid).ljust(width)}  {path}\n"
+        "1 orphaned (their owner is gone): `subagent worktrees --prune` commits a worktree's work on its "
+        "branch and removes it\n"
+    )
+    pruned = run_cli(tmp_path, "worktrees", "--repo", str(repo), "--prune")
+    commit = git(repo, "rev-parse", "subagent/acp-1")
+    assert (pruned.status, pruned.stderr) == (0, "")
+    assert pruned.stdout == (
+        f"recovered acp-1 (its owner, pid {pid}, is gone): its work is on branch subagent/acp-1 (commit "
+        f"{commit[:12]})\n"
+        f"no workspaces recorded for {repo}\n"
+    )
+    assert git(repo, "show", "subagent/acp-1:found.txt") == "written before the kill"
+    assert git(repo, "rev-parse", "subagent/acp-1^") == base
+    assert not path.exists()
+    assert worktrees(repo) == [str(repo)]
+    assert (repo / "notes.txt").read_text() == "the parent's notes\n"
+    assert git(repo, "status", "--porcelain") == ""
+
+
+@pytest.mark.subprocess
+def test_worktrees_outside_a_repository_is_a_usage_error_with_exit_status_2(tmp_path: Path) -> None:
+    done = run_cli(tmp_path, "worktrees", "--repo", str(tmp_path))
+    assert (done.status, done.stdout) == (2, "")
+    assert done.stderr == (
+        "usage: subagent worktrees [--repo PATH] [--worktree-root DIR] [--prune] [--json]\n"
+        f"subagent worktrees: error: --repo {tmp_path}: {tmp_path} is not in a git repository\n"
+    )
+
+
+@pytest.mark.subprocess
+def test_isolating_a_directory_outside_git_in_a_worktree_is_refused_before_any_agent_starts(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "started"
+    done = run_cli(
+        tmp_path, "run", "-p", "hi", "--isolation", "worktree", "--", "sh", "-c", f"touch {marker}"
+    )
+    assert (done.status, done.stdout) == (2, "")
+    assert done.stderr.endswith(
+        f"subagent run: error: --isolation worktree: {tmp_path} is not in a git repository, so it has no "
+        "worktree to give the agent (--isolation copy gives it a copy of the directory)\n"
+    )
+    assert not marker.exists()

@@ -387,9 +387,15 @@ def _check_isolation(provider: AcpProvider, spec: TurnSpec) -> None:
         return
     offered = provider.capabilities.isolation
     if spec.isolation not in offered:
-        where = f" on {spec.transport.name}" if spec.transport is not None else ""
-        can = f"it can give {', '.join(sorted(offered))}" if offered else "it can give none"
-        raise UsageError(f"--isolation {spec.isolation}: an agent{where} cannot be given one ({can})")
+        if spec.transport is not None and not spec.transport.local_files:
+            raise UsageError(
+                f"--isolation {spec.isolation}: an agent on {spec.transport.name} cannot be isolated: its "
+                "workspace would be made on this host, whose files it does not see"
+            )
+        can = ", ".join(sorted(offered)) or "none"
+        raise UsageError(
+            f"--isolation {spec.isolation}: the agent cannot be given one (it can be given: {can})"
+        )
     if spec.isolation != "worktree" or (spec.transport is not None and not spec.transport.local_files):
         return
     top = _git(spec.cwd, "rev-parse", "--show-toplevel")
