@@ -48,6 +48,7 @@ import anyio.to_thread
 from subagent.types import CleanupPolicy, FileChange, IsolationMode, WorkspaceChange
 
 __all__ = [
+    "DEFAULT_CHECKOUT_WORKERS",
     "DEFAULT_MAX_COPY_BYTES",
     "IsolationError",
     "IsolationSettings",
@@ -66,6 +67,10 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_COPY_BYTES: Final = 512 * 1024 * 1024
 """The largest directory ``isolation="copy"`` copies: past it the run is refused (a copy is not free)."""
+
+DEFAULT_CHECKOUT_WORKERS: Final = 8
+"""Git's ``checkout.workers`` for a new worktree: measured on a 10,000-file repository (bench/worktree.py),
+eight processes wrote it 4 to 10 times faster than one on a 2-core machine, more than sixteen no faster."""
 
 GIT_TIMEOUT: Final = 120.0
 """How long one git command may take (a checkout of a large repository included)."""
@@ -111,12 +116,15 @@ class IsolationSettings:
     ``root``: the directory the worktrees (and copies) go in (default: a repository's own git
     directory, ``.git/subagent-worktrees``; for copies, the system's temporary directory).
     ``branch_prefix``: prepended to the run's id to name its branch. ``max_copy_bytes``: the largest
-    directory ``copy`` mode copies.
+    directory ``copy`` mode copies. ``checkout_workers``: git's parallel checkout for a new worktree.
     """
 
     root: str | None = None
     branch_prefix: str = "subagent/"
     max_copy_bytes: int = DEFAULT_MAX_COPY_BYTES
+    checkout_workers: int = DEFAULT_CHECKOUT_WORKERS
+    """Processes git writes a worktree's files with (its ``checkout.workers``; 1: one, git's own
+    default). Several are much faster on a large tree: see ``bench/worktree.py``."""
 
     def __post_init__(self) -> None:
         if (
@@ -127,6 +135,8 @@ class IsolationSettings:
             raise ValueError(
                 f"branch_prefix must be a valid start of a git branch name, got {self.branch_prefix!r}"
             )
+        if self.checkout_workers < 1:
+            raise ValueError(f"checkout_workers must be >= 1, got {self.checkout_workers}")
         if self.max_copy_bytes < 0:
             raise ValueError(f"max_copy_bytes must be >= 0, got {self.max_copy_bytes}")
 
@@ -503,7 +513,8 @@ async def _open_worktree(
     else:
         raise IsolationError(f"no free workspace name for run {run_id!r} in {records}")
     try:
-        await _git(toplevel, "worktree", "add", "--quiet", "-b", branch, path, base)
+        workers = _config_env("checkout.workers", str(settings.checkout_workers))
+        await _git(toplevel, "worktree", "add", "--quiet", "-b", branch, path, base, env=workers)
     except BaseException:
         with anyio.CancelScope(shield=True):
             await _remove_half_made(toplevel, path, branch, base)
@@ -554,6 +565,17 @@ async def _open_copy(
         mode="copy", run_id=run_id, source=cwd, root=path, path=path, cwd=path, record=record, branch=None,
         base=None, cleanup=cleanup,
     )  # fmt: skip
+
+
+def _config_env(key: str, value: str) -> dict[str, str]:
+    """``git -c key=value`` as environment (git 2.31 on; older ones ignore it), after the caller's own."""
+    count = os.environ.get("GIT_CONFIG_COUNT", "0")
+    index = int(count) if count.isdigit() else 0
+    return {
+        "GIT_CONFIG_COUNT": str(index + 1),
+        f"GIT_CONFIG_KEY_{index}": key,
+        f"GIT_CONFIG_VALUE_{index}": value,
+    }
 
 
 def _claim_record(record: Path, details: Mapping[str, Any]) -> bool:

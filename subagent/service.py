@@ -684,6 +684,7 @@ class ServiceRun(DisposeOnExit):
                     limit=outcome.limit,
                     budget=outcome.budget,
                     spent=outcome.spent,
+                    workspace=outcome.workspace,
                 )
                 self._service._record_end(self.id, parent_id, outcome.usage)
                 self._end_span(outcome)

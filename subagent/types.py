@@ -842,6 +842,8 @@ class SubagentRunEndInfo:
     """The caps the run ran under, when it had any."""
     spent: Spend | None = field(default=None, compare=False)
     """What the run and its subtree spent against ``budget`` (None without one)."""
+    workspace: WorkspaceChange | None = None
+    """With ``isolation``: where the child worked and what it changed (:attr:`SubagentResult.workspace`)."""
 
 
 def sum_usage(usages: Iterable[Usage | None]) -> Usage | None:

@@ -21,7 +21,7 @@ from subagent.runtime import Agent, Reply, ScriptedLlm, ToolSpec
 from subagent.runtime._scripted import call
 from subagent.runtime._tools import ToolInvocation
 from subagent.service import SubagentService
-from subagent.types import FileChange, ResumableRun, SubagentCapabilities
+from subagent.types import FileChange, ResumableRun, SubagentCapabilities, SubagentRunEndInfo
 from tests.fakes import FakeProvider
 
 pytestmark = pytest.mark.anyio
@@ -190,6 +190,22 @@ async def test_a_child_that_changes_nothing_leaves_no_worktree_no_branch_and_no_
     assert branches(repo) == ["main"]
     assert worktrees(repo) == [str(repo)]
     assert list((repo / ".git" / "subagent-worktrees").iterdir()) == []
+
+
+async def test_the_end_event_names_the_change_as_the_result_does(tmp_path: Path) -> None:
+    repo = make_repo(tmp_path / "repo")
+    ends: list[SubagentRunEndInfo] = []
+    async with SubagentService() as service:
+        service.events.on("subagent/end", ends.append)
+        service.register_provider(SpawnProvider(llm=writer("e.txt", "e\n"), tools=[WriteTool()]))
+        with anyio.fail_after(WAIT):
+            async with service.start(
+                "spawn", SubagentRequest(prompt="e", cwd=str(repo), isolation="worktree")
+            ) as run:
+                result = await run.result()
+    assert [end.workspace for end in ends] == [result.workspace]
+    assert result.workspace is not None
+    assert result.workspace.files == (FileChange("e.txt", 1, 0),)
 
 
 async def test_uncommitted_parent_changes_stay_out_of_the_child_and_untouched(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ by adding one `ProviderContract` here.
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from subagent.testing import InProcessChannel, InProcessTransport, StubAgentTran
 from subagent.testing.contract import CONTRACT_CHECKS, ContractCheck, ProviderContract
 from subagent.testing.fakes import FakeProvider, FakeRun, completes, fails_to_start, waits_until_cancelled
 from subagent.testing.pytest_plugin import StubAgentCommand
+from subagent.types import SubagentCapabilities, WorkspaceChange
 from tests.transports import RelayTransport, ScriptedHandler
 
 pytestmark = pytest.mark.anyio
@@ -262,3 +264,36 @@ async def test_the_contract_catches_a_run_that_leaves_a_file_descriptor_open() -
         for run in provider.runs:
             assert isinstance(run, LeaksAPipe)
             run.close_pipe()
+
+
+def claims_worktrees(autopilot: Any) -> ProviderContract:
+    def make() -> FakeProvider:
+        return FakeProvider(
+            capabilities=SubagentCapabilities(isolation=frozenset({"worktree"})), autopilot=autopilot
+        )
+
+    return ProviderContract(completing=make, working=make, failing_start=make, output=OUTPUT)
+
+
+async def test_the_contract_catches_a_provider_claiming_isolation_it_does_not_report() -> None:
+    with pytest.raises(AssertionError, match="an isolated run's result has no workspace"):
+        await check_named("isolation_is_honoured_as_declared_or_refused_before_any_child")(
+            claims_worktrees(completes(OUTPUT))
+        )
+
+
+async def test_the_contract_catches_a_provider_whose_isolated_child_writes_in_the_parents_tree() -> None:
+    def writes_in_place(run: FakeRun) -> None:
+        assert run.request.cwd is not None
+        Path(run.request.cwd, "leaked.txt").write_text("written in the parent's tree\n")
+        run.make_ready()
+        head = subprocess.run(
+            ["git", "-C", run.request.cwd, "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        change = WorkspaceChange(mode="worktree", path=run.request.cwd, changed=False, branch="b", base=head)
+        run.finish(SubagentResult(output=OUTPUT, stop_reason="completed", workspace=change))
+
+    with pytest.raises(AssertionError, match="the parent's repository changed"):
+        await check_named("isolation_is_honoured_as_declared_or_refused_before_any_child")(
+            claims_worktrees(writes_in_place)
+        )

@@ -23,15 +23,22 @@ checked, from the RFC's "The contract" and "Obligations of a provider":
   settles what is unsettled with ``DISPOSED``, is idempotent, and leaves nothing running.
 - Runtime capabilities by presence: the run offers ``send_message`` / ``resume`` exactly when the
   provider's run does and the contract says it should, and they raise ``DISPOSED`` after disposal.
+- Isolation as declared: a provider that offers ``isolation="worktree"`` runs the child in a worktree
+  of a throwaway repository and reports it (``result.workspace``), leaving the parent's tree, its
+  worktree list and its branches as they were; one that does not is refused before any child exists.
 
 Nothing here imports pytest: use the checks from any test runner on asyncio or trio.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -62,6 +69,7 @@ __all__ = [
     "check_dispose_after_the_result_keeps_the_result_and_is_idempotent",
     "check_dispose_before_readiness_fails_it_disposed_and_emits_nothing",
     "check_dispose_mid_turn_fails_the_result_disposed_and_ends_the_started_run",
+    "check_isolation_is_honoured_as_declared_or_refused_before_any_child",
     "check_runtime_capabilities_are_present_exactly_when_offered",
     "check_start_fires_after_readiness_and_end_after_start",
     "check_started_and_result_give_every_awaiter_the_same_outcome",
@@ -344,6 +352,81 @@ async def check_runtime_capabilities_are_present_exactly_when_offered(contract: 
             await _expect_error(ErrorCode.DISPOSED, run.resume("again"), "resume after dispose")
 
 
+_GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "contract",
+    "GIT_AUTHOR_EMAIL": "contract@example.invalid",
+    "GIT_COMMITTER_NAME": "contract",
+    "GIT_COMMITTER_EMAIL": "contract@example.invalid",
+}
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, **_GIT_IDENTITY},
+        stdin=subprocess.DEVNULL,
+    )
+    return done.stdout.strip()
+
+
+def _throwaway_repository(top: str) -> tuple[Path, str]:
+    repo = Path(top, "repo")
+    repo.mkdir()
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / "notes.txt").write_text("the parent's notes\n")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "initial")
+    return repo, _git(repo, "rev-parse", "HEAD")
+
+
+def _repository_state(repo: Path) -> tuple[str, str, str, str]:
+    return (
+        _git(repo, "rev-parse", "HEAD"),
+        _git(repo, "status", "--porcelain"),
+        _git(repo, "worktree", "list", "--porcelain"),
+        _git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/"),
+    )
+
+
+async def check_isolation_is_honoured_as_declared_or_refused_before_any_child(
+    contract: ProviderContract,
+) -> None:
+    """A provider offering ``isolation="worktree"`` runs the completing child in a worktree of its own and
+    leaves the parent's repository as it was; one that does not offer it refuses the request at once."""
+    with tempfile.TemporaryDirectory(prefix="contract-isolation-") as top:
+        repo, head = await anyio.to_thread.run_sync(_throwaway_repository, top)
+        before = await anyio.to_thread.run_sync(_repository_state, repo)
+        request = SubagentRequest(
+            prompt=contract.prompt, parent_id=contract.parent_id, cwd=str(repo), isolation="worktree"
+        )
+        async with _harness(contract, contract.completing) as harness:
+            snapshot = harness.service.get_provider(harness.provider)
+            assert snapshot is not None
+            if "worktree" not in snapshot.capabilities.isolation:
+                try:
+                    harness.service.start(harness.provider, request)
+                except SubagentError as error:
+                    refusal = error
+                else:
+                    raise AssertionError("a provider without isolation accepted isolation='worktree'")
+                assert refusal.code == ErrorCode.UNSUPPORTED_CAPABILITY, f"refused with {refusal.code}"
+                assert refusal.feature == "isolation", f"refused naming {refusal.feature!r}"
+                return
+            async with harness.service.start(harness.provider, request) as run:
+                result = await run.result()
+            change = result.workspace
+            assert change is not None, "an isolated run's result has no workspace"
+            assert change.mode == "worktree", f"workspace mode {change.mode!r}"
+            assert change.base == head, f"the worktree started from {change.base}, not HEAD {head}"
+            assert change.branch is not None, "an isolated run's result names no branch"
+            assert not change.changed, f"the completing child changed files: {change.files}"
+        after = await anyio.to_thread.run_sync(_repository_state, repo)
+        assert after == before, f"the parent's repository changed: {before} -> {after}"
+
+
 CONTRACT_CHECKS: tuple[ContractCheck, ...] = (
     check_start_fires_after_readiness_and_end_after_start,
     check_a_failed_start_emits_neither_start_nor_end,
@@ -354,5 +437,6 @@ CONTRACT_CHECKS: tuple[ContractCheck, ...] = (
     check_dispose_after_the_result_keeps_the_result_and_is_idempotent,
     check_closing_the_service_disposes_a_live_run,
     check_runtime_capabilities_are_present_exactly_when_offered,
+    check_isolation_is_honoured_as_declared_or_refused_before_any_child,
 )
 """Every check of the contract, in the order the RFC states it."""
