@@ -426,7 +426,7 @@ def test_the_end_event_of_an_isolated_run_carries_its_workspace_and_a_kept_one_i
     listed = run_cli(tmp_path, "worktrees", "--repo", str(repo))
     assert (listed.status, listed.stderr) == (0, "")
     assert listed.stdout == (
-        f"workspaces of {repo}:\n"
+        f"workspaces recorded for {repo}:\n"
         "  RUN    MODE      STATE  BRANCH          OWNER  PATH\n"
         f"  acp-1  worktree  kept   subagent/acp-1  -      {path}\n"
         "kept worktrees are yours: take one's work with `git merge BRANCH`, drop it with "
@@ -492,7 +492,7 @@ def test_a_run_killed_mid_turn_leaves_an_orphan_that_worktrees_lists_and_prune_r
     listed = run_cli(tmp_path, "worktrees", "--repo", str(repo))
     assert (listed.status, listed.stderr) == (0, "")
     assert listed.stdout == (
-        f"workspaces of {repo}:\n"
+        f"workspaces recorded for {repo}:\n"
         f"  RUN    MODE      STATE     BRANCH          {'OWNER'.ljust(width)}  PATH\n"
         f"  acp-1  worktree  orphaned  subagent/acp-1  {str(pid).ljust(width)}  {path}\n"
         "1 orphaned (their owner is gone): `subagent worktrees --prune` commits a worktree's work on its "
@@ -519,8 +519,9 @@ def test_worktrees_outside_a_repository_is_a_usage_error_with_exit_status_2(tmp_
     done = run_cli(tmp_path, "worktrees", "--repo", str(tmp_path))
     assert (done.status, done.stdout) == (2, "")
     assert done.stderr == (
-        "usage: subagent worktrees [--repo PATH] [--worktree-root DIR] [--prune] [--json]\n"
-        f"subagent worktrees: error: --repo {tmp_path}: {tmp_path} is not in a git repository\n"
+        "usage: subagent worktrees [--repo PATH | --copies] [--worktree-root DIR] [--prune] [--json]\n"
+        f"subagent worktrees: error: --repo {tmp_path}: {tmp_path} is not in a git repository "
+        "(--copies lists the copies --isolation copy made)\n"
     )
 
 
@@ -538,3 +539,31 @@ def test_isolating_a_directory_outside_git_in_a_worktree_is_refused_before_any_a
         "worktree to give the agent (--isolation copy gives it a copy of the directory)\n"
     )
     assert not marker.exists()
+
+
+@pytest.mark.subprocess
+def test_a_changed_copy_of_a_plain_directory_is_kept_and_listed_from_where_it_was_made(
+    tmp_path: Path,
+) -> None:
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "notes.txt").write_text("the parent's notes\n")
+    copies = tmp_path / "copies"
+    agent = scenario(tmp_path, REWRITE)
+    argv = ["run", "-p", "Rewrite the notes", "--permission", "allow", "--isolation", "copy"]
+    done = run_cli(tmp_path, *argv, "--worktree-root", str(copies), "--", *agent, cwd=plain)
+    assert (done.status, done.stdout) == (0, "I rewrote the notes.\n")
+    assert done.stderr == (
+        f"subagent: workspace: its changes are in the copy at {copies}/acp-1: 1 file(s) changed: notes.txt "
+        "(+1 -1)\n"
+    )
+    assert (plain / "notes.txt").read_text() == "the parent's notes\n"
+    assert (copies / "acp-1" / "notes.txt").read_text() == "the agent's notes\n"
+    listed = run_cli(tmp_path, "worktrees", "--worktree-root", str(copies))
+    assert (listed.status, listed.stderr) == (0, "")
+    assert listed.stdout == (
+        f"workspaces recorded in {copies}:\n"
+        "  RUN    MODE  STATE  BRANCH  OWNER  PATH\n"
+        f"  acp-1  copy  kept   -       -      {copies}/acp-1\n"
+        "kept copies are yours: drop one with `rm -r PATH`\n"
+    )

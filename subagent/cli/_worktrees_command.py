@@ -48,6 +48,12 @@ def _add_arguments(parser: Parser) -> None:
         help="where the workspaces were made, when not the default (default: the config's "
         "[isolation] worktree_root, else the repository's .git/subagent-worktrees)",
     )
+    parser.add_argument(
+        "--copies",
+        action="store_true",
+        help="list the copies --isolation copy made (of any directory, in the system's temporary directory) "
+        "instead of a repository's worktrees",
+    )
     parser.add_argument("--config", metavar="PATH", help="the config file whose [isolation] table to read")
     parser.add_argument(
         "--prune", action="store_true", help="recover the orphaned workspaces, and say what became of each"
@@ -58,14 +64,22 @@ def _add_arguments(parser: Parser) -> None:
 def _worktrees_command(args: argparse.Namespace, command: list[str] | None) -> int:
     if command is not None:
         raise UsageError("worktrees takes no `-- COMMAND`")
-    repo = os.path.abspath(args.repo if args.repo is not None else os.getcwd())
-    if not os.path.isdir(repo):
-        raise UsageError(f"--repo: {args.repo!r} is not a directory")
-    top = _toplevel(repo)
-    if top is None:
-        where = f"--repo {args.repo}" if args.repo is not None else "the current directory"
-        raise UsageError(f"{where}: {repo} is not in a git repository")
-    settings = IsolationSettings(root=_root(args))
+    if args.copies and args.repo is not None:
+        raise UsageError("--copies lists the copies of every directory: give it no --repo")
+    root = _root(args)
+    top: str | None = None
+    if not args.copies:
+        repo = os.path.abspath(args.repo if args.repo is not None else os.getcwd())
+        if not os.path.isdir(repo):
+            raise UsageError(f"--repo: {args.repo!r} is not a directory")
+        top = _toplevel(repo)
+        if top is None and root is None:
+            where = f"--repo {args.repo}" if args.repo is not None else "the current directory"
+            raise UsageError(
+                f"{where}: {repo} is not in a git repository "
+                "(--copies lists the copies --isolation copy made)"
+            )
+    settings = IsolationSettings(root=root)
     try:
         recovered = _prune(top, settings) if args.prune else None
         workspaces = find_leftovers(top, settings)
@@ -80,11 +94,18 @@ def _worktrees_command(args: argparse.Namespace, command: list[str] | None) -> i
             }
         )
         return 0
-    print_stdout("".join(line + "\n" for line in _listing(top, workspaces, recovered)))
+    where = (
+        f"recorded for {top}"
+        if top is not None
+        else f"recorded in {root}"
+        if root is not None
+        else "made by --isolation copy"
+    )
+    print_stdout("".join(line + "\n" for line in _listing(where, workspaces, recovered)))
     return 0
 
 
-def _prune(top: str, settings: IsolationSettings) -> list[Leftover]:
+def _prune(top: str | None, settings: IsolationSettings) -> list[Leftover]:
     """Reap the orphans; each is said on stdout, so the layer's own warning of it is not repeated."""
     isolation_log = logging.getLogger(reap_leftovers.__module__)
     said_below = _SaidBelow()
@@ -142,7 +163,7 @@ def _leftover_json(leftover: Leftover) -> dict[str, Any]:
     }
 
 
-def _listing(top: str, workspaces: Sequence[Leftover], recovered: Sequence[Leftover] | None) -> list[str]:
+def _listing(where: str, workspaces: Sequence[Leftover], recovered: Sequence[Leftover] | None) -> list[str]:
     lines = [
         f"recovered {leftover.run_id} (its owner, pid {leftover.owner_pid}, is gone): {_fate(leftover)}"
         for leftover in recovered or ()
@@ -150,7 +171,7 @@ def _listing(top: str, workspaces: Sequence[Leftover], recovered: Sequence[Lefto
     if recovered == []:
         lines.append("no orphaned workspace to recover")
     if not workspaces:
-        lines.append(f"no workspaces recorded for {top}")
+        lines.append(f"no workspaces {where}")
         return lines
     rows = [("RUN", "MODE", "STATE", "BRANCH", "OWNER", "PATH")] + [
         (
@@ -164,7 +185,7 @@ def _listing(top: str, workspaces: Sequence[Leftover], recovered: Sequence[Lefto
         for leftover in workspaces
     ]
     widths = [max(len(row[column]) for row in rows) for column in range(5)]
-    lines.append(f"workspaces of {top}:")
+    lines.append(f"workspaces {where}:")
     lines += [
         "  "
         + "  ".join(cell.ljust(width) for cell, width in zip(row[:5], widths, strict=True))
@@ -204,5 +225,5 @@ WORKTREES_COMMAND: Final = Command(
     description=_DESCRIPTION,
     add_arguments=_add_arguments,
     run=_worktrees_command,
-    usage=f"{PROG} worktrees [--repo PATH] [--worktree-root DIR] [--prune] [--json]",
+    usage=f"{PROG} worktrees [--repo PATH | --copies] [--worktree-root DIR] [--prune] [--json]",
 )
