@@ -411,6 +411,32 @@ async def test_client_calls_report_their_results_and_error_codes(tmp_path: Path)
     ]
 
 
+async def test_a_relative_file_path_is_joined_to_the_session_cwd_and_prompt_fills_written_content(
+    tmp_path: Path,
+) -> None:
+    steps = [
+        {"step": "read_file", "path": "notes.txt", "report": False},
+        {"step": "write_file", "path": "../out.txt", "content": "asked: {prompt}", "report": False},
+        {"step": "write_file", "path": "/abs/out.txt", "content": "as is", "report": False},
+    ]
+
+    async def answer(method: str, params: Any) -> Any:
+        return {"content": ""} if method == "fs/read_text_file" else {}
+
+    async with assert_no_leaks(), stub_agent({"turns": [steps]}, tmp_path, answer=answer) as client:
+        with anyio.fail_after(TIMEOUT):
+            session_id = await client.handshake(cwd="/work/tree")
+            await client.prompt(session_id, "child 7")
+    assert client.requests == [
+        ("fs/read_text_file", {"sessionId": session_id, "path": "/work/tree/notes.txt"}),
+        (
+            "fs/write_text_file",
+            {"sessionId": session_id, "path": "/work/tree/../out.txt", "content": "asked: child 7"},
+        ),
+        ("fs/write_text_file", {"sessionId": session_id, "path": "/abs/out.txt", "content": "as is"}),
+    ]
+
+
 async def test_session_lifecycle_modes_load_resume_and_the_turn_limit(tmp_path: Path) -> None:
     async with assert_no_leaks(), stub_agent(SCENARIOS / "session_lifecycle.json", tmp_path) as client:
         with anyio.fail_after(TIMEOUT):

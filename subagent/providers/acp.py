@@ -65,6 +65,21 @@ Where children run: the provider's ``transport`` (:mod:`subagent.acp.transports`
 process by default) opens each one; its exit diagnosis, ``run.pid`` and ``run.kill()`` go through
 the transport's channel. A transport whose children do not see this host's files
 (``local_files`` False) gets no fs and no terminals offered to its agents.
+
+Isolation (``request.isolation``, ``capabilities.isolation``: ``worktree`` and ``copy`` where the
+transport's children see this host's files; none over SSH or Ray, whose requests for it are refused
+before any child exists): before the child is spawned the run makes its workspace
+(:func:`~subagent.isolation.open_workspace`: a git worktree of its cwd's repository on branch
+``subagent/<run id>``, or a copy of its cwd), and a failure fails the start (``START_FAILED``, saying
+why) with no child spawned. The child's cwd (its process's and ``session/new``'s) is the workspace, and
+so are the roots of its file-system sandbox and its terminals' cwd: ``fs_roots`` and the request's
+additional directories inside the repository are moved to the same places in the workspace, so a write
+through the client anywhere in the parent's checkout is refused. At the end of every turn, the first
+and each ``resume()``, what the child left is committed on its branch (the turn's prompt is the message)
+and the result's ``workspace`` says what it changed. Once the child is gone (dispose, or a failed
+start), the request's ``cleanup`` policy applies; a start cancelled or disposed while its workspace was
+being made leaves nothing. See :mod:`subagent.isolation` for what a killed parent leaves, and how the
+next start recovers it.
 """
 
 from __future__ import annotations
@@ -83,6 +98,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import msgspec
 
 from subagent import _structured
@@ -132,6 +148,7 @@ from subagent.acp.transports._channel import ExitInfo, Transport
 from subagent.acp.transports._local import LocalTransport
 from subagent.acp.transports._schemes import transport_from_url
 from subagent.budget import BudgetAccount, account_for, budget_result
+from subagent.isolation import IsolationError, IsolationSettings, Workspace, open_workspace
 from subagent.observability import _telemetry as telemetry
 from subagent.providers._acp_budget import (
     BudgetPolicy,
@@ -154,6 +171,7 @@ from subagent.types import (
     SubagentRequest,
     SubagentResult,
     Usage,
+    WorkspaceChange,
 )
 
 if TYPE_CHECKING:
@@ -307,6 +325,12 @@ class AcpProvider:
             with cost, ``max_turns`` never). None (default): looked up by the command in
             :data:`~subagent.providers._acp_budget.KNOWN_AGENT_USAGE` (``subagent serve`` reports
             tokens); an agent it does not know reports nothing.
+        isolation: where the workspaces of requests with ``isolation`` are made (branch prefix, root,
+            copy limit; None: :class:`~subagent.isolation.IsolationSettings` defaults, worktrees in the
+            repository's own git directory). Offered only when the transport's children see this host's
+            files; see the module docstring. Some agents treat a path inside a git directory as protected
+            (Claude Code asks, or in ``auto`` mode consults its classifier, before each write there): a
+            ``root`` outside the repository spares them that.
 
     Raises:
         ValueError: ``command`` is empty or a string, or an argument, the cwd or an environment
@@ -350,6 +374,7 @@ class AcpProvider:
         subagents: bool = True,
         reports_usage: Iterable[UsageReport] | None = None,
         model: str | None = None,
+        isolation: IsolationSettings | None = None,
     ) -> None:
         if isinstance(command, str) or not command:
             raise ValueError("command must be a non-empty argv list, e.g. ['npx', 'some-acp-agent']")
@@ -404,10 +429,14 @@ class AcpProvider:
             else checked_usage_reports(reports_usage)
         )
         """What the agent reports of its spending, which decides the budget caps enforced."""
+        self.isolation = isolation if isolation is not None else IsolationSettings()
+        """Where the children's workspaces are made, for requests with ``isolation``."""
         self.capabilities = SubagentCapabilities(
             output_schema=structured_output,
             additional_directories=True,
             budget=enforceable_caps(self.reports_usage),
+            # The workspace is made here: it is the child's only where the child sees this host's files.
+            isolation=frozenset({"worktree", "copy"}) if self.transport.local_files else frozenset(),
         )
         if getattr(self.transport, "fs_roots", None) is not None and not allows_everything(permission):
             # The transport serves fs/* where the agent runs (RayTransport(fs_roots=...)): the permission
@@ -461,6 +490,15 @@ class AcpProvider:
                         provider=self.name,
                         feature=cap,
                     )
+        if request.isolation is not None and request.isolation not in self.capabilities.isolation:
+            # The service refuses it before calling us; a provider used on its own does it here.
+            raise SubagentError(
+                ErrorCode.UNSUPPORTED_CAPABILITY,
+                f"provider {self.name!r} cannot give a child isolation={request.isolation!r}: its transport "
+                f"({self.transport.name}) runs the agent where this host's files are not",
+                provider=self.name,
+                feature="isolation",
+            )
         self._check_pricing(request)
         run = AcpRun(self, request)
         # Admitted here, synchronously, rather than in the run's task: tasks may first run in any
@@ -580,6 +618,12 @@ class AcpRun(DisposeOnExit):
         self._slot_granted = anyio.Event()
         account = account_for(request)
         self._charges = RunCharges(account) if account is not None else None
+        self.workspace: Workspace | None = None
+        """The run's isolated workspace (``request.isolation``), once it is made, just before the child is
+        spawned: ``workspace.cwd`` is the child's cwd. Closed (its cleanup policy applied) once the child
+        is gone."""
+        self._turn_prompt: str | None = None  # the last turn's: the message of what the child left after it
+        self._workspace_closed = False
 
     def __repr__(self) -> str:
         state = (
@@ -887,6 +931,9 @@ class AcpRun(DisposeOnExit):
                     SubagentError.disposed(self.id, "before its turn ended", provider=self.provider.name)
                 )
             self._child_exited.set()  # also when no child was ever spawned
+            if self.workspace is not None:
+                with anyio.CancelScope(shield=True):
+                    await self._close_workspace(self.workspace)
             self._done.set()
 
     async def _live(self) -> None:
@@ -903,8 +950,32 @@ class AcpRun(DisposeOnExit):
                 f"agent `{self.command_line}` was not started: its cwd {cwd!r} has a NUL character"
             )
             return
+        asked = cwd  # the cwd the run asked for; its child's is in its workspace when isolated
+        if self.request.isolation is not None:
+            try:
+                # Shielded: a workspace made is a workspace closed (by _main), even when the start is
+                # cancelled or disposed while git makes it.
+                with anyio.CancelScope(shield=True):
+                    self.workspace = await open_workspace(
+                        cwd,
+                        self.id,
+                        self.request.isolation,
+                        settings=provider.isolation,
+                        cleanup=self.request.cleanup,
+                    )
+            except IsolationError as exc:
+                self._fail_start(f"agent `{self.command_line}` was not started: {exc}")
+                return
+            await anyio.lowlevel.checkpoint_if_cancelled()  # disposed meanwhile: no child is spawned
+        workspace = self.workspace
+        if workspace is not None:
+            # The child works in the workspace; the sandbox's roots inside the source are moved there.
+            cwd = workspace.cwd
         extra, missing = _additional_directories(
-            cwd, self.request.additional_directories, check=provider.transport.local_files
+            asked,
+            self.request.additional_directories,
+            check=provider.transport.local_files,
+            workspace=workspace,
         )
         if missing is not None:
             # The sandbox could not have it as a root, and the agent would be told of a place that is not.
@@ -914,10 +985,15 @@ class AcpRun(DisposeOnExit):
             )
             return
         self._additional_directories = extra
-        # A child that does not see this host's files is served neither files nor terminals here.
-        sandbox = (
-            FsSandbox([*(provider.fs_roots or [cwd]), *extra]) if provider.transport.local_files else None
-        )
+        roots = provider.fs_roots or [asked]
+        if workspace is not None:
+            roots = [workspace.map_path(root) for root in roots]
+        try:
+            # A child that does not see this host's files is served neither files nor terminals here.
+            sandbox = FsSandbox([*roots, *extra]) if provider.transport.local_files else None
+        except ValueError as exc:  # a root that is no directory (in a workspace: one git does not track)
+            self._fail_start(f"agent `{self.command_line}` was not started: {exc}")
+            return
         terminals: TerminalHost | None = None
         if provider.terminal and sandbox is not None:
             from subagent.acp.terminals import TerminalHost
@@ -1222,17 +1298,52 @@ class AcpRun(DisposeOnExit):
 
     async def _run_turn(self, session: AcpSession, prompt: str, *, structured: bool) -> SubagentResult:
         async with self._turn_lock:
-            schema_wanted = self.request.output_schema if structured else None
-            text = prompt if schema_wanted is None else _structured.ask_for_json(prompt, schema_wanted)
-            result = await self._one_turn(session, text)
-            if schema_wanted is None or result.stop_reason != "completed":
+            self._turn_prompt = prompt
+            result = await self._answer(session, prompt, structured=structured)
+            if self.workspace is None or self._workspace_closed:
                 return result
-            return await _structured.accept_or_repair(
-                result,
-                schema_wanted,
-                lambda repair: self._one_turn(session, repair),
-                who=f"agent `{self.command_line}`",
-            )
+            # Every turn's work is committed at its end, whatever ended it (git killed mid-commit would
+            # leave the worktree's index locked: shielded).
+            with anyio.CancelScope(shield=True):
+                change = await self._commit(self.workspace, prompt)
+            return result if change is None else dataclasses.replace(result, workspace=change)
+
+    async def _commit(self, workspace: Workspace, prompt: str) -> WorkspaceChange | None:
+        """Commit the turn's work on the workspace's branch and say what the child changed (None, logged,
+        when git failed: the work stays in the workspace, and its close tries again)."""
+        try:
+            change = await workspace.commit(prompt)
+        except IsolationError:
+            logger.exception("run %r: committing the turn's work in %s failed", self.id, workspace.path)
+            return None
+        return change
+
+    async def _close_workspace(self, workspace: Workspace) -> None:
+        """Once the child is gone: commit what it left since the last commit (a turn cut short, a terminal's
+        background job), then apply the cleanup policy."""
+        try:
+            # A resume() turn in flight ends with its child gone, and commits its work, first.
+            async with self._turn_lock:
+                self._workspace_closed = True
+                if self._turn_prompt is not None:
+                    await self._commit(workspace, self._turn_prompt)
+                await workspace.close()
+        except Exception:  # the run must end whatever git did; close() logs its own failures
+            logger.exception("run %r: closing its workspace %s failed", self.id, workspace.path)
+
+    async def _answer(self, session: AcpSession, prompt: str, *, structured: bool) -> SubagentResult:
+        """One turn, and its structured output's repairs when ``structured``."""
+        schema_wanted = self.request.output_schema if structured else None
+        text = prompt if schema_wanted is None else _structured.ask_for_json(prompt, schema_wanted)
+        result = await self._one_turn(session, text)
+        if schema_wanted is None or result.stop_reason != "completed":
+            return result
+        return await _structured.accept_or_repair(
+            result,
+            schema_wanted,
+            lambda repair: self._one_turn(session, repair),
+            who=f"agent `{self.command_line}`",
+        )
 
     async def _one_turn(self, session: AcpSession, text: str) -> SubagentResult:
         if self._disposing:
@@ -1561,11 +1672,15 @@ def _why_not(cap: str, reports: frozenset[UsageReport]) -> str:
     return f"its agent reports {said} of what it spends (reports_usage)"
 
 
-def _additional_directories(cwd: str, paths: Sequence[str], *, check: bool) -> tuple[list[str], str | None]:
-    """A request's additional directories made absolute against the session's ``cwd``, and the first of
-    them that is not an existing directory here (checked only when ``check``: a remote child's paths are
-    on its own host)."""
+def _additional_directories(
+    cwd: str, paths: Sequence[str], *, check: bool, workspace: Workspace | None = None
+) -> tuple[list[str], str | None]:
+    """A request's additional directories made absolute against the session's ``cwd`` (those inside an
+    isolated run's source moved into its ``workspace``), and the first of them that is not an existing
+    directory here (checked only when ``check``: a remote child's paths are on its own host)."""
     extra = [os.path.abspath(os.path.join(cwd, path)) for path in paths]
+    if workspace is not None:
+        extra = [workspace.map_path(path) for path in extra]
     if check:
         for path in extra:
             if not os.path.isdir(path):

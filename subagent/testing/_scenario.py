@@ -83,8 +83,11 @@ Steps (``{"step": <kind>, ...}``)
     request below, then runs the branch named by the answer's action (``accept``, ``decline``, ``cancel``).
     ``read_file`` {path, line?, limit?}, ``write_file`` {path, content}, ``call`` {method, params?} and
     ``notify`` {method, params?} send ``fs/read_text_file``, ``fs/write_text_file``, any request, any
-    notification. Requests report their outcome (``report=true`` by default) as one message chunk whose
-    text is JSON: ``{"method": m, "result": <result>}`` or
+    notification. A relative ``path`` of ``read_file`` and ``write_file`` is joined to the session's cwd
+    (the one the client gave it, as an agent resolves a path its model gave), without normalising it:
+    ``../x`` reaches the client as ``<cwd>/../x``. ``{prompt}`` in a ``write_file``'s ``content`` is
+    replaced by the text of the prompt the turn answers. Requests report their outcome (``report=true`` by
+    default) as one message chunk whose text is JSON: ``{"method": m, "result": <result>}`` or
     ``{"method": m, "error": {"code", "message", "data"?}}``.
 
     Subagents (ACP's unstable draft): ``subagent`` {sessionId, title?, description?, cwd?, cancel=true,

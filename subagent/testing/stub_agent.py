@@ -135,6 +135,9 @@ class _Session:
     """The session's current mode: the scenario's ``currentModeId``, then what the client set."""
     config_options: list[dict[str, Any]] = field(default_factory=list)
     """The session's config options with their current values (a copy of the scenario's)."""
+    cwd: str | None = None
+    """The session's cwd, as the client gave it (``session/new``, ``/load``, ``/resume``): what a relative
+    file path is resolved against."""
 
 
 @dataclass(slots=True)
@@ -306,6 +309,7 @@ class ScenarioAgent(AgentHandler):
         state = self._sessions[session_id] = _Session(
             mode=config.modes.get("currentModeId") if config.modes is not None else None,
             config_options=copy.deepcopy(config.config_options or []),
+            cwd=params.cwd,
         )
         if state.mode is None:
             modes = (option for option in state.config_options if option.get("category") == "mode")
@@ -321,7 +325,7 @@ class ScenarioAgent(AgentHandler):
     async def load_session(self, params: schema.LoadSessionRequest, client: ClientPeer) -> msgspec.Raw:
         """Replay the configured updates for the loaded session, then answer."""
         config = await self._reopen(
-            self._scenario.load_session, schema.SESSION_LOAD, params.session_id, client
+            self._scenario.load_session, schema.SESSION_LOAD, params.session_id, params.cwd, client
         )
         for update in config.replay:
             await client.notify(schema.SESSION_UPDATE, {"sessionId": params.session_id, "update": update})
@@ -329,11 +333,12 @@ class ScenarioAgent(AgentHandler):
 
     async def resume_session(self, params: schema.ResumeSessionRequest, client: ClientPeer) -> msgspec.Raw:
         """Resume the session, without replay."""
-        await self._reopen(self._scenario.resume_session, schema.SESSION_RESUME, params.session_id, client)
+        config = self._scenario.resume_session
+        await self._reopen(config, schema.SESSION_RESUME, params.session_id, params.cwd, client)
         return _raw({})
 
     async def _reopen(
-        self, config: _Reopening | None, method: str, session_id: str, client: ClientPeer
+        self, config: _Reopening | None, method: str, session_id: str, cwd: str, client: ClientPeer
     ) -> _Reopening:
         """What loading and resuming share: refuse the method the scenario does not configure, pass the
         auth gate, run the configured steps for the session (known or not); the configuration."""
@@ -341,6 +346,7 @@ class ScenarioAgent(AgentHandler):
             raise RequestError.method_not_found(method)
         self._check_authenticated()
         state = self._sessions.setdefault(session_id, _Session())
+        state.cwd = cwd
         await self._run(config.steps, _Context(client, session_id, state=state))
         return config
 
@@ -613,7 +619,7 @@ class ScenarioAgent(AgentHandler):
         )
 
     async def _read_file(self, step: ReadFileStep, context: _Context) -> None:
-        params: dict[str, Any] = {"sessionId": context.session_id, "path": step.path}
+        params: dict[str, Any] = {"sessionId": context.session_id, "path": _in_cwd(step.path, context)}
         if step.line is not None:
             params["line"] = step.line
         if step.limit is not None:
@@ -621,7 +627,10 @@ class ScenarioAgent(AgentHandler):
         await self._request_and_report(context, schema.FS_READ_TEXT_FILE, params, report=step.report)
 
     async def _write_file(self, step: WriteFileStep, context: _Context) -> None:
-        params = {"sessionId": context.session_id, "path": step.path, "content": step.content}
+        content = step.content
+        if context.turn is not None:
+            content = content.replace("{prompt}", context.turn.prompt_text())
+        params = {"sessionId": context.session_id, "path": _in_cwd(step.path, context), "content": content}
         await self._request_and_report(context, schema.FS_WRITE_TEXT_FILE, params, report=step.report)
 
     async def _call(self, step: CallStep, context: _Context) -> None:
@@ -763,6 +772,13 @@ class ScenarioAgent(AgentHandler):
         """Make sure everything sent before is on the wire (before exiting or dying)."""
         with contextlib.suppress(ConnectionClosedError):  # Nothing more can be written anyway.
             await self._stdout.flush(context.client)
+
+
+def _in_cwd(path: str, context: _Context) -> str:
+    """A step's file ``path``, a relative one joined to the session's cwd (as an agent resolves the path its
+    model gave), unnormalised: the client sees any ``..`` in it."""
+    cwd = context.state.cwd
+    return path if os.path.isabs(path) or cwd is None else os.path.join(cwd, path)
 
 
 def _raw(value: Any) -> msgspec.Raw:
