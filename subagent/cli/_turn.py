@@ -282,7 +282,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
             config_options=spec.config_options,
             ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
             reports_usage=spec.reports_usage,
-            **({} if spec.isolation is None else {"isolation": spec.isolation_settings}),
+            isolation=spec.isolation_settings if spec.isolation is not None else None,
         )
     except (ValueError, TypeError) as exc:
         # A command or environment no process could receive (a NUL in an argument, say).
