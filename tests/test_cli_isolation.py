@@ -567,3 +567,27 @@ def test_a_changed_copy_of_a_plain_directory_is_kept_and_listed_from_where_it_wa
         f"  acp-1  copy  kept   -       -      {copies}/acp-1\n"
         "kept copies are yours: drop one with `rm -r PATH`\n"
     )
+
+
+def test_isolating_an_agent_on_another_host_is_refused_before_it_starts(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["run", "-p", "hi", "--on", "ssh://build-1", "--cwd", "/srv/repo", "--isolation", "worktree"]
+    assert main([*argv, "--", "agent-command"]) == 2
+    assert capsys.readouterr().err.endswith(
+        "subagent run: error: --isolation worktree: an agent on ssh://build-1 cannot be isolated: its "
+        "workspace would be made on this host, whose files it does not see\n"
+    )
+
+
+def test_isolating_a_repository_without_a_commit_is_refused_before_any_agent_starts(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    git(root, "init", "-q", "-b", "main")
+    marker = root / "started"
+    assert main(["run", "-p", "hi", "--isolation", "worktree", "--", "sh", "-c", f"touch {marker}"]) == 2
+    assert capsys.readouterr().err.endswith(
+        f"subagent run: error: --isolation worktree: the repository at {root} has no commit yet: a worktree "
+        "needs one to start from\n"
+    )
+    assert not marker.exists()
