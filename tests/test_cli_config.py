@@ -58,7 +58,8 @@ def test_every_key_of_an_agent_is_read_with_its_type(tmp_path: Path) -> None:
 KNOWN = ", ".join(AGENT_KEYS)
 
 BROKEN_FILES = [
-    ("[agent.typo]\n", "agent: unknown key (the top-level tables are [agents], [budget] and [prices])"),
+    ("[agent.typo]\n",
+     "agent: unknown key (the top-level tables are [agents], [budget], [isolation] and [prices])"),
     ("agents = 3\n", "agents: must be a table of agents, e.g. [agents.NAME], not a number (3)"),
     ("[agents]\nb = 3\n", "agents.b: must be a table, e.g. [agents.NAME] with a `command`, not a number (3)"),
     ('[agents."a b"]\ncommand = "x"\n',

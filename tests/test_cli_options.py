@@ -57,6 +57,7 @@ def samples(root: Path) -> dict[str, Sample]:
     """One sample for every option of the table; a new option needs one here."""
     work, conf, other = str(root / "work"), str(root / "ssh.conf"), str(root / "other.toml")
     on_ssh = (["--on", "ssh://build-1"], 'transport = "ssh://build-1"')
+    isolated = (["--isolation", "copy"], 'isolation = "copy"')
     return {
         "prompt": Sample(["-p", "the prompt"], None, lambda spec: spec.prompt, "the prompt"),
         "agent": Sample(["--agent", "a"], None, lambda spec: spec.command, ["configured-agent"]),
@@ -95,6 +96,26 @@ def samples(root: Path) -> dict[str, Sample]:
             'reports_usage = ["tokens"]',
             lambda spec: tuple(spec.reports_usage or ()),
             ("tokens",),
+        ),
+        "isolation": Sample(
+            ["--isolation", "worktree"], 'isolation = "worktree"', lambda spec: spec.isolation, "worktree"
+        ),
+        "cleanup": Sample(
+            ["--cleanup", "keep"], 'cleanup = "keep"', lambda spec: spec.cleanup, "keep", needs=isolated
+        ),
+        "worktree_root": Sample(
+            ["--worktree-root", "trees"],
+            'worktree_root = "trees"',
+            lambda spec: spec.worktree_root,
+            str(root / "trees"),
+            needs=isolated,
+        ),
+        "branch_prefix": Sample(
+            ["--branch-prefix", "agent/"],
+            'branch_prefix = "agent/"',
+            lambda spec: spec.branch_prefix,
+            "agent/",
+            needs=isolated,
         ),
         "auth_method": Sample(
             ["--auth-method", "login"], 'auth_method = "login"', lambda spec: spec.auth_method, "login"

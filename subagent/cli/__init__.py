@@ -23,6 +23,7 @@ The package, one job per module::
     _commands.py           the commands run, demo and agents: options to a turn, its outcome printed
     _options.py            every option of `subagent run`, declared once: flags, config key, type, help, merge
     _describe.py           the command describe: what an agent offers, without a turn
+    _worktrees_command.py  the command worktrees: the isolated workspaces recorded, orphans recovered
     _serve_command.py      the command-line half of `subagent serve`: its flags, the LLM built from them
     _recording.py          a run recorded (--events-file, --trace) and the command trace: events to a page
     _turn.py               one turn through the seam: the driver, the start gate, how each ending reads

@@ -24,6 +24,7 @@ import anyio
 
 from subagent._budget_codec import budget_to_json, limit_to_json, spend_to_json
 from subagent._usage_codec import usage_to_acp
+from subagent._workspace_codec import workspace_to_json
 from subagent.acp.connection import DEFAULT_MAX_LINE_BYTES
 from subagent.acp.transports._channel import Transport
 from subagent.acp.transports._schemes import transport_from_url
@@ -46,6 +47,7 @@ from subagent.cli._recording import FanOut, TraceRecorder, emit_prompt, write_pa
 from subagent.cli._turn import TurnOutcome, TurnSpec, drive
 from subagent.cli._views import EventView, HumanView, RunView
 from subagent.providers.acp import prompt_size_error
+from subagent.types import CleanupPolicy, WorkspaceChange
 
 __all__ = [
     "DEMO_PROMPT",
@@ -54,6 +56,7 @@ __all__ = [
     "configured_agent",
     "demo_command",
     "run_command",
+    "workspace_lines",
 ]
 
 logger = logging.getLogger(__name__)
@@ -107,8 +110,13 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         config, agent = _config_and_agent(args.agent, args.config)
         command = list(agent.command)
     assert command
-    # The file's [budget] caps hold for every agent of it, under the agent's own keys of those names.
-    settings = {**config.budget, **agent.options} if config is not None and agent is not None else {}
+    # The file's [budget] caps and [isolation] settings hold for every agent of it, under the agent's own
+    # keys of those names.
+    settings = (
+        {**config.budget, **config.isolation, **agent.options}
+        if config is not None and agent is not None
+        else {}
+    )
     values = merge(RUN_OPTIONS, args, settings)
     transport = _with_ssh_options(
         _transport(values["transport"]), values["ssh_config"], values["ssh_options"]
@@ -118,6 +126,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         cwd = _agent_directory(cwd, "--cwd" if args.cwd is not None else _configured("cwd", agent), transport)
     if args.fs and not transport.local_files:
         raise UsageError(f"--fs: an agent on {transport.name} cannot be offered this host's files")
+    worktree_root = _isolation_values(args, values, transport)
     # The config's directories come first (the option's merge): the rest are --add-dir's.
     configured = len(agent.options.get("additional_directories", ())) if agent else 0
     additional_directories = tuple(
@@ -151,8 +160,37 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         transport=transport,
         progress=_progress_wanted(values, default=is_terminal(sys.stderr)),
         prices=config.prices if config is not None else None,
+        worktree_root=worktree_root,
     )
     return _execute(spec)
+
+
+def _isolation_values(
+    args: argparse.Namespace, values: Mapping[str, Any], transport: Transport
+) -> str | None:
+    """Check the isolation flags (those of the workspace need ``--isolation``) and return the workspaces'
+    directory: ``--worktree-root`` made absolute here, as the config's is from its file's directory."""
+    if values["isolation"] is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--cleanup", args.cleanup),
+                ("--worktree-root", args.worktree_root),
+                ("--branch-prefix", args.branch_prefix),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UsageError(f"{', '.join(given)}: only with --isolation worktree or copy")
+        return None
+    root: str | None = values["worktree_root"]
+    if root is None or args.worktree_root is None:
+        return root
+    if not transport.local_files:
+        if not os.path.isabs(root):
+            raise UsageError(f"--worktree-root: {root!r} must be an absolute path on {transport.name}")
+        return root
+    return os.path.abspath(os.path.expanduser(root))
 
 
 _SPEC_FIELDS: Final = frozenset(field.name for field in dataclasses.fields(TurnSpec))
@@ -420,6 +458,8 @@ def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
                 "budget": budget_to_json(result.budget),
                 "spent": spend_to_json(result.spent),
             }
+        if spec.isolation is not None:
+            report["workspace"] = workspace_to_json(result.workspace)
         print_json(report)
     elif result.output and outcome.start_error is None:
         print_stdout(result.output if result.output.endswith("\n") else result.output + "\n")
@@ -436,6 +476,9 @@ def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
         console.line(f"{PROG}: the turn ended with stop reason {result.stop_reason!r}{detail}")
     if result.budget is not None and result.spent is not None and not spec.events:
         console.line(f"{PROG}: budget: {result.spent.describe(result.budget)}")
+    if result.workspace is not None and not spec.events:
+        for line in workspace_lines(result.workspace, spec.cleanup):
+            console.line(f"{PROG}: {line}")
     if spec.demo and not spec.events:
         console.line(
             f"That was the bundled stub agent (no network, no keys). To drive a real one: {_REAL_AGENT_HINT}"
@@ -443,3 +486,26 @@ def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
     if result.stop_reason == "budget":
         return EXIT_BUDGET
     return EXIT_COMPLETED if result.ok else EXIT_NOT_COMPLETED
+
+
+def workspace_lines(change: WorkspaceChange, cleanup: CleanupPolicy) -> list[str]:
+    """What a person is told of the run's workspace at the end: where its changes are, what the cleanup
+    policy left of it, and how to take or drop the changes."""
+    where = f"workspace: {change.describe()}"
+    if change.mode == "copy":
+        if change.removed:
+            return [f"{where}; the copy was removed"]
+        return [where if change.changed else f"{where}; the copy is kept at {change.path}"]
+    branch = shlex.quote(change.branch or "")
+    path = shlex.quote(change.path)
+    if not change.changed:
+        if change.removed:
+            return [f"{where}; its worktree and branch were removed"]
+        return [f"{where}; its worktree is kept at {change.path} on branch {change.branch}"]
+    if change.removed and cleanup == "remove-always":
+        return [f"{where}; removed, branch and all (--cleanup remove-always)"]
+    lines = [where]
+    if not change.removed:
+        lines.append(f"its worktree is kept at {change.path} (`git worktree remove {path}` when done)")
+    lines.append(f"take them with `git merge {branch}`, or drop them with `git branch -D {branch}`")
+    return lines

@@ -25,6 +25,10 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     max_tool_calls = 200                          # together; over one: stop reason "budget")
     max_turns = 50
     reports_usage = ["tokens"]                    # what the agent reports: "tokens", "cost"
+    isolation = "worktree"                        # its own git worktree ("copy": a copy of the cwd)
+    cleanup = "keep"                              # "remove" (default), "keep", "remove-always"
+    worktree_root = "../worktrees"                # where workspaces are made (a path, like cwd)
+    branch_prefix = "agent/"                      # the branch: the prefix, then the run id
     auth_method = "claude-login"                  # used when the agent demands authentication
     fs = false                                    # offer no fs/* to the agent (default: true)
     subagents = false                             # do not advertise ACP subagents (default: true)
@@ -34,14 +38,20 @@ The schema, one table per agent under ``[agents]``; only ``command`` is required
     ssh_config = "ssh/build.conf"                 # over ssh://: ssh's config file (ssh -F)
     ssh_options = ["ConnectTimeout=20"]           # over ssh://: more ssh -o options
 
-Two more tables hold for every agent of the file: ``[budget]``, caps any agent's run gets unless its
-own table (or a flag) sets that cap; and ``[prices]``, what each model's tokens cost, per million, for
-``max_cost`` over an agent that reports its tokens but no cost (a model is found by its name, else by
-the longest name it starts with)::
+Three more tables hold for every agent of the file: ``[budget]``, caps any agent's run gets unless its
+own table (or a flag) sets that cap; ``[isolation]``, the same for the keys of its workspace
+(``isolation``, ``cleanup``, ``worktree_root``, resolved from the file's directory, and
+``branch_prefix``); and ``[prices]``, what each model's tokens cost, per million, for ``max_cost`` over
+an agent that reports its tokens but no cost (a model is found by its name, else by the longest name it
+starts with)::
 
     [budget]
     max_cost = 5.0
     max_seconds = 1800
+
+    [isolation]
+    isolation = "worktree"
+    cleanup = "keep"
 
     [prices]
     currency = "USD"                              # the currency of every price (default: USD)
@@ -91,7 +101,15 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from subagent.budget import Price, PriceTable
-from subagent.cli._options import BUDGET_OPTIONS, OPTION_KEYS, RUN_OPTIONS, Argument, ConfigKey, Program
+from subagent.cli._options import (
+    BUDGET_OPTIONS,
+    ISOLATION_OPTIONS,
+    OPTION_KEYS,
+    RUN_OPTIONS,
+    Argument,
+    ConfigKey,
+    Program,
+)
 
 __all__ = [
     "AGENT_KEYS",
@@ -253,6 +271,9 @@ class Config:
     budget: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     """The ``[budget]`` table: a cap for every agent's run by option name (``max_tokens``...), under an
     agent's own key of that name and the flag."""
+    isolation: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The ``[isolation]`` table: how every agent's run is isolated, by option name (``isolation``,
+    ``cleanup``, ``worktree_root``, ``branch_prefix``), under an agent's own key of that name and the flag."""
     prices: PriceTable | None = None
     """The ``[prices]`` table: what each model's tokens cost, for ``max_cost`` over an agent that reports
     tokens but no cost (None: the file has none)."""
@@ -337,6 +358,7 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
     data = dict(data)
     # Checked by hand, before the agents: their errors name their keys as the agents' do.
     budget = _budget_table(data.pop("budget", {}), location)
+    isolation = _isolation_table(data.pop("isolation", {}), location)
     prices = _price_table(data.pop("prices", None), location)
     try:
         agents = msgspec.structs.asdict(msgspec.convert(data, ConfigFile, strict=True))["agents"]
@@ -352,24 +374,45 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
             for name, table in tables.items()
         },
         budget=budget,
+        isolation=isolation,
         prices=prices,
     )
 
 
 def _budget_table(table: Any, location: Path) -> dict[str, Any]:
     """The ``[budget]`` table's caps by option name; ConfigError naming the key that is wrong."""
+    return _shared_table(
+        table, location, "budget", BUDGET_OPTIONS, "a table of caps, e.g. [budget] max_tokens = 100000"
+    )
+
+
+def _isolation_table(table: Any, location: Path) -> dict[str, Any]:
+    """The ``[isolation]`` table's settings by option name (a relative ``worktree_root`` from the file's
+    directory); ConfigError naming the key that is wrong."""
+    settings = _shared_table(
+        table, location, "isolation", ISOLATION_OPTIONS, 'a table, e.g. [isolation] isolation = "worktree"'
+    )
+    if "worktree_root" in settings:
+        root = settings["worktree_root"]
+        settings["worktree_root"] = os.path.normpath(location.resolve().parent / os.path.expanduser(root))
+    return settings
+
+
+def _shared_table(
+    table: Any, location: Path, name: str, options: tuple[str, ...], example: str
+) -> dict[str, Any]:
+    """A top-level table of the options ``options`` (values as an agent's keys of those names take
+    them) for every agent of the file; ConfigError naming the key that is wrong."""
     if not isinstance(table, Mapping):
-        raise ConfigError(
-            location,
-            f"must be a table of caps, e.g. [budget] max_tokens = 100000, not {_toml_type(table)}",
-            key="budget",
-        )
-    caps: dict[str, Any] = {}
-    for name, value in table.items():
-        key = _key_text(["budget", name])
-        if name not in BUDGET_OPTIONS:
-            raise ConfigError(location, f"unknown key (known keys: {', '.join(BUDGET_OPTIONS)})", key=key)
-        config = OPTION_KEYS[name]
+        raise ConfigError(location, f"must be {example}, not {_toml_type(table)}", key=name)
+    values: dict[str, Any] = {}
+    for option, value in table.items():
+        key = _key_text([name, option])
+        if option not in options:
+            raise ConfigError(location, f"unknown key (known keys: {', '.join(options)})", key=key)
+        config = OPTION_KEYS[option]
+        if isinstance(value, str) and not value.strip():
+            raise ConfigError(location, "must not be empty", key=key)
         if _fails(value, config.type):
             shown = (
                 repr(value)
@@ -377,8 +420,8 @@ def _budget_table(table: Any, location: Path) -> dict[str, Any]:
                 else _toml_type(value)
             )
             raise ConfigError(location, f"must be {config.expected}, not {shown}", key=key)
-        caps[name] = value
-    return caps
+        values[option] = value
+    return values
 
 
 _PRICE_FIELDS: Final = ("input", "output", "cached_read", "cached_write")
@@ -556,7 +599,7 @@ def _explain(error: str, data: Mapping[str, Any]) -> tuple[str | None, str]:
         unknown = next(name for name in value if name not in known)
         key = _key_text([*keys, unknown])
         if not keys:
-            return key, "unknown key (the top-level tables are [agents], [budget] and [prices])"
+            return key, "unknown key (the top-level tables are [agents], [budget], [isolation] and [prices])"
         return key, f"unknown key (known keys: {', '.join(AGENT_KEYS)})"
     if what.startswith("Object missing required field"):
         return _key_text([*keys, "command"]), 'missing: the program to run, e.g. command = "npx"'
@@ -564,7 +607,10 @@ def _explain(error: str, data: Mapping[str, Any]) -> tuple[str | None, str]:
         if "\0" in value:
             # A C string ends at NUL: the program would get a cut-short argument, variable or path.
             return key, "contains a NUL character, which no program can receive"
-        return key, "must not be empty"
+        if not value.strip() or place not in _EXPECTED:
+            return key, "must not be empty"
+        # A value its pattern refused (a branch prefix, an ssh option), not repeated: it may be a secret.
+        return key, f"must be {_EXPECTED[place]}"
     expected = _EXPECTED.get(place, what)
     if what.startswith("Invalid enum value") or (
         isinstance(value, int | float) and not isinstance(value, bool) and "got" not in what

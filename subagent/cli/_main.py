@@ -28,6 +28,7 @@ from subagent.cli._logs import configure_logging
 from subagent.cli._options import DEMO_OPTIONS, RUN_OPTIONS, add_options, config_keys_help
 from subagent.cli._recording import TRACE_COMMAND
 from subagent.cli._serve_command import SERVE_COMMAND
+from subagent.cli._worktrees_command import WORKTREES_COMMAND
 from subagent.observability._trace_page import MAX_TEXT_CHARS
 
 __all__ = ["main"]
@@ -92,6 +93,20 @@ budget:
   "budget" (the caps, by name), "spent" ({{"tokens", "cost", "costCurrency", "seconds",
   "toolCalls", "turns"}}) and "limit" (the cap that stopped it: {{"limit", "allowed",
   "spent", "owner", "needed"}}, else null), and so does the end event of --events.
+
+isolation:
+  --isolation worktree runs the agent in a git worktree of the cwd's repository, made at HEAD on a
+  new branch (subagent/<run id>; --branch-prefix) inside .git/subagent-worktrees (--worktree-root),
+  so the working tree you are in is never touched; --isolation copy gives it a copy of the cwd
+  instead (a directory outside git). At the end what the agent left uncommitted is committed on its
+  branch, and stderr says where the changes are and which files changed ("subagent: workspace: its
+  changes are on branch subagent/acp-1 (commit ..., over ...): 1 file(s) changed: a.py (+3 -1)"),
+  then how to take or drop them; --json adds "workspace" ({{"mode", "path", "changed", "branch",
+  "base", "commit", "removed", "files": [{{"path", "added", "deleted"}}]}}), and so does the end
+  event of --events. Merging is yours to do. --cleanup remove (the default) removes the worktree and
+  keeps the branch when it holds changes; keep keeps both; remove-always removes both. The exit
+  status is as without isolation. A workspace whose owner was killed is recovered by the next run in
+  the same repository, or by `{PROG} worktrees --prune`; `{PROG} worktrees` lists them all.
 
 interrupts:
   Ctrl-C once cancels the turn (session/cancel; an agent that ignores it is torn down after
@@ -176,6 +191,7 @@ _COMMANDS: Final[dict[str, Command]] = {
     "describe": DESCRIBE_COMMAND,
     "serve": SERVE_COMMAND,
     "trace": TRACE_COMMAND,
+    "worktrees": WORKTREES_COMMAND,
 }
 """Every command, in the order ``subagent --help`` lists them."""
 

@@ -27,10 +27,12 @@ import msgspec
 from subagent.acp.handlers import DEFAULT_PERMISSION_CALLBACK_TIMEOUT
 from subagent.cli._exits import UsageError
 from subagent.cli._permission import PermissionMode
+from subagent.types import CleanupPolicy, IsolationMode
 
 __all__ = [
     "BUDGET_OPTIONS",
     "DEMO_OPTIONS",
+    "ISOLATION_OPTIONS",
     "OPTION_KEYS",
     "RUN_OPTIONS",
     "Argument",
@@ -66,6 +68,8 @@ Amount = Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)]
 """A finite number >= 0 (a budget's cost, a price)."""
 UsageReport = Literal["tokens", "cost"]
 """What an agent reports of its usage, for the budget caps its provider can enforce."""
+BranchPrefix = Annotated[str, msgspec.Meta(pattern=r"\A(?!.*\.\.)[^\x00-\x20~^:?*\[\\\x7f]+\Z")]
+"""The start of a git branch name: no space, control character, ``~^:?*[\\`` or ``..``."""
 Environment = dict[EnvName, Argument]
 """An agent's ``env`` table: variables merged over the caller's environment."""
 Settings = dict[NonBlank, str | bool]
@@ -205,6 +209,13 @@ def _usage_reports(text: str) -> tuple[UsageReport, ...]:
     return tuple(dict.fromkeys(typing.cast(list[UsageReport], words)))
 
 
+def _branch_prefix(text: str) -> str:
+    try:
+        return msgspec.convert(text, BranchPrefix)
+    except msgspec.ValidationError:
+        raise argparse.ArgumentTypeError(f"{_BRANCH_PREFIX}, not {text!r}") from None
+
+
 def _non_blank(text: str) -> str:
     # An empty name or path names nothing (an empty --trace, the current directory's parent): refused, as
     # the config refuses a blank value for the same keys.
@@ -239,6 +250,9 @@ def _writable_file(path: str, flag: str) -> str:
 
 
 _STRING: Final = "a string"
+_BRANCH_PREFIX: Final = (
+    "must be the start of a git branch name (no space, control character, ~ ^ : ? * [ \\ or ..)"
+)
 _SECONDS: Final = "a positive number of seconds"
 
 RUN_OPTIONS: Final[tuple[Option, ...]] = (
@@ -371,6 +385,44 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
         config=ConfigKey(
             list[UsageReport], 'an array of "tokens" and "cost", e.g. ["tokens"]', item='"tokens" or "cost"'
         ),
+    ),
+    Option(
+        "isolation",
+        ("--isolation",),
+        "run the agent in a workspace of its own, the current working tree untouched: worktree (a git "
+        "worktree of the cwd's repository at HEAD, on a new branch subagent/<run id>; what the agent changed "
+        "is committed there and the branch printed at the end) or copy (a copy of the cwd, for a directory "
+        "outside git) (default: the agent's `isolation` in the config, else [isolation]'s, else none)",
+        choices=typing.get_args(IsolationMode),
+        config=ConfigKey(IsolationMode, "one of 'worktree', 'copy'"),
+    ),
+    Option(
+        "cleanup",
+        ("--cleanup",),
+        "with --isolation, what becomes of the workspace at the end: remove (the worktree is removed, its "
+        "branch kept if it holds changes; a changed copy is kept), keep (both kept), remove-always (both "
+        "removed, changes and all) (default: remove)",
+        choices=typing.get_args(CleanupPolicy),
+        default="remove",
+        config=ConfigKey(CleanupPolicy, "one of 'remove', 'keep', 'remove-always'"),
+    ),
+    Option(
+        "worktree_root",
+        ("--worktree-root",),
+        "with --isolation, the directory the workspaces are made in (default: the repository's "
+        ".git/subagent-worktrees; for copies, the system's temporary directory)",
+        metavar="DIR",
+        parse=_non_blank,
+        config=ConfigKey(Program, _STRING, paths="agent"),
+    ),
+    Option(
+        "branch_prefix",
+        ("--branch-prefix",),
+        "with --isolation worktree, what the branch's name starts with, before the run id (default: "
+        "subagent/)",
+        metavar="PREFIX",
+        parse=_branch_prefix,
+        config=ConfigKey(BranchPrefix, 'the start of a git branch name, e.g. "agent/"'),
     ),
     Option(
         "auth_method",
@@ -513,6 +565,9 @@ DEMO_OPTIONS: Final = tuple(option for option in RUN_OPTIONS if option.demo)
 
 BUDGET_OPTIONS: Final = tuple(option.name for option in RUN_OPTIONS if option.name.startswith("max_"))
 """The options that set a cap of the run's :class:`~subagent.types.Budget`, named like its fields."""
+
+ISOLATION_OPTIONS: Final = ("isolation", "cleanup", "worktree_root", "branch_prefix")
+"""The options that say how the run's workspace is isolated (:mod:`subagent.isolation`)."""
 
 OPTION_KEYS: Final = {option.name: option.config for option in RUN_OPTIONS if option.config is not None}
 """The config keys that set options, in documented order."""

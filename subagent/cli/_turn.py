@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shlex
+import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -31,9 +33,20 @@ from subagent.cli._options import UsageReport
 from subagent.cli._permission import AnswerSource, PermissionMode, permission_policy
 from subagent.cli._tool_call_tracker import ToolCalls, ToolCallState
 from subagent.cli._views import RunView, StartInfo, run_meta
+from subagent.isolation import IsolationSettings, Workspace
 from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
 from subagent.service import ServiceRun, SubagentService
-from subagent.types import Budget, SubagentError, SubagentRequest, SubagentResult, Usage, sum_usage
+from subagent.types import (
+    Budget,
+    CleanupPolicy,
+    IsolationMode,
+    SubagentError,
+    SubagentRequest,
+    SubagentResult,
+    Usage,
+    WorkspaceChange,
+    sum_usage,
+)
 
 __all__ = ["TurnOutcome", "TurnSpec", "drive"]
 
@@ -85,6 +98,21 @@ class TurnSpec:
     """What the agent reports of its usage (``--reports-usage``; None: what is known of the agent)."""
     prices: PriceTable | None = None
     """The config's ``[prices]``, for ``max_cost`` over an agent that reports tokens but no cost."""
+    isolation: IsolationMode | None = None
+    """The run's workspace (``--isolation``): its own git worktree, a copy, or None (the cwd itself)."""
+    cleanup: CleanupPolicy = "remove"
+    """What becomes of the workspace at the end (``--cleanup``)."""
+    worktree_root: str | None = None
+    """Where the workspaces are made (``--worktree-root``; None: the repository's git directory)."""
+    branch_prefix: str | None = None
+    """What a worktree's branch name starts with (``--branch-prefix``; None: ``subagent/``)."""
+
+    @property
+    def isolation_settings(self) -> IsolationSettings:
+        """Where the provider makes the run's workspace."""
+        if self.branch_prefix is None:
+            return IsolationSettings(root=self.worktree_root)
+        return IsolationSettings(root=self.worktree_root, branch_prefix=self.branch_prefix)
 
     @property
     def budget(self) -> Budget | None:
@@ -254,17 +282,21 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
             config_options=spec.config_options,
             ready_timeout=spec.ready_timeout if spec.ready_timeout is not None else DEFAULT_READY_TIMEOUT,
             reports_usage=spec.reports_usage,
+            isolation=spec.isolation_settings if spec.isolation is not None else None,
         )
     except (ValueError, TypeError) as exc:
         # A command or environment no process could receive (a NUL in an argument, say).
         raise UsageError(str(exc)) from None
     _check_caps(provider, spec)
+    _check_isolation(provider, spec)
     request = SubagentRequest(
         prompt=spec.prompt,
         cwd=spec.cwd,
         timeout=spec.timeout,
         additional_directories=spec.additional_directories,
         budget=spec.budget,
+        isolation=spec.isolation,
+        cleanup=spec.cleanup,
     )
     began = time.monotonic()
     run_costs: dict[str, Usage] = {}
@@ -309,6 +341,8 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
                 interrupts.attach(run)
                 async with run:
                     outcome = await _await_turn(run, acp_run, spec, gate, interrupts, announce)
+                # Disposed: the workspace was cleaned up by its policy, and says what is left of it.
+                outcome.result.workspace = await _final_workspace(acp_run, outcome.result.workspace, spec)
         finally:
             outer.cancel_scope.cancel()
     outcome.elapsed = time.monotonic() - began
@@ -344,6 +378,68 @@ def _check_caps(provider: AcpProvider, spec: TurnSpec) -> None:
         f"report what {'it counts' if len(unenforced) == 1 else 'they count'} as it works (the caps it can "
         f"be held to: {enforced}). If it does report its usage, say what with --reports-usage tokens,cost"
     )
+
+
+def _check_isolation(provider: AcpProvider, spec: TurnSpec) -> None:
+    """Refuse, before any agent is spawned, an isolation the provider cannot give, or a worktree of a
+    directory that is in no git repository with a commit (the provider would fail the start)."""
+    if spec.isolation is None:
+        return
+    offered = provider.capabilities.isolation
+    if spec.isolation not in offered:
+        if spec.transport is not None and not spec.transport.local_files:
+            raise UsageError(
+                f"--isolation {spec.isolation}: an agent on {spec.transport.name} cannot be isolated: its "
+                "workspace would be made on this host, whose files it does not see"
+            )
+        can = ", ".join(sorted(offered)) or "none"
+        raise UsageError(
+            f"--isolation {spec.isolation}: the agent cannot be given one (it can be given: {can})"
+        )
+    if spec.isolation != "worktree" or (spec.transport is not None and not spec.transport.local_files):
+        return
+    top = _git(spec.cwd, "rev-parse", "--show-toplevel")
+    if top is None:
+        raise UsageError(
+            f"--isolation worktree: {spec.cwd} is not in a git repository, so it has no worktree to give "
+            "the agent (--isolation copy gives it a copy of the directory)"
+        )
+    if _git(spec.cwd, "rev-parse", "--verify", "--quiet", "HEAD^{commit}") is None:
+        raise UsageError(
+            f"--isolation worktree: the repository at {top} has no commit yet: a worktree needs one to "
+            "start from"
+        )
+
+
+def _git(cwd: str, *args: str) -> str | None:
+    """``git -C cwd args...``'s output, None when it fails (or git cannot be run)."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", cwd, *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+async def _final_workspace(
+    acp_run: AcpRun, change: WorkspaceChange | None, spec: TurnSpec
+) -> WorkspaceChange | None:
+    """The run's workspace as its cleanup left it (``removed`` said), once the run is disposed."""
+    workspace = getattr(acp_run, "workspace", None)
+    if isinstance(workspace, Workspace):
+        final = await workspace.close()  # idempotent: what the disposal's close returned
+        if final is not None:
+            return final
+    if change is None or (spec.transport is not None and not spec.transport.local_files):
+        return change
+    gone = not await anyio.to_thread.run_sync(os.path.isdir, change.path)
+    return dataclasses.replace(change, removed=gone)
 
 
 _MAX_TITLE_CHARS: Final = 200

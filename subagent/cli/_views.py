@@ -24,7 +24,8 @@
   never what was typed), ``interrupt``,
   ``start_failed``, ``end`` (``stopReason``, ``error``, ``usage``, ``elapsed``; for a run with a
   budget also ``outputFinal``, its ``budget``, ``spent`` and the ``limit`` that stopped it, as
-  :mod:`subagent._budget_codec` writes them) and ``log``; and a ``"time"`` member: when it was
+  :mod:`subagent._budget_codec` writes them; for an isolated run its ``workspace``, as
+  :mod:`subagent._workspace_codec` writes it) and ``log``; and a ``"time"`` member: when it was
   written, in seconds since the epoch (milliseconds kept), so a recorded stream can be laid out in time
   (``subagent trace``).
 
@@ -52,6 +53,7 @@ import anyio
 from subagent._budget_codec import budget_to_json, limit_to_json, spend_to_json
 from subagent._text import one_line
 from subagent._usage_codec import usage_to_acp
+from subagent._workspace_codec import workspace_to_json
 from subagent.acp import schema
 from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionOption, PermissionOutcome, PermissionQuestion
@@ -586,21 +588,23 @@ class EventView(RunView):
         self.emit("start_failed", error=message)
 
     def ended(self, result: SubagentResult, elapsed: float) -> None:
-        budgeted: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
         if result.budget is not None or result.stop_reason == "budget":
-            budgeted = {
+            extra = {
                 "outputFinal": result.output_final,
                 "limit": limit_to_json(result.limit),
                 "budget": budget_to_json(result.budget),
                 "spent": spend_to_json(result.spent),
             }
+        if result.workspace is not None:
+            extra["workspace"] = workspace_to_json(result.workspace)
         self.emit(
             "end",
             stopReason=result.stop_reason,
             error=result.error,
             usage=usage_to_acp(result.usage),
             elapsed=round(elapsed, 3),
-            **budgeted,
+            **extra,
         )
 
     def log(self, record: logging.LogRecord, message: str) -> None:

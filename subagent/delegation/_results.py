@@ -20,6 +20,7 @@ from subagent.types import (
     SubagentRequest,
     SubagentResult,
     Usage,
+    WorkspaceChange,
 )
 
 __all__ = ["Spill", "SubagentToolResult", "map_result", "seam_failure"]
@@ -70,7 +71,10 @@ class SubagentToolResult:
     ``spill`` is set when ``output`` was too large to show whole: :meth:`render` then shows its head
     and tail with the file that holds it (``output`` itself stays whole, for the host).
     ``limit`` is the cap (or the timeout) that stopped the child, and ``spent`` what it had spent
-    against its budget, when it ran under one.
+    against its budget, when it ran under one. ``workspace`` is where an isolated child worked and what
+    it changed (its branch, commit and files), as of the end of its turn: :meth:`render` ends with it.
+    ``workspace_discarded`` says that its cleanup policy (``remove-always``) removes the workspace, branch
+    and all, when the child is disposed.
     """
 
     is_error: bool
@@ -86,6 +90,8 @@ class SubagentToolResult:
     spill: Spill | None = None
     limit: LimitHit | None = None
     spent: Spend | None = field(default=None, compare=False)  # holds wall time: no two runs alike
+    workspace: WorkspaceChange | None = None
+    workspace_discarded: bool = False
 
     @property
     def text(self) -> str:
@@ -98,8 +104,12 @@ class SubagentToolResult:
         Success: the structured value as JSON when one was asked for, else the child's output (its
         head and tail when it was spilled). Error: ``Error: `` and the explanation, then, when a child
         ran, its partial output. The ``Error:`` prefix carries the outcome in formats that have no
-        error flag (OpenAI's tool messages).
+        error flag (OpenAI's tool messages). An isolated child's workspace is said last (where its
+        changes are: a branch and commit, with the files changed).
         """
+        return self._outcome() + self._workspace_note()
+
+    def _outcome(self) -> str:
         output = self.output if self.spill is None else self.spill.render()
         if not self.is_error:
             if self.structured is not None:
@@ -112,6 +122,28 @@ class SubagentToolResult:
         if self.stop_reason is not None:
             text += f"\n\nPartial output:\n{output}" if output else "\n\nIt produced no output."
         return text
+
+    def _workspace_note(self) -> str:
+        """Where an isolated child's changes are, as the last paragraph (empty for a child that was not)."""
+        change = self.workspace
+        if change is None:
+            return ""
+        if not self.workspace_discarded:
+            return f"\n\nThe subagent worked in a workspace of its own: {change.describe()}."
+        # As describe() lists them, without the branch or copy that is no more.
+        files = ", ".join(
+            f"{file.path} (+{file.added} -{file.deleted})"
+            if file.added is not None
+            else f"{file.path} (binary)"
+            for file in change.files[:20]
+        )
+        more = f" and {len(change.files) - 20} more" if len(change.files) > 20 else ""
+        what = (
+            f"{len(change.files)} file(s) changed: {files}{more}" if change.changed else "it changed no file"
+        )
+        return (
+            f"\n\nThe subagent worked in a scratch workspace, removed with its changes when it ended: {what}."
+        )
 
     def to_openai(self, tool_call_id: str) -> dict[str, Any]:
         """An OpenAI chat-completions tool message answering ``tool_call_id``."""
@@ -153,6 +185,7 @@ def map_result(
     """A run's result as the tool's: ``completed`` is a success, any other stop reason an error
     result with the partial output and an explanation."""
     structured = result.structured if request.output_schema is not None else None
+    discarded = result.workspace is not None and request.cleanup == "remove-always"
     if result.stop_reason == "completed":
         return SubagentToolResult(
             is_error=False,
@@ -165,6 +198,8 @@ def map_result(
             handle=handle,
             spill=spill,
             spent=result.spent,
+            workspace=result.workspace,
+            workspace_discarded=discarded,
         )
     explanation = _STOP_EXPLANATIONS.get(result.stop_reason, "it stopped early.")
     if result.stop_reason == "error" and result.error:
@@ -187,6 +222,8 @@ def map_result(
         spill=spill,
         limit=result.limit,
         spent=result.spent,
+        workspace=result.workspace,
+        workspace_discarded=discarded,
     )
 
 

@@ -56,8 +56,10 @@ from subagent.types import (
     START_TIME_FEATURES,
     Budget,
     BudgetField,
+    CleanupPolicy,
     Disposer,
     ErrorCode,
+    IsolationMode,
     ObservableRun,
     ProviderSnapshot,
     StartTimeFeature,
@@ -121,6 +123,23 @@ _BACKGROUND_PROPERTY: dict[str, Any] = {
         "started, and you keep working; its result reaches you as a notice when it ends."
     ),
 }
+
+_ISOLATION_NOTES: dict[IsolationMode, str] = {
+    "worktree": (
+        "Workspaces: each subagent works in its own git worktree, on a new branch, never in your working "
+        "tree. Its changes come back on that branch (the result names it, its commit and the files "
+        "changed), which your host merges or not: until then they are not in your files."
+    ),
+    "copy": (
+        "Workspaces: each subagent works in its own copy of the directory, never in your files. Its changes "
+        "stay in that copy (the result names it and the files changed)."
+    ),
+}
+_WORKSPACE_NAMES: dict[IsolationMode, str] = {"worktree": "git worktree", "copy": "copy of the directory"}
+_DISCARDED_NOTE = (
+    "Workspaces: each subagent works in a scratch {where}, never in your files, deleted with everything it "
+    "changed when it ends: what you need from it must be in its answer."
+)
 
 _NON_BLANK = r"\S"
 """The pattern of a string with something in it besides white space."""
@@ -361,6 +380,15 @@ class SubagentTool(CloseOnExit):
             itself: the children then share it with whatever else the host charges to it (``subagent
             serve`` gives a session's agent and its tool one account). None (the default): no ceiling
             (a call's own ``budget`` still holds).
+        isolation: run every child started through the tool in a workspace of its own
+            (:mod:`subagent.isolation`): ``"worktree"``, a git worktree of ``cwd``'s repository on a new
+            branch, or ``"copy"``, a copy of ``cwd``. Only the providers that can give it are offered,
+            the description tells the model that its children's changes come back on branches (or in
+            copies), and each result ends with where they are (:attr:`SubagentToolResult.workspace`
+            holds the change, for the host to :func:`~subagent.isolation.merge`, or not). Where the
+            children work is the host's policy, as merging is: the model is not offered a choice.
+        cleanup: with ``isolation``, what becomes of each child's workspace when it ends (default
+            ``"remove"``: the worktree goes, its branch stays when it holds changes).
 
     The tool follows the registry from construction until :meth:`close` (or the end of its ``with``
     block). With background delegation, use it as an async context manager (or call :meth:`aclose`):
@@ -380,6 +408,8 @@ class SubagentTool(CloseOnExit):
         background: BackgroundOptions | None = None,
         on_notice: Callable[[Notice], object] | None = None,
         budget: Budget | BudgetAccount | None = None,
+        isolation: IsolationMode | None = None,
+        cleanup: CleanupPolicy = "remove",
     ) -> None:
         if not _TOOL_NAME.match(name):
             raise ValueError(f"a tool name must match {_TOOL_NAME.pattern}, got {name!r}")
@@ -392,7 +422,10 @@ class SubagentTool(CloseOnExit):
         self._service = service
         self._name = name
         # What the host fixes for every run; each call fills in the model's part.
-        self._template = SubagentRequest(prompt="", cwd=cwd, timeout=timeout, parent_id=parent_id)
+        # (SubagentRequest refuses an unknown isolation or cleanup with a ValueError.)
+        self._template = SubagentRequest(
+            prompt="", cwd=cwd, timeout=timeout, parent_id=parent_id, isolation=isolation, cleanup=cleanup
+        )
         self._on_change = on_change
         self._version = 0
         self._closed = False
@@ -436,6 +469,16 @@ class SubagentTool(CloseOnExit):
         return self._template.timeout
 
     @property
+    def isolation(self) -> IsolationMode | None:
+        """The workspace every child gets (None: none, it works in ``cwd`` itself)."""
+        return self._template.isolation
+
+    @property
+    def cleanup(self) -> CleanupPolicy:
+        """What becomes of each child's workspace when it ends."""
+        return self._template.cleanup
+
+    @property
     def budget(self) -> Budget | None:
         """The host's ceiling on every child started through the tool together (None: none)."""
         return self._account.asked if self._account is not None else None
@@ -463,7 +506,7 @@ class SubagentTool(CloseOnExit):
         """What the ceiling allows and what is left of it, for the model (None: no ceiling, or no
         provider to spend it on)."""
         account = self._account
-        if account is None or not self._service.list():
+        if account is None or not self._snapshots():
             return None
         currency = _currency(account)
         hit = account.check()
@@ -484,8 +527,9 @@ class SubagentTool(CloseOnExit):
 
     @property
     def available(self) -> bool:
-        """Whether a provider is registered, so that a call can start a subagent at all."""
-        return bool(self._service.list())
+        """Whether a provider is registered (one that can give the host's isolation), so that a call can
+        start a subagent at all."""
+        return bool(self._snapshots())
 
     @property
     def closed(self) -> bool:
@@ -566,8 +610,15 @@ class SubagentTool(CloseOnExit):
         return (self.for_agents(), *(companions if self._background is not None else ()))
 
     def _snapshots(self) -> list[ProviderSnapshot]:
+        """The providers a call may choose: the registered ones, but those that cannot give the host's
+        isolation (the model is never offered a provider that would refuse every call)."""
         snapshots = (self._service.get_provider(name) for name in self._service.list())
-        return [snapshot for snapshot in snapshots if snapshot is not None]
+        isolation = self._template.isolation
+        return [
+            snapshot
+            for snapshot in snapshots
+            if snapshot is not None and (isolation is None or isolation in snapshot.capabilities.isolation)
+        ]
 
     def _refresh(self) -> None:
         if self._closed:
@@ -590,10 +641,12 @@ class SubagentTool(CloseOnExit):
                 optional = _optional_parameters(snapshot)
                 lines.append(f"- {json.dumps(snapshot.name)}: {context} Optional parameters: {optional}.")
             paragraphs += ["\n".join(lines), _ERROR_NOTE]
+            if self._template.isolation is not None:
+                paragraphs.append(self._isolation_note(self._template.isolation))
             if self._background is not None:
                 paragraphs.append(self._background_note())
         else:
-            paragraphs.append(_NO_PROVIDER_NOTE)
+            paragraphs.append(self._no_provider_note())
         return ToolDefinition(
             name=self._name, description="\n\n".join(paragraphs), input_schema=self._input_schema(snapshots)
         )
@@ -737,6 +790,32 @@ class SubagentTool(CloseOnExit):
             handle=child.handle,
         )
 
+    def _no_provider_note(self) -> str:
+        """Why the tool cannot start a subagent, for its description."""
+        isolation = self._template.isolation
+        if isolation is None or not self._service.list():
+            return _NO_PROVIDER_NOTE
+        return (
+            f"No subagent provider registered now can give a subagent its own {_WORKSPACE_NAMES[isolation]}, "
+            "as every subagent of this tool gets, so this tool cannot start a subagent; a call returns an "
+            "error."
+        )
+
+    def _no_provider_error(self) -> str:
+        """Why a call started no subagent, for its result."""
+        isolation = self._template.isolation
+        if isolation is None or not self._service.list():
+            return "no subagent provider is registered right now, so no subagent can be started."
+        return (
+            f"no subagent provider registered now can give a subagent its own {_WORKSPACE_NAMES[isolation]}, "
+            "as every subagent of this tool gets, so no subagent can be started."
+        )
+
+    def _isolation_note(self, isolation: IsolationMode) -> str:
+        if self._template.cleanup == "remove-always":
+            return _DISCARDED_NOTE.format(where=_WORKSPACE_NAMES[isolation])
+        return _ISOLATION_NOTES[isolation]
+
     def _background_note(self) -> str:
         assert self._background is not None
         options = self._background.options
@@ -852,8 +931,11 @@ class SubagentTool(CloseOnExit):
         if not snapshots:
             return SubagentToolResult(
                 is_error=True,
-                error="no subagent provider is registered right now, so no subagent can be started.",
-                error_code=ErrorCode.NO_PROVIDER,
+                error=self._no_provider_error(),
+                # Providers there are, but none can isolate: a capability lacking, not a provider.
+                error_code=ErrorCode.NO_PROVIDER
+                if self._template.isolation is None or not self._service.list()
+                else ErrorCode.UNSUPPORTED_CAPABILITY,
             )
         budget = self._call_budget(valid.get("budget"))
         if isinstance(budget, SubagentToolResult):
