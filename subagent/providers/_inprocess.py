@@ -233,7 +233,8 @@ class InProcessRun(DisposeOnExit):
             SubagentError: ``DISPOSED`` when the run was disposed before its turn began;
                 ``START_FAILED`` when its workspace could not be made.
         """
-        await self._ready.wait()
+        if not self._ready.is_set():  # waiting on a set event still yields, reordering the runs
+            await self._ready.wait()
         if self._start_error is not None:
             raise self._start_error
         if self._disposing and self._result.error is not None:
