@@ -373,3 +373,53 @@ async def test_a_start_cancelled_while_its_worktree_is_made_leaves_nothing(tmp_p
         assert branches(repo) == ["main"]
         assert worktrees(repo) == [str(repo)]
         assert not records_dir(repo).exists() or list(records_dir(repo).iterdir()) == []
+
+
+# -- the core, as it runs where an agent runs over ssh ------------------------------------------------------
+
+CORE = Path(__file__).resolve().parent.parent / "subagent" / "_isolation_core.py"
+
+
+def call_core(op: str, *args: object) -> object:
+    """One operation of the core in a fresh ``python3 -I -S``: nothing of ours importable, as on a
+    remote host."""
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", str(CORE)],
+        input=json.dumps({"op": op, "args": list(args)}),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    reply = json.loads(done.stdout)
+    return reply.get("value", reply)
+
+
+def test_the_core_alone_makes_commits_and_closes_a_worktree_owned_by_the_process_that_asked(
+    tmp_path: Path,
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    owner = {"host": "another-host", "pid": 4242, "start": "1"}
+    settings = IsolationSettings().as_json()
+    workspace = call_core("open", str(repo), "remote-1", "worktree", settings, "remove", owner)
+    assert isinstance(workspace, dict)
+    assert workspace["branch"] == "subagent/remote-1"
+    Path(workspace["cwd"], "r.txt").write_text("remote\n")
+    record = json.loads(Path(workspace["record"]).read_text())
+    assert (record["host"], record["pid"], record["state"]) == ("another-host", 4242, "ready")
+    # Another host's process: this host cannot tell it is gone, so it is listed live and not reaped...
+    (found,) = find_leftovers(str(repo))
+    assert (found.run_id, found.state) == ("remote-1", "live")
+    assert call_core("reap", str(records_dir(repo))) == []
+    # ...until the host that owns it says so, by name.
+    reaped = call_core("reap", str(records_dir(repo)), ["remote-1"])
+    assert isinstance(reaped, list)
+    assert [(found["run_id"], found["recovered"]) for found in reaped] == [("remote-1", "branch")]
+    assert git(repo, "show", "subagent/remote-1:r.txt") == "remote"
+    assert worktrees(repo) == [str(repo)]
+
+
+def test_the_core_says_a_failure_as_an_error_reply() -> None:
+    assert call_core("open", "/nonexistent-dir", "r", "worktree", {}, "remove") == {
+        "error": "/nonexistent-dir is not in a git repository, so it has no worktree to give a child: "
+        "use isolation='copy'"
+    }

@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import anyio
 
+from subagent._isolation_core import RECOVERED
 from subagent.cli._config import find_config, load_config
 from subagent.cli._console import print_json, print_stdout
 from subagent.cli._exits import PROG, Command, Parser, UsageError
@@ -120,7 +121,7 @@ class _SaidBelow(logging.Filter):
     """Drops the reaper's warning of each workspace it recovered (the listing says it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno == logging.WARNING and record.funcName == "_reap_directory")
+        return not (record.levelno == logging.WARNING and record.getMessage().startswith(RECOVERED))
 
 
 def _root(args: argparse.Namespace) -> str | None:
