@@ -654,6 +654,15 @@ def reap_once(directory: Path) -> None:
         reap_directory(str(directory))
 
 
+def records_for(cwd: str, mode: str, settings: Json) -> Json:
+    """Where the workspaces of ``cwd`` are recorded, and the records there (each with its ``name``): for
+    a host that made workspaces here from afar, to tell which of its own dead processes left some."""
+    common_dir = repository(os.path.realpath(cwd))[1] if mode == "worktree" else None
+    directory = records_dir(mode, common_dir, settings)
+    found = [{**record, "name": path.stem} for path, record in records(directory)]
+    return {"directory": str(directory), "records": found}
+
+
 # -- remote use ----------------------------------------------------------------------------------------------
 
 OPERATIONS: dict[str, Callable[..., Any]] = {
@@ -664,6 +673,7 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
     "list": list_leftovers,
     "reap": reap_directory,
     "repository": repository,
+    "records_for": records_for,
     "host": host_id,
 }
 """What :func:`main` runs, by name."""

@@ -35,7 +35,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+import posixpath
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
@@ -50,6 +51,7 @@ from subagent.types import CleanupPolicy, FileChange, IsolationMode, WorkspaceCh
 __all__ = [
     "DEFAULT_CHECKOUT_WORKERS",
     "DEFAULT_MAX_COPY_BYTES",
+    "CoreRunner",
     "IsolationError",
     "IsolationSettings",
     "Leftover",
@@ -58,6 +60,7 @@ __all__ = [
     "diff",
     "discard",
     "find_leftovers",
+    "local_runner",
     "merge",
     "open_workspace",
     "reap_leftovers",
@@ -73,6 +76,13 @@ DEFAULT_CHECKOUT_WORKERS: Final = 8
 eight processes wrote it 4 to 10 times faster than one on a 2-core machine, more than sixteen no faster."""
 
 _T = TypeVar("_T")
+
+CoreRunner = Callable[..., Awaitable[Any]]
+"""Runs one operation of the workspace core where the workspaces are: called with the operation's name
+(a key of ``subagent._isolation_core.OPERATIONS``) and its JSON arguments, it returns the operation's
+JSON value, or raises :class:`IsolationError` with the core's message. Each call must be bounded in
+time. :func:`local_runner` runs them here; a transport whose agent runs elsewhere offers one that runs
+them there (``transport.isolation_runner()``)."""
 
 
 class IsolationError(Exception):
@@ -152,6 +162,11 @@ def change_from_json(change: Mapping[str, Any]) -> WorkspaceChange:
     )
 
 
+async def local_runner(operation: str, *args: Any) -> Any:
+    """The :data:`CoreRunner` of this host: the core's operation in a worker thread."""
+    return await _core(core.OPERATIONS[operation], *args)
+
+
 class Workspace:
     """One run's isolated workspace, made by :func:`open_workspace`.
 
@@ -161,8 +176,11 @@ class Workspace:
     a child's doing: a failure is logged and reported in the change.
     """
 
-    def __init__(self, data: Mapping[str, Any]) -> None:
+    def __init__(self, data: Mapping[str, Any], runner: CoreRunner | None = None) -> None:
         self._data = dict(data)
+        self._runner = runner or local_runner
+        self.local = runner is None or runner is local_runner
+        """Whether the workspace is on this host (else where its runner runs the core)."""
         self.mode: IsolationMode = data["mode"]
         self.run_id: str = data["run"]
         self.source: str = data["source"]
@@ -180,10 +198,19 @@ class Workspace:
     def __repr__(self) -> str:
         return f"<Workspace {self.mode} {self.root!r} branch={self.branch!r}>"
 
+    @property
+    def data(self) -> dict[str, Any]:
+        """The workspace as the core says it (a JSON object), for a transport that must place the agent
+        where it is."""
+        return dict(self._data)
+
     def map_path(self, path: str) -> str:
         """``path`` (absolute, in the source) as the same place in the workspace; unchanged outside it."""
         try:
-            relative = os.path.relpath(os.path.realpath(path), os.path.realpath(self.source))
+            if self.local:
+                relative = os.path.relpath(os.path.realpath(path), os.path.realpath(self.source))
+            else:  # a path of another host: only its text is known here
+                relative = posixpath.relpath(posixpath.normpath(path), posixpath.normpath(self.source))
         except ValueError:
             return path
         if relative == os.curdir:
@@ -195,8 +222,12 @@ class Workspace:
     async def commit(self, message: str) -> WorkspaceChange:
         """Commit what the child left uncommitted on its branch (``message``: the run's prompt) and say
         what changed since the base (for a copy: against the source)."""
-        self._last = change_from_json(await _core(core.commit, self._data, message))
+        self._last = change_from_json(await self._call("commit", self._data, message))
         return self._last
+
+    async def _call(self, operation: str, *args: Any) -> Any:
+        with anyio.CancelScope(shield=True):  # see _core: the runner bounds each call
+            return await self._runner(operation, *args)
 
     async def close(self) -> WorkspaceChange | None:
         """Commit what the child did since its last commit (a turn cut short, a job it left running), apply
@@ -205,7 +236,7 @@ class Workspace:
             return self._last
         self._closed = True
         try:
-            self._last = change_from_json(await _core(core.close, self._data))
+            self._last = change_from_json(await self._call("close", self._data))
         except Exception:
             logger.exception(
                 "workspace of run %s: cleaning up failed; `subagent worktrees` lists it", self.run_id
@@ -220,23 +251,62 @@ async def open_workspace(
     *,
     settings: IsolationSettings | None = None,
     cleanup: CleanupPolicy = "remove",
+    runner: CoreRunner | None = None,
 ) -> Workspace:
     """Make run ``run_id``'s workspace of ``cwd`` (see the module docstring): a worktree of its
     repository at ``HEAD`` on a new branch, or a copy. Reaps what dead owners left in the same place first.
+
+    ``runner``: where (default: here, :func:`local_runner`); a workspace made elsewhere is owned by this
+    process all the same, and what this host's dead processes left there is reaped from here.
 
     Raises:
         IsolationError: ``cwd`` is not in a git repository (worktree), is too large to copy (copy), or
             git failed.
     """
     settings = settings or IsolationSettings()
-    data = await _core(core.open_workspace, cwd, run_id, mode, settings.as_json(), cleanup)
+    call = runner or local_runner
+    with anyio.CancelScope(shield=True):  # each call is bounded; what it makes is removed if cancelled
+        if call is not local_runner:
+            await _reap_from_afar(call, cwd, mode, settings)
+        data = await call("open", cwd, run_id, mode, settings.as_json(), cleanup, core.this_owner())
     try:
         await anyio.lowlevel.checkpoint_if_cancelled()
     except BaseException:
         # Cancelled while it was being made: no one would close it.
-        await _core(core.discard_unused, data)
+        with anyio.CancelScope(shield=True):
+            await call("discard_unused", data)
         raise
-    return Workspace(data)
+    return Workspace(data, runner)
+
+
+_REAPED_FROM_AFAR: set[tuple[object, str]] = set()
+"""The (runner, records directory) pairs reaped from here already: once per process is enough."""
+
+
+async def _reap_from_afar(
+    runner: CoreRunner, cwd: str, mode: IsolationMode, settings: IsolationSettings
+) -> None:
+    """Reap what this host's dead processes left where ``runner`` makes workspaces: only this host can
+    tell that they are gone, so it names them."""
+    found = await runner("records_for", cwd, mode, settings.as_json())
+    key = (getattr(runner, "key", runner), str(found["directory"]))
+    if key in _REAPED_FROM_AFAR:
+        return
+    _REAPED_FROM_AFAR.add(key)
+    names = [
+        record["name"]
+        for record in found["records"]
+        if record.get("state") != "kept" and core.owner_alive(record) is False
+    ]
+    if names:
+        for leftover in await runner("reap", found["directory"], names):
+            logger.warning(
+                "%s %s (made from this host, whose owner pid %s is gone), where its agent ran: %s",
+                core.RECOVERED,
+                leftover["run_id"],
+                leftover["owner_pid"],
+                leftover["recovered"] or "kept",
+            )
 
 
 # -- leftovers -----------------------------------------------------------------------------------------------

@@ -28,7 +28,9 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 
 import subagent.providers.acp as acp_module
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, SubagentService
+from subagent._isolation_core import host_id
 from subagent.isolation import (
+    IsolationError,
     IsolationSettings,
     Leftover,
     Workspace,
@@ -385,7 +387,8 @@ async def test_a_provider_whose_agents_do_not_see_our_files_refuses_isolation_be
         assert (direct.value.code, direct.value.feature) == (ErrorCode.UNSUPPORTED_CAPABILITY, "isolation")
         assert str(direct.value) == (
             f"provider 'acp' cannot give a child isolation={mode!r}: "
-            "its transport (stub-agent) runs the agent where this host's files are not"
+            "its transport (stub-agent) runs the agent where this host's files are not, and makes no "
+            "workspace there"
         )
     assert transport.opened == []
     assert_nothing_left_anywhere(repo)
@@ -605,4 +608,92 @@ async def test_when_the_parent_is_sigkilled_mid_run_its_agent_dies_and_the_next_
     assert git(repo, "rev-parse", f"{branch}^") == head
     assert not await anyio.Path(worktree).exists()
     assert_parent_untouched(repo, head)
+    assert_nothing_left(repo)
+
+
+# -- a transport whose agent runs elsewhere, with a runner of its own ---------------------------------------
+
+CORE = Path(acp_module.__file__).resolve().parent.parent / "_isolation_core.py"
+
+
+class Afar:
+    """A runner that runs the core as a host without this package would: ``python3 -I -S`` on its
+    source, one process per operation; records every operation."""
+
+    def __init__(self) -> None:
+        self.operations: list[str] = []
+
+    async def __call__(self, operation: str, *args: Any) -> Any:
+        self.operations.append(operation)
+        done = await anyio.run_process(
+            [sys.executable, "-I", "-S", str(CORE)],
+            input=json.dumps({"op": operation, "args": list(args)}).encode(),
+        )
+        reply = json.loads(done.stdout)
+        if "error" in reply:
+            raise IsolationError(reply["error"])
+        return reply["value"]
+
+
+class AfarTransport(StubAgentTransport):
+    """The stub agent where this host's files are not, whose transport makes workspaces there."""
+
+    def __init__(self, scenario: dict[str, Any], runner: Afar) -> None:
+        super().__init__(scenario, local_files=False)
+        self.runner = runner
+
+    def isolation_runner(self) -> Afar:
+        return self.runner
+
+
+async def test_a_transport_with_a_runner_of_its_own_gets_a_worktree_made_where_its_agent_runs(
+    repo: Path,
+) -> None:
+    head = git(repo, "rev-parse", "HEAD")
+    runner = Afar()
+    transport = AfarTransport(turn(), runner)
+    provider = AcpProvider(["stub-agent"], cwd=repo, transport=transport)
+    assert provider.capabilities.isolation == frozenset({"worktree", "copy"})
+    async with service_with(provider) as service:
+        with anyio.fail_after(WAIT):
+            async with service.start(
+                provider.name, SubagentRequest(prompt="first", isolation="worktree")
+            ) as run:
+                first = await run.result()
+                (launch,) = transport.opened
+                # The agent writes with its own tools there: here, the test does it for it.
+                assert launch.cwd is not None
+                await anyio.Path(launch.cwd, "afar.txt").write_text("written where the agent runs\n")
+                assert isinstance(run.provider_run, AcpRun)
+                second = await run.provider_run.resume("second")
+    worktree = str(records_dir(repo) / run.id)
+    assert launch.cwd == worktree
+    assert first.workspace == WorkspaceChange(
+        mode="worktree", path=worktree, changed=False, branch=f"subagent/{run.id}", base=head
+    )
+    assert second.workspace is not None
+    assert second.workspace.files == (FileChange("afar.txt", 1, 0),)
+    assert git(repo, "show", f"subagent/{run.id}:afar.txt") == "written where the agent runs"
+    # Made, each turn committed (and what a run may leave at its end), closed: all of it over there.
+    assert runner.operations[:2] == ["records_for", "open"]
+    assert runner.operations[-1] == "close"
+    assert set(runner.operations[2:-1]) == {"commit"}
+    assert_parent_untouched(repo, head)
+    assert_nothing_left(repo)
+
+
+async def test_what_a_dead_process_of_this_host_left_afar_is_reaped_from_here_at_the_next_start(
+    repo: Path,
+) -> None:
+    runner = Afar()
+    settings = IsolationSettings().as_json()
+    dead = await anyio.run_process([sys.executable, "-c", "import os; print(os.getpid())"])
+    owner = {"host": host_id(), "pid": int(dead.stdout), "start": "1"}
+    left = await runner("open", str(repo), "left-1", "worktree", settings, "remove", owner)
+    await anyio.Path(left["cwd"], "left.txt").write_text("the dead parent's child wrote this\n")
+    provider = AcpProvider(["stub-agent"], cwd=repo, transport=AfarTransport(turn(), runner))
+    result, _run_id = await run_once(provider, isolation="worktree")
+    assert result.stop_reason == "completed"
+    assert git(repo, "show", "subagent/left-1:left.txt") == "the dead parent's child wrote this"
+    assert runner.operations[:4] == ["open", "records_for", "reap", "open"]
     assert_nothing_left(repo)

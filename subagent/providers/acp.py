@@ -148,7 +148,7 @@ from subagent.acp.transports._channel import ExitInfo, Transport
 from subagent.acp.transports._local import LocalTransport
 from subagent.acp.transports._schemes import transport_from_url
 from subagent.budget import BudgetAccount, account_for, budget_result
-from subagent.isolation import IsolationError, IsolationSettings, Workspace, open_workspace
+from subagent.isolation import CoreRunner, IsolationError, IsolationSettings, Workspace, open_workspace
 from subagent.observability import _telemetry as telemetry
 from subagent.providers._acp_budget import (
     BudgetPolicy,
@@ -435,8 +435,10 @@ class AcpProvider:
             output_schema=structured_output,
             additional_directories=True,
             budget=enforceable_caps(self.reports_usage),
-            # The workspace is made here: it is the child's only where the child sees this host's files.
-            isolation=frozenset({"worktree", "copy"}) if self.transport.local_files else frozenset(),
+            # The workspace is made where the agent runs: here, or by the transport's own runner there.
+            isolation=frozenset({"worktree", "copy"})
+            if self.transport.local_files or _isolation_runner(self.transport) is not None
+            else frozenset(),
         )
         if getattr(self.transport, "fs_roots", None) is not None and not allows_everything(permission):
             # The transport serves fs/* where the agent runs (RayTransport(fs_roots=...)): the permission
@@ -495,7 +497,8 @@ class AcpProvider:
             raise SubagentError(
                 ErrorCode.UNSUPPORTED_CAPABILITY,
                 f"provider {self.name!r} cannot give a child isolation={request.isolation!r}: its transport "
-                f"({self.transport.name}) runs the agent where this host's files are not",
+                f"({self.transport.name}) runs the agent where this host's files are not, and makes no "
+                "workspace there",
                 provider=self.name,
                 feature="isolation",
             )
@@ -962,6 +965,9 @@ class AcpRun(DisposeOnExit):
                         self.request.isolation,
                         settings=provider.isolation,
                         cleanup=self.request.cleanup,
+                        runner=None
+                        if provider.transport.local_files
+                        else _isolation_runner(provider.transport),
                     )
             except IsolationError as exc:
                 self._fail_start(f"agent `{self.command_line}` was not started: {exc}")
@@ -1018,7 +1024,7 @@ class AcpRun(DisposeOnExit):
                     max_kept_updates=provider.max_kept_updates,
                     max_output_chars=provider.max_output_chars,
                     on_stderr_line=provider.on_stderr_line,
-                    transport=provider.transport,
+                    transport=_transport_for(provider.transport, self.workspace),
                     idle_close_grace=provider.idle_close_grace,
                     subagents=provider.subagents,
                 ) as client,
@@ -1670,6 +1676,24 @@ def _why_not(cap: str, reports: frozenset[UsageReport]) -> str:
         return "an agent's model calls are not visible over ACP"
     said = " and ".join(sorted(reports)) if reports else "nothing"
     return f"its agent reports {said} of what it spends (reports_usage)"
+
+
+def _isolation_runner(transport: Transport) -> CoreRunner | None:
+    """Where a transport whose agent runs elsewhere makes workspaces (``transport.isolation_runner()``,
+    see :data:`~subagent.isolation.CoreRunner`); None when it cannot."""
+    make = getattr(transport, "isolation_runner", None)
+    runner: CoreRunner | None = make() if callable(make) else None
+    return runner
+
+
+def _transport_for(transport: Transport, workspace: Workspace | None) -> Transport:
+    """The transport that runs the agent where its workspace is: a transport that places agents (Ray)
+    offers ``for_workspace(workspace.data)``; the others run it there anyway."""
+    place = getattr(transport, "for_workspace", None)
+    if workspace is None or not callable(place):
+        return transport
+    placed: Transport = place(workspace.data)
+    return placed
 
 
 def _additional_directories(
