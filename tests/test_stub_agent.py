@@ -437,6 +437,25 @@ async def test_a_relative_file_path_is_joined_to_the_session_cwd_and_prompt_fill
     ]
 
 
+async def test_a_direct_write_goes_to_disk_relative_to_the_session_cwd_asking_the_client_nothing(
+    tmp_path: Path,
+) -> None:
+    steps = [
+        {"step": "write_file", "path": "out.txt", "content": "asked: {prompt}\n", "direct": True},
+        {"step": "write_file", "path": "missing/out.txt", "content": "x", "direct": True},
+    ]
+    async with assert_no_leaks(), stub_agent({"turns": [steps]}, tmp_path) as client:
+        with anyio.fail_after(TIMEOUT):
+            session_id = await client.handshake(cwd=str(tmp_path))
+            await client.prompt(session_id, "child 7")
+    assert client.requests == []
+    assert (tmp_path / "out.txt").read_text() == "asked: child 7\n"
+    assert [json.loads(text) for text in client.texts()] == [
+        {"path": f"{tmp_path}/out.txt", "written": 15},
+        {"path": f"{tmp_path}/missing/out.txt", "error": "No such file or directory"},
+    ]
+
+
 async def test_session_lifecycle_modes_load_resume_and_the_turn_limit(tmp_path: Path) -> None:
     async with assert_no_leaks(), stub_agent(SCENARIOS / "session_lifecycle.json", tmp_path) as client:
         with anyio.fail_after(TIMEOUT):

@@ -88,7 +88,10 @@ Steps (``{"step": <kind>, ...}``)
     ``../x`` reaches the client as ``<cwd>/../x``. ``{prompt}`` in a ``write_file``'s ``content`` is
     replaced by the text of the prompt the turn answers. Requests report their outcome (``report=true`` by
     default) as one message chunk whose text is JSON: ``{"method": m, "result": <result>}`` or
-    ``{"method": m, "error": {"code", "message", "data"?}}``.
+    ``{"method": m, "error": {"code", "message", "data"?}}``. A ``write_file`` with ``direct=true`` asks
+    the client nothing: the agent writes the file itself, as an agent with file tools of its own does (a
+    remote one, whose client serves no ``fs/*``), and reports ``{"path": p, "written": <characters>}`` or
+    ``{"path": p, "error": <reason>}``.
 
     Subagents (ACP's unstable draft): ``subagent`` {sessionId, title?, description?, cwd?, cancel=true,
     steps=[], stopReason="end_turn", usage?, error?} plays a child session of the session it runs in
@@ -384,12 +387,14 @@ class ReadFileStep(_Step, tag="read_file"):
 
 
 class WriteFileStep(_Step, tag="write_file"):
-    """``fs/write_text_file``, reported as a message chunk."""
+    """``fs/write_text_file``, reported as a message chunk; with ``direct``, written to disk by the agent
+    itself."""
 
     where: ClassVar[frozenset[str]] = _WITH_SESSION
     path: str
     content: str
     report: bool = True
+    direct: bool = False
 
 
 class CallStep(_Step, tag="call"):

@@ -630,7 +630,18 @@ class ScenarioAgent(AgentHandler):
         content = step.content
         if context.turn is not None:
             content = content.replace("{prompt}", context.turn.prompt_text())
-        params = {"sessionId": context.session_id, "path": _in_cwd(step.path, context), "content": content}
+        path = _in_cwd(step.path, context)
+        if step.direct:
+            try:
+                await anyio.Path(path).write_text(content)
+            except OSError as exc:
+                outcome: dict[str, Any] = {"path": path, "error": exc.strerror or str(exc)}
+            else:
+                outcome = {"path": path, "written": len(content)}
+            if step.report:
+                await self._report(context, outcome)
+            return
+        params = {"sessionId": context.session_id, "path": path, "content": content}
         await self._request_and_report(context, schema.FS_WRITE_TEXT_FILE, params, report=step.report)
 
     async def _call(self, step: CallStep, context: _Context) -> None:
