@@ -2,7 +2,8 @@
 
 `running_sshd` generates a throwaway host key and client key (ed25519) in a temporary directory, writes an
 ``sshd_config`` (127.0.0.1 on a free port, that host key, the client key as the only authorized key, no
-password, no keyboard-interactive, no PAM, ``StrictModes no``) and runs ``sshd -D`` as a child of ours,
+password, no keyboard-interactive, no PAM, ``StrictModes no``, and git told to read no global or system
+configuration in every session) and runs ``sshd -D`` as a child of ours,
 logging to a file there. It yields an `SshServer` whose ``config_file`` is a client ``ssh_config``
 (``ssh -F``) with two hosts: `HOST_ALIAS`, the listener, and `INETD_HOST_ALIAS`, a ``sshd -i`` that the
 ssh client starts for its one connection (``ProxyCommand``); both with our user, the client key, a
@@ -153,6 +154,8 @@ def _write_configs(sshd: str, directory: Path, port: int, user: str) -> tuple[Pa
         "LogLevel INFO\n"
         # Every test connection is a start-up: do not let sshd refuse a burst of them.
         "MaxStartups 100\n"
+        # git run "remotely" (the workspace core over ssh) reads no configuration of the machine's.
+        "SetEnv GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1\n"
     )
     host_key = (directory / "host_key.pub").read_text().split()
     (directory / "known_hosts").write_text(f"{_HOST_KEY_ALIAS} {host_key[0]} {host_key[1]}\n")

@@ -50,10 +50,31 @@ Teardown
     remote tree, as above. The remote side's end after a dropped connection is not waited for here: no
     channel is left to learn it on; the remote supervisor guarantees it.
 
+Workspaces
+    `SshTransport.isolation_runner` gives the provider a `subagent.isolation.CoreRunner` that runs one
+    operation of the workspace core (``subagent._isolation_core``: make a worktree or a copy, commit a
+    turn's work, clean up, list and reap records) on the remote host per call: a separate ``ssh`` with
+    the same destination and options, whose remote command is the same constant loader; the core's
+    source (read from this package's file) and the JSON request travel on stdin, so no path, branch or
+    prompt appears on a command line. The remote side writes a start line (a marker, as above) and then
+    the core's JSON reply on stdout; the remote stderr is kept out of replies (its last lines are quoted
+    in an error, and the core's reports of what it recovered are logged here, at info). Each call is bounded
+    (`ISOLATION_TIMEOUT`, then ssh's process group is killed) and so is its reply (`ISOLATION_REPLY_BYTES`).
+    The workspace is owned by our process on this host (its record names our boot id and pid), so what a
+    dead process of ours left there is reaped from here by name, once per process and host. A call given
+    up on (timed out) ends the connection, not the operation: the remote core finishes what it began
+    (each git command there is bounded), and a workspace it made that way is reaped once we are gone.
+
 Limits
     The remote host must be Linux (the supervisor reads ``/proc``) with ``python3`` 3.9 or later, and
     the login shell must run ``exec PROGRAM ARGS`` (any POSIX shell does). The client serves no ``fs/*``
     or ``terminal/*`` requests for a remote child (`SshTransport.local_files` is False).
+
+    Isolated workspaces (``isolation="worktree"`` or ``"copy"``) are made on the remote host, where
+    the agent runs: `SshTransport.isolation_runner` runs each operation of the workspace core there
+    (see "Workspaces" above). Each operation pays for a connection of its own (a core operation takes
+    about 1.5 times an ``ssh HOST exit 0``; ``bench/ssh_isolation.py``): an isolated one-turn run makes
+    four (two before the agent starts, one per turn, one at its end).
 
     A link that goes silent (a network cut, not a closed connection) ends the run here within
     `SERVER_ALIVE_INTERVAL` x `SERVER_ALIVE_COUNT_MAX`; the remote side learns of it only when sshd
@@ -66,19 +87,25 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import json
+import logging
 import os
 import re
 import secrets
 import shlex
+import signal
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import anyio
 import anyio.abc
 
+from subagent import _isolation_core as isolation_core
 from subagent.acp._errors import AgentSpawnError
 from subagent.acp.transports._channel import BaseTransport, ExitInfo, Launch, TeardownReport
 from subagent.acp.transports._local import (
@@ -87,14 +114,20 @@ from subagent.acp.transports._local import (
     AgentProcess,
     open_agent_process,
 )
+from subagent.isolation import IsolationError
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "CONNECT_TIMEOUT",
+    "ISOLATION_REPLY_BYTES",
+    "ISOLATION_TIMEOUT",
     "SERVER_ALIVE_COUNT_MAX",
     "SERVER_ALIVE_INTERVAL",
     "SSH_CONNECTION_FAILED",
     "START_TIMEOUT",
     "SshChannel",
+    "SshCoreRunner",
     "SshTransport",
     "transport_from_url",
 ]
@@ -113,6 +146,17 @@ START_TIMEOUT = 60.0
 agent's pid (about 0.3 s on loopback)."""
 SSH_CONNECTION_FAILED = 255
 """ssh's own exit status when the connection failed (or was lost)."""
+
+ISOLATION_TIMEOUT = 600.0
+"""A hang guard on one operation of the workspace core on the remote host (`SshCoreRunner`): connecting,
+then its git commands, each bounded there by ``subagent._isolation_core.GIT_TIMEOUT`` (120 s; a checkout
+of a large repository, the recovery of what dead runs left, may take several). About 0.5 s on loopback,
+the connection included."""
+ISOLATION_REPLY_BYTES = 16 * 1024 * 1024
+"""The most a remote operation of the workspace core may write on stdout (its JSON reply: a change lists
+each file changed, a listing each record); past it the call fails rather than hold more."""
+ISOLATION_STDERR_TAIL_BYTES = 4096
+"""How much of a remote operation's stderr is kept, for its error message and the log."""
 
 _SUPERVISOR_SOURCE_PATH = Path(__file__).with_name("_supervisor.py")
 
@@ -188,6 +232,17 @@ sys.exit(RemoteSupervisor(command, status_fd, os.getppid(), relay_stdout=True).r
 reports written to stderr behind the marker, relaying the agent's stdout after a start line, the marker
 (see `_ReportedEndStream`)."""
 
+_STAGE_CORE = """\
+import os
+core_module = {"__name__": "_subagent_isolation_core"}
+exec(compile(request["core"], "_isolation_core.py", "exec"), core_module)
+os.write(1, request["marker"].encode() + b"\\n")
+core_module["main"]()
+"""
+"""One operation of the workspace core (`SshCoreRunner`): its source, in this process, then the start line
+(the marker) on stdout, then its ``main()``, which reads the operation's JSON request (the rest of stdin)
+and writes the JSON reply."""
+
 _FORCED_OPTIONS = (
     # Never a prompt: keys or an ssh-agent only.
     "BatchMode=yes",
@@ -214,6 +269,11 @@ def _supervisor_source() -> str:
     return _SUPERVISOR_SOURCE_PATH.read_text(encoding="utf-8")
 
 
+@functools.cache
+def _core_source() -> str:
+    return Path(isolation_core.__file__).read_text(encoding="utf-8")
+
+
 def _encode_request(request: Mapping[str, object]) -> bytes:
     body = json.dumps(request, ensure_ascii=True, separators=(",", ":")).encode()
     return b"%d\n" % len(body) + body
@@ -236,6 +296,8 @@ class SshTransport(BaseTransport["SshChannel"]):
         stdin_close_timeout: Teardown's grace after stdin closes, before ssh is signalled.
         stderr_tail_bytes: How much of the agent's stderr (and ssh's) the channel keeps for diagnosis.
         start_timeout: A hang guard on connecting and starting the agent.
+        isolation_timeout: A hang guard on each operation of the workspace core there
+            (`isolation_runner`).
     """
 
     local_files = False
@@ -253,6 +315,7 @@ class SshTransport(BaseTransport["SshChannel"]):
         stdin_close_timeout: float = STDIN_CLOSE_TIMEOUT,
         stderr_tail_bytes: int = STDERR_TAIL_BYTES,
         start_timeout: float = START_TIMEOUT,
+        isolation_timeout: float = ISOLATION_TIMEOUT,
     ) -> None:
         # ssh would read a leading "-" as an option: a host or user must never start one.
         if not host or host.startswith("-") or not _HOST_PATTERN.fullmatch(host):
@@ -277,6 +340,7 @@ class SshTransport(BaseTransport["SshChannel"]):
         self._stdin_close_timeout = stdin_close_timeout
         self.stderr_tail_bytes = stderr_tail_bytes
         self.start_timeout = start_timeout
+        self.isolation_timeout = isolation_timeout
 
     def __repr__(self) -> str:
         return f"SshTransport({self.name!r})"
@@ -318,6 +382,11 @@ class SshTransport(BaseTransport["SshChannel"]):
         ):
             argv += ["-o", option]
         return [*argv, "--", self.host, self.remote_command()]
+
+    def isolation_runner(self) -> SshCoreRunner:
+        """Where this transport's agents get their isolated workspaces: on the host, by the workspace core
+        run there one operation per ``ssh`` (see the module docstring)."""
+        return SshCoreRunner(self)
 
     def _requests(
         self, command: tuple[str, ...], env: Mapping[str, str] | None, cwd: str | None, marker: str
@@ -370,6 +439,164 @@ class SshTransport(BaseTransport["SshChannel"]):
                 raise
             # ssh itself could not be run: say so about the agent, without ssh's long command line.
             raise AgentSpawnError(command, f"cannot run ssh: {exc.reason}") from exc
+
+
+class SshCoreRunner:
+    """A `subagent.isolation.CoreRunner` that runs each operation of the workspace core on ``transport``'s
+    host: one ``ssh`` per call, the loader's request and the operation's JSON on its stdin (see the
+    module docstring). ``key`` names the host as reached (destination, config file, options), so what this
+    host's dead processes left there is reaped once per process and host."""
+
+    def __init__(self, transport: SshTransport) -> None:
+        self._transport = transport
+        self.host = transport.host
+        reached = [transport.name]
+        if transport.config_file is not None:
+            reached += ["-F", transport.config_file]
+        self.key = shlex.join([*reached, *transport.ssh_options])
+        """What identifies the host: the transport's ``ssh://`` name, and its config file and options."""
+
+    def __repr__(self) -> str:
+        return f"SshCoreRunner({self._transport.name!r})"
+
+    async def __call__(self, operation: str, *args: Any) -> Any:
+        """Run ``operation`` of the workspace core on the host with ``args``; its JSON value.
+
+        Raises:
+            IsolationError: the core's own error (its message as is); ssh could not run, connect or log
+                in (``ssh to HOST failed: ...``); the core failed there, did not answer within the
+                transport's ``isolation_timeout``, or replied more than `ISOLATION_REPLY_BYTES`.
+        """
+        transport = self._transport
+        marker = secrets.token_hex(16)
+        stage = {"source": _STAGE_CORE, "marker": marker, "core": _core_source()}
+        request = json.dumps({"op": operation, "args": list(args)}, separators=(",", ":")).encode()
+        ran = await _run_bounded(
+            transport.ssh_argv(),
+            _encode_request(stage) + request,
+            transport.isolation_timeout,
+            ISOLATION_REPLY_BYTES + len(marker) + 1,
+        )
+        tail = _last_lines(ran.stderr_tail)
+        where = f"on {self.host}"
+        if ran.timed_out:
+            raise IsolationError(
+                f"the workspace core {where} did not answer {operation!r} within "
+                f"{transport.isolation_timeout:g}s: ssh was killed (last stderr: {tail})"
+            )
+        if ran.too_much:
+            raise IsolationError(
+                f"the workspace core {where} replied to {operation!r} with more than "
+                f"{ISOLATION_REPLY_BYTES:,} bytes: refused"
+            )
+        start = ran.stdout.find(marker.encode() + b"\n")
+        reply: Any = None
+        if start >= 0:
+            with contextlib.suppress(ValueError):
+                reply = json.loads(ran.stdout[start + len(marker) + 1 :])
+        if not isinstance(reply, dict) or not ("value" in reply or "error" in reply):
+            if ran.returncode == SSH_CONNECTION_FAILED:
+                raise IsolationError(f"ssh to {self.host} failed: {tail}")
+            raise IsolationError(
+                f"the workspace core {where} gave no reply to {operation!r} "
+                f"(exit status {ran.returncode}): {tail}"
+            )
+        _log_recoveries(ran.stderr_tail, self.host)
+        if "error" in reply:
+            raise IsolationError(str(reply["error"]))
+        return reply["value"]
+
+
+@dataclasses.dataclass
+class _Ran:
+    """What `_run_bounded` saw of a process."""
+
+    stdout: bytearray = dataclasses.field(default_factory=bytearray)
+    stderr_tail: bytearray = dataclasses.field(default_factory=bytearray)
+    returncode: int | None = None
+    timed_out: bool = False
+    too_much: bool = False
+    """Its stdout ran past the limit (what was read of it is kept, the rest never read)."""
+
+
+_REAP_TIMEOUT = 10.0
+"""A hang guard on reaping a process killed with SIGKILL (it takes milliseconds)."""
+
+
+async def _run_bounded(argv: list[str], stdin: bytes, timeout: float, stdout_limit: int) -> _Ran:
+    """Run ``argv``, in a process group of its own, with ``stdin``, and say what it did: its stdout (up to
+    ``stdout_limit`` bytes), the end of its stderr, its exit status. Past ``timeout`` or the limit, or
+    when cancelled, its whole group is killed (SIGKILL); it is always reaped.
+
+    Raises:
+        IsolationError: it could not be run.
+    """
+    try:
+        process = await anyio.open_process(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise IsolationError(f"cannot run ssh: {reason}") from exc
+    ran = _Ran()
+
+    async def send() -> None:
+        assert process.stdin is not None
+        # ssh gone (it could not connect): its exit status and stderr say why.
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await process.stdin.send(stdin)
+        await process.stdin.aclose()
+
+    async def drain_stderr() -> None:
+        assert process.stderr is not None
+        async for chunk in process.stderr:
+            ran.stderr_tail.extend(chunk)
+            del ran.stderr_tail[:-ISOLATION_STDERR_TAIL_BYTES]
+
+    try:
+        with anyio.move_on_after(timeout) as bound:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(send)
+                task_group.start_soon(drain_stderr)
+                assert process.stdout is not None
+                async for chunk in process.stdout:
+                    ran.stdout.extend(chunk)
+                    if len(ran.stdout) > stdout_limit:
+                        ran.too_much = True
+                        break
+                if not ran.too_much:
+                    await process.wait()
+                task_group.cancel_scope.cancel()  # stderr: held open by a process ssh left, if any
+        ran.timed_out = bound.cancelled_caught
+    finally:
+        with anyio.CancelScope(shield=True), anyio.move_on_after(_REAP_TIMEOUT):
+            if process.returncode is None:
+                # Over a bound, or cancelled: ssh and what it started (a ProxyCommand) go at once.
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(process.pid, signal.SIGKILL)
+            await process.aclose()
+        if process.returncode is None:
+            logger.error("ssh pid %d, killed, could not be reaped within %gs", process.pid, _REAP_TIMEOUT)
+    ran.returncode = process.returncode
+    return ran
+
+
+def _last_lines(stderr: bytes | bytearray, count: int = 3) -> str:
+    """The last ``count`` non-blank lines of ``stderr``, joined, for a message."""
+    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    return " | ".join(lines[-count:])[-1000:] if lines else "no message"
+
+
+def _log_recoveries(stderr: bytes | bytearray, host: str) -> None:
+    """Log here (info: the caller says what it asked to be reaped) what the core, on ``host``, said it
+    recovered."""
+    for line in stderr.decode(errors="replace").splitlines():
+        if line.startswith(isolation_core.RECOVERED):
+            logger.info("on %s: %s", host, line)
 
 
 class _ReportedEndStream(anyio.abc.ByteReceiveStream):
