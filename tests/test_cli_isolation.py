@@ -14,6 +14,7 @@ import io
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,12 +25,15 @@ import pytest
 
 import subagent.cli._commands as commands
 from subagent import FileChange, SubagentResult, WorkspaceChange
+from subagent.acp.transports import TRANSPORT_SCHEMES
 from subagent.cli import main
 from subagent.cli._config import ConfigError, load_config
 from subagent.cli._console import Console
 from subagent.cli._turn import TurnOutcome, TurnSpec
 from subagent.cli._views import EventView
+from subagent.testing import StubAgentTransport
 from tests.leaks import leaked_processes
+from tests.sshd import sshd_or_skip
 from tests.test_cli import BOUND, LiveCli, live, run_cli, scenario
 
 __all__ = ["live"]  # the fixture, used by name
@@ -569,14 +573,39 @@ def test_a_changed_copy_of_a_plain_directory_is_kept_and_listed_from_where_it_wa
     )
 
 
-def test_isolating_an_agent_on_another_host_is_refused_before_it_starts(
-    root: Path, capsys: pytest.CaptureFixture[str]
+def far_transport(url: str) -> StubAgentTransport:
+    """A transport (``far://``) whose agent runs where this host's files are not, with no way to make a
+    workspace there."""
+    return StubAgentTransport(name=url, local_files=False)
+
+
+def test_isolating_an_agent_whose_transport_makes_no_workspace_where_it_runs_is_refused_before_it_starts(
+    root: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    argv = ["run", "-p", "hi", "--on", "ssh://build-1", "--cwd", "/srv/repo", "--isolation", "worktree"]
+    monkeypatch.setitem(TRANSPORT_SCHEMES, "far", f"{__name__}:far_transport")
+    argv = ["run", "-p", "hi", "--on", "far://build-1", "--cwd", "/srv/repo", "--isolation", "worktree"]
     assert main([*argv, "--", "agent-command"]) == 2
     assert capsys.readouterr().err.endswith(
-        "subagent run: error: --isolation worktree: an agent on ssh://build-1 cannot be isolated: its "
-        "workspace would be made on this host, whose files it does not see\n"
+        "subagent run: error: --isolation worktree: an agent on far://build-1 cannot be isolated: its "
+        "transport makes no workspace where the agent runs, and this host's files are not there\n"
+    )
+
+
+@pytest.mark.subprocess
+def test_an_agent_over_ssh_is_isolated_where_it_runs_so_an_unreachable_host_fails_its_start_there(
+    root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sshd_or_skip()  # the ssh client (a missing one fails under SUBAGENT_REQUIRE_SSH)
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    on = f"ssh://127.0.0.1:{port}"
+    argv = ["run", "-p", "hi", "--on", on, "--cwd", "/srv/repo", "--isolation", "worktree"]
+    assert main([*argv, "--", "agent-command"]) == 2
+    # Accepted (the workspace is made over ssh, before the agent): the start failed on ssh itself.
+    assert capsys.readouterr().err == (
+        "subagent: the agent failed to start: agent `agent-command` was not started: ssh to 127.0.0.1 "
+        f"failed: ssh: connect to host 127.0.0.1 port {port}: Connection refused\n"
     )
 
 

@@ -106,7 +106,9 @@ isolation:
   event of --events. Merging is yours to do. --cleanup remove (the default) removes the worktree and
   keeps the branch when it holds changes; keep keeps both; remove-always removes both. The exit
   status is as without isolation. A workspace whose owner was killed is recovered by the next run in
-  the same repository, or by `{PROG} worktrees --prune`; `{PROG} worktrees` lists them all.
+  the same repository, or by `{PROG} worktrees --prune`; `{PROG} worktrees` lists them all. An
+  agent --on ssh://HOST is isolated on that host: the repository is the one at --cwd there, and
+  its workspace and branch are made there (with the host's python3) before the agent starts.
 
 interrupts:
   Ctrl-C once cancels the turn (session/cancel; an agent that ignores it is torn down after

@@ -390,7 +390,7 @@ def _check_isolation(provider: AcpProvider, spec: TurnSpec) -> None:
         if spec.transport is not None and not spec.transport.local_files:
             raise UsageError(
                 f"--isolation {spec.isolation}: an agent on {spec.transport.name} cannot be isolated: its "
-                "workspace would be made on this host, whose files it does not see"
+                "transport makes no workspace where the agent runs, and this host's files are not there"
             )
         can = ", ".join(sorted(offered)) or "none"
         raise UsageError(
