@@ -288,8 +288,14 @@ async def _reap_from_afar(
 ) -> None:
     """Reap what this host's dead processes left where ``runner`` makes workspaces: only this host can
     tell that they are gone, so it names them."""
+    # Once per place and process (its own runs there are live): asked by cwd first, which saves a
+    # round trip to the host on every later start from the same directory.
+    asked = (getattr(runner, "key", runner), f"{mode}:{settings.root}:{cwd}")
+    if asked in _REAPED_FROM_AFAR:
+        return
     found = await runner("records_for", cwd, mode, settings.as_json())
-    key = (getattr(runner, "key", runner), str(found["directory"]))
+    _REAPED_FROM_AFAR.add(asked)
+    key = (asked[0], str(found["directory"]))
     if key in _REAPED_FROM_AFAR:
         return
     _REAPED_FROM_AFAR.add(key)
