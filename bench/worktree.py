@@ -5,8 +5,8 @@ committed once. Then, ``--runs`` times each, interleaved so a burst of load hits
 
 * **ours**: ``open_workspace(repo, run_id, "worktree")``, the whole layer a child's start goes
   through (the record claimed and written, the branch name checked, ``git worktree add``, the record
-  marked ready), then ``close()`` of the unchanged workspace (a ``git add -A``/``status``, the worktree
-  and its branch removed, the record dropped), timed apart;
+  marked ready; in a worker thread), then ``close()`` of the unchanged workspace (a ``git add
+  -A``/``status``, the worktree and its branch removed, the record dropped), timed apart;
 * **bare git**: ``git worktree add -b`` then ``git worktree remove --force`` and ``git branch -D``,
   with the same parallel checkout as ours (``checkout.workers``, :data:`DEFAULT_CHECKOUT_WORKERS`):
   the floor nothing can beat;
@@ -16,7 +16,8 @@ committed once. Then, ``--runs`` times each, interleaved so a burst of load hits
 Targets: every workspace made within 1 s (judged on the maximum: the issue asks for "well under a
 second"), and ours within 1.5x the bare git floor's median. Nothing may be left behind: the
 repository must list only its own worktree and branch afterwards, or the script exits 1. A copy
-(``isolation="copy"``) of the same tree is timed once, for comparison.
+(``isolation="copy"``) of the same tree is timed once, for comparison, and the same runs on a 10-file
+repository show the layer's own work beside git's (figures only).
 
     python bench/worktree.py [--files 10000] [--runs 10] [--backend asyncio|trio|both]
 """
@@ -59,7 +60,7 @@ def git(repo: Path, *args: str) -> str:
 
 def make_repository(top: Path, files: int) -> Path:
     repo = top / "repo"
-    repo.mkdir()
+    repo.mkdir(parents=True)
     git(repo, "init", "-q", "-b", "main")
     line = "x" * 79 + "\n"
     for index in range(files):
@@ -168,6 +169,17 @@ def main() -> int:
                     f"{ratio:.2f}x",
                 )
             )
+        # The layer's own work (records, a few rev-parses) beside git's, where the disk does not drown it.
+        small = make_repository(Path(top) / "small", 10)
+        made, _closed, floor, _single = anyio.run(
+            measure, small, options.runs, Path(top) / "small-trees", "small"
+        )
+        check_clean(small)
+        ours_ms, bare_ms = median_p90_max(made)[0] * 1000, median_p90_max(floor)[0] * 1000
+        print(
+            f"a 10-file repository, medians: ours {ours_ms:.1f} ms, bare git {bare_ms:.1f} ms: the layer's "
+            f"own work {ours_ms - bare_ms:.1f} ms"
+        )
         copy_seconds = anyio.run(copy_once, repo, Path(top) / "copies")
         print(f"a copy of the same tree (isolation='copy'), for comparison: {copy_seconds:.3f} s")
         print("\n".join(lines))
