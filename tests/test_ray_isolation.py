@@ -350,9 +350,13 @@ def test_for_workspace_pins_the_agent_to_the_workspaces_node_in_place_of_the_opt
         actor_options={"scheduling_strategy": "SPREAD", "memory": 1024, "label_selector": {"zone": "a"}},
         fs_roots=["/srv/repo"],
     )
-    assert isinstance(transport.isolation_runner(), RayIsolationRunner)
-    assert transport.for_workspace({"mode": "worktree"}) is transport  # made here: no node
     node = "ab" * 28
+    runner = transport.isolation_runner()
+    assert isinstance(runner, RayIsolationRunner)
+    # Reaping from here is keyed by the node, when it is known before the first operation.
+    assert (runner.node_id, runner.key) == (None, ("ray://auto", None))
+    assert RayTransport(node_id=node).isolation_runner().key == ("ray://auto", node)
+    assert transport.for_workspace({"mode": "worktree"}) is transport  # made here: no node
     pinned = transport.for_workspace({"node": node, "source": "/srv/repo", "root": "/srv/repo/.git/w/1"})
     assert (pinned.node_id, pinned.resources, pinned.actor_options) == (node, {"repo-x": 1}, {"memory": 1024})
     assert (transport.node_id, transport.actor_options["scheduling_strategy"]) == (None, "SPREAD")

@@ -80,9 +80,10 @@ Isolated workspaces (``isolation="worktree"`` or ``"copy"``)
     agent's cwd is its worktree; ``fs_roots`` inside the repository are served in the worktree instead.
     The workspace is owned by this process (the node's reaper sees another host's owner, and leaves it);
     what this host's dead processes left on a node is reaped from here by name, once per process, node
-    and records directory. Each operation is bounded by ``isolation_timeout`` and cancelled on its node
-    when given up on (Ray interrupts it between two git commands); a lost node or worker is reported by
-    Ray first (``"the workspace's commit on ray node 3f2a9c1b failed: its worker process died"``).
+    and place (a transport without ``node_id``: once per place, on the node its first run lands on).
+    Each operation is bounded by ``isolation_timeout`` and cancelled on its node when given up on (Ray
+    interrupts it between two git commands); a lost node or worker is reported by Ray first (``"the
+    workspace's commit on ray node 3f2a9c1b failed: its worker process died"``).
     Measured: an operation on a warm worker costs 6 to 15 ms more than here (a commit 30-34 ms against
     20-28 ms), so that an isolated run costs no more than the noise of an actor's start; the first
     operation of a ``runtime_env`` about 0.9 s (Ray starts a worker for it). The core runs in the worker
@@ -1355,9 +1356,11 @@ class RayIsolationRunner:
 
     @property
     def key(self) -> tuple[str, str | None]:
-        """What `subagent.isolation` reaps once per process by (with a records directory): the cluster and
-        the node, which has records directories of its own."""
-        return (self._transport.name, self.node_id)
+        """What `subagent.isolation` reaps from here once per process by (with the place): the cluster and
+        the node, which has records directories of its own. It is read before the first call: an unpinned
+        transport's runner does not know its node yet, and is keyed by the cluster alone (what this host's
+        dead processes left is then reaped on the node its first isolated run from a place lands on)."""
+        return (self._transport.name, self.node_id or self._transport.node_id)
 
     async def __call__(self, operation: str, *args: Any) -> Any:
         from subagent.isolation import IsolationError
