@@ -22,10 +22,13 @@ class SpawnProvider(InProcessProvider):
         approver: decides on the child's calls of tools that need approval; None inherits the
             parent's (and without any, such calls are refused).
         max_model_calls: model calls one turn may make before it ends with ``max_turns``.
+        isolation: where the workspaces of requests with ``isolation`` are made
+            (:class:`~subagent.isolation.IsolationSettings`; None: its defaults).
         name: the name it registers under (default ``"spawn"``).
 
     Every start-time feature is supported: ``output_schema`` (asked for, validated, repaired once),
-    ``depth_limit`` (counted by the service), ``tool_filter`` and ``persona``.
+    ``depth_limit`` (counted by the service), ``tool_filter``, ``persona``, every budget cap and
+    ``isolation`` (``worktree`` and ``copy``: the child's cwd, which its tools read, is its workspace).
     """
 
     inherits_parent_context = False
