@@ -71,8 +71,9 @@ RECOVERED = "recovered the workspace of run"
 """How the reaper's warning of each workspace it recovered begins."""
 
 
-class CoreError(Exception):
-    """A workspace could not be made or changed; the message says why (:class:`IsolationError` here)."""
+class IsolationError(Exception):
+    """A workspace could not be made (not a git repository, a copy too large, git failed), or a helper
+    was refused; the message says why."""
 
 
 # -- processes ---------------------------------------------------------------------------------------------
@@ -93,14 +94,14 @@ def run(command: Sequence[str], env: dict[str, str] | None = None) -> tuple[int,
             start_new_session=True,
         )
     except OSError as exc:
-        raise CoreError(f"{command[0]} cannot be run: {exc}") from exc
+        raise IsolationError(f"{command[0]} cannot be run: {exc}") from exc
     try:
         out, err = process.communicate(timeout=GIT_TIMEOUT)
     except BaseException as exc:
         _kill_group(process)
         process.communicate()
         if isinstance(exc, subprocess.TimeoutExpired):
-            raise CoreError(f"`{' '.join(command[1:4])}` took more than {GIT_TIMEOUT:g} s") from None
+            raise IsolationError(f"`{' '.join(command[1:4])}` took more than {GIT_TIMEOUT:g} s") from None
         raise
     return process.returncode, out, err
 
@@ -120,7 +121,7 @@ def _admin_lock(cwd: str) -> threading.Lock:
 
 
 def git(cwd: str, *args: str, check: bool = True, env: dict[str, str] | None = None) -> str:
-    """``git -C cwd args...``'s stdout, stripped; CoreError when it fails and ``check``.
+    """``git -C cwd args...``'s stdout, stripped; IsolationError when it fails and ``check``.
 
     Git does not guard its worktree list against concurrent changes (a ``worktree add`` half done makes
     another process's ``branch -D`` fail reading it), so the commands that change it run one at a time
@@ -140,7 +141,7 @@ def git(cwd: str, *args: str, check: bool = True, env: dict[str, str] | None = N
                 time.sleep(0.05 * attempt)
     if check and code != 0:
         said = err.decode(errors="replace").strip()[-500:]
-        raise CoreError(f"`git {' '.join(args[:2])}` failed (exit {code}): {said}")
+        raise IsolationError(f"`git {' '.join(args[:2])}` failed (exit {code}): {said}")
     return out.decode(errors="replace").strip()
 
 
@@ -283,7 +284,7 @@ def repository(cwd: str) -> tuple[str, str]:
     code, out, _err = run(["git", "-C", cwd, "rev-parse", "--show-toplevel", "--git-common-dir"])
     lines = out.decode(errors="replace").splitlines()
     if code != 0 or len(lines) < 2:
-        raise CoreError(
+        raise IsolationError(
             f"{cwd} is not in a git repository, so it has no worktree to give a child: use isolation='copy'"
         )
     # --git-common-dir is relative to cwd when it is not absolute.
@@ -321,7 +322,9 @@ def _open_worktree(cwd: str, run_id: str, settings: Json, cleanup: str, owner: J
     toplevel, common_dir = repository(cwd)
     base = git(toplevel, "rev-parse", "--verify", "HEAD^{commit}", check=False)
     if not base:
-        raise CoreError(f"the repository at {toplevel} has no commit yet: a worktree needs one to start from")
+        raise IsolationError(
+            f"the repository at {toplevel} has no commit yet: a worktree needs one to start from"
+        )
     directory = records_dir("worktree", common_dir, settings)
     reap_once(directory)
     # Run ids repeat across processes (``spawn-1`` in each): the first free name is claimed, atomically.
@@ -349,7 +352,7 @@ def _open_worktree(cwd: str, run_id: str, settings: Json, cleanup: str, owner: J
             break
         record.unlink(missing_ok=True)  # a kept branch of an earlier run
     else:
-        raise CoreError(f"no free workspace name for run {run_id!r} in {directory}")
+        raise IsolationError(f"no free workspace name for run {run_id!r} in {directory}")
     try:
         workers = config_env("checkout.workers", str(settings.get("checkout_workers", 8)))
         git(toplevel, "worktree", "add", "--quiet", "-b", branch, path, base, env=workers)
@@ -370,9 +373,9 @@ def _open_copy(cwd: str, run_id: str, settings: Json, cleanup: str, owner: Json)
     limit = int(settings.get("max_copy_bytes", 512 * 1024 * 1024))
     size = tree_size(cwd, limit)
     if size is None:
-        raise CoreError(f"{cwd} is not a directory to copy")
+        raise IsolationError(f"{cwd} is not a directory to copy")
     if size > limit:
-        raise CoreError(
+        raise IsolationError(
             f"{cwd} holds more than {limit:,} bytes: too large to copy for a child "
             "(IsolationSettings.max_copy_bytes)"
         )
@@ -385,7 +388,7 @@ def _open_copy(cwd: str, run_id: str, settings: Json, cleanup: str, owner: Json)
         if claim_record(record, {"mode": "copy", "repo": cwd, "path": path, "run": run_id}, owner):
             break
     else:
-        raise CoreError(f"no free workspace name for run {run_id!r} in {directory}")
+        raise IsolationError(f"no free workspace name for run {run_id!r} in {directory}")
     try:
         copy_tree(cwd, path)
         mark_record(record, "ready")
@@ -403,9 +406,9 @@ def copy_tree(source: str, target: str) -> None:
     try:
         shutil.copytree(source, target, symlinks=True)
     except shutil.Error as exc:
-        raise CoreError(f"copying {source} failed for {len(exc.args[0])} file(s)") from exc
+        raise IsolationError(f"copying {source} failed for {len(exc.args[0])} file(s)") from exc
     except OSError as exc:
-        raise CoreError(f"copying {source} failed: {exc}") from exc
+        raise IsolationError(f"copying {source} failed: {exc}") from exc
 
 
 def tree_size(top: str, stop_after: int) -> int | None:
@@ -681,12 +684,12 @@ OPERATIONS: dict[str, Callable[..., Any]] = {
 
 def main() -> None:
     """Run one operation where the agent runs: a JSON request ``{"op": NAME, "args": [...]}`` on stdin,
-    a JSON reply on stdout: ``{"value": ...}``, or ``{"error": MESSAGE}`` (a :class:`CoreError`)."""
+    a JSON reply on stdout: ``{"value": ...}``, or ``{"error": MESSAGE}`` (a :class:`IsolationError`)."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     request = json.loads(sys.stdin.read())
     try:
         value = OPERATIONS[request["op"]](*request.get("args", ()))
-    except CoreError as exc:
+    except IsolationError as exc:
         json.dump({"error": str(exc)}, sys.stdout)
     else:
         json.dump({"value": value}, sys.stdout)

@@ -46,6 +46,7 @@ import anyio.lowlevel
 import anyio.to_thread
 
 from subagent import _isolation_core as core
+from subagent._isolation_core import IsolationError
 from subagent.types import CleanupPolicy, FileChange, IsolationMode, WorkspaceChange
 
 __all__ = [
@@ -83,11 +84,6 @@ CoreRunner = Callable[..., Awaitable[Any]]
 JSON value, or raises :class:`IsolationError` with the core's message. Each call must be bounded in
 time. :func:`local_runner` runs them here; a transport whose agent runs elsewhere offers one that runs
 them there (``transport.isolation_runner()``)."""
-
-
-class IsolationError(Exception):
-    """A workspace could not be made (not a git repository, a copy too large, git failed), or a helper
-    was refused; the message says why."""
 
 
 class MergeConflictError(IsolationError):
@@ -141,10 +137,7 @@ async def _core(function: Callable[..., _T], *args: Any) -> _T:
     Shielded: the core's git commands are each bounded, and one given up half way would leave what it
     was doing (a worktree half checked out, an ``index.lock``) for no one to finish."""
     with anyio.CancelScope(shield=True):
-        try:
-            value = await anyio.to_thread.run_sync(lambda: function(*args))
-        except core.CoreError as exc:
-            raise IsolationError(str(exc)) from exc
+        value = await anyio.to_thread.run_sync(lambda: function(*args))
     return value
 
 
@@ -359,7 +352,7 @@ def _records_dirs(repo: str | None, settings: IsolationSettings) -> list[Path]:
         return [core.default_copy_root()]
     try:
         _toplevel, common_dir = core.repository(os.path.realpath(repo))
-    except core.CoreError as exc:
+    except IsolationError as exc:
         raise IsolationError(f"{repo} is not in a git repository") from exc
     return [core.records_dir("worktree", common_dir, settings.as_json())]
 
@@ -428,7 +421,7 @@ async def merge(repo: str, change: WorkspaceChange, *, message: str | None = Non
 def _merge(repo: str, branch: str, message: str | None) -> list[str]:
     """Merge ``branch`` into ``repo``; the conflicting paths (the merge aborted), else nothing."""
     if core.git(repo, "status", "--porcelain", "--untracked-files=no"):
-        raise core.CoreError(
+        raise IsolationError(
             f"{repo} has uncommitted changes: commit or stash them before merging {branch!r}"
         )
     args = ["merge", "--no-edit", "--no-verify", "-q", branch]
@@ -442,7 +435,7 @@ def _merge(repo: str, branch: str, message: str | None) -> list[str]:
     if conflicted:
         return conflicted
     said = (err or out).decode(errors="replace").strip()[-500:]
-    raise core.CoreError(f"merging {branch!r} failed: {said}")
+    raise IsolationError(f"merging {branch!r} failed: {said}")
 
 
 async def discard(repo: str, change: WorkspaceChange) -> None:

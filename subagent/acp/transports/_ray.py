@@ -328,7 +328,7 @@ def _run_core_operation(operation: str, args: list[Any]) -> tuple[Any, ...]:
     core.logger.addHandler(logged)
     try:
         value = core.OPERATIONS[operation](*args)
-    except core.CoreError as exc:
+    except core.IsolationError as exc:
         return ("error", str(exc), node_id, logged.lines)
     except Exception as exc:
         return ("error", f"{type(exc).__name__}: {exc}", node_id, logged.lines)

@@ -106,6 +106,7 @@ import anyio
 import anyio.abc
 
 from subagent import _isolation_core as isolation_core
+from subagent._isolation_core import IsolationError
 from subagent.acp._errors import AgentSpawnError
 from subagent.acp.transports._channel import BaseTransport, ExitInfo, Launch, TeardownReport
 from subagent.acp.transports._local import (
@@ -114,7 +115,6 @@ from subagent.acp.transports._local import (
     AgentProcess,
     open_agent_process,
 )
-from subagent.isolation import IsolationError
 
 logger = logging.getLogger(__name__)
 
