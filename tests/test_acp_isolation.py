@@ -44,7 +44,8 @@ from subagent.types import FileChange, WorkspaceChange
 from tests.leaks import assert_no_leaks
 from tests.test_supervisor import survivors_after_polling
 
-pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
+# The cases run on both backends (marked); the rest on asyncio.
+pytestmark = [pytest.mark.anyio]
 
 WAIT: Final = 60  # seconds: a hang guard on a whole test step, never a sleep
 FAST: Final = {"stdin_close_timeout": 1.0, "sigterm_timeout": 1.0, "sigkill_timeout": 2.0}
@@ -195,6 +196,7 @@ def reported(result: SubagentResult) -> list[dict[str, Any]]:
 # -- many children, one file -----------------------------------------------------------------------------
 
 
+@pytest.mark.both_backends
 async def test_twenty_children_writing_the_same_file_each_leave_their_content_on_their_own_branch(
     repo: Path, process_provider: Callable[..., AcpProvider], capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -240,6 +242,7 @@ async def test_twenty_children_writing_the_same_file_each_leave_their_content_on
     assert_nothing_left(repo)
 
 
+@pytest.mark.both_backends
 async def test_a_child_that_writes_nothing_leaves_no_branch_no_worktree_and_no_record(repo: Path) -> None:
     head = git(repo, "rev-parse", "HEAD")
     provider = in_process_provider(turn({"step": "message", "text": "nothing to do"}), repo)
@@ -368,6 +371,7 @@ async def test_a_subdirectory_cwd_and_an_additional_directory_are_moved_into_the
 # -- refusals and failed starts --------------------------------------------------------------------------
 
 
+@pytest.mark.both_backends
 async def test_a_provider_whose_agents_do_not_see_our_files_refuses_isolation_before_any_agent_starts(
     repo: Path,
 ) -> None:
@@ -445,6 +449,7 @@ async def test_copy_isolation_outside_git_gives_the_child_a_copy_that_keeps_its_
     assert (kept.run_id, kept.mode, kept.state, kept.path) == (run_id, "copy", "kept", str(copy))
 
 
+@pytest.mark.both_backends
 async def test_a_start_disposed_while_its_worktree_is_made_leaves_nothing_and_starts_no_agent(
     repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -565,6 +570,7 @@ async def test_a_resumed_turn_cut_short_by_dispose_has_its_work_committed_on_the
 # -- the parent SIGKILLed --------------------------------------------------------------------------------
 
 
+@pytest.mark.both_backends
 async def test_when_the_parent_is_sigkilled_mid_run_its_agent_dies_and_the_next_reap_recovers_the_write(
     repo: Path, tmp_path: Path, anyio_backend_name: str
 ) -> None:
@@ -646,6 +652,7 @@ class AfarTransport(StubAgentTransport):
         return self.runner
 
 
+@pytest.mark.both_backends
 async def test_a_transport_with_a_runner_of_its_own_gets_a_worktree_made_where_its_agent_runs(
     repo: Path,
 ) -> None:

@@ -36,7 +36,6 @@ from tests.test_cli import CLI
 
 pytestmark = [
     pytest.mark.anyio,
-    pytest.mark.both_backends,
     pytest.mark.subprocess,
     pytest.mark.skipif(not supervision_available(), reason="the supervisor needs Linux"),
 ]
@@ -125,6 +124,7 @@ async def service_with(provider: AcpProvider) -> AsyncIterator[SubagentService]:
 # -- a child over ssh in a worktree made there -------------------------------------------------------------
 
 
+@pytest.mark.both_backends
 async def test_a_child_over_ssh_writes_in_a_worktree_made_there_on_its_branch_and_nothing_is_left(
     sshd: SshServer, repo: Path, tmp_path: Path
 ) -> None:
@@ -394,6 +394,7 @@ async def test_the_request_travels_on_stdin_and_what_the_login_prints_first_is_d
     assert str(repo) not in log.read_text()
 
 
+@pytest.mark.both_backends
 async def test_a_hung_ssh_is_killed_with_its_process_group_once_the_call_is_overdue(tmp_path: Path) -> None:
     program, log = fake_ssh(tmp_path, "hang")
     runner = SshTransport("build-1", ssh=program, isolation_timeout=1.0).isolation_runner()
