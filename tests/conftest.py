@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from tests.gitrepo import no_machine_git_config  # noqa: F401  (git reading no machine configuration)
 from tests.raycluster import ray_cluster  # noqa: F401  (the session's two-node Ray cluster, for any module)
 
 # `make test` runs a bounded, reproducible sample of every property (the same inputs on every run, so a

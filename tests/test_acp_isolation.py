@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -41,6 +40,7 @@ from subagent.isolation import (
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing import StubAgentTransport, dump_scenario, stub_agent_argv
 from subagent.types import FileChange, WorkspaceChange
+from tests.gitrepo import ORIGINAL, branches, git, make_repo, records_dir, worktrees
 from tests.leaks import assert_no_leaks
 from tests.test_supervisor import survivors_after_polling
 
@@ -50,63 +50,28 @@ pytestmark = [pytest.mark.anyio]
 WAIT: Final = 60  # seconds: a hang guard on a whole test step, never a sleep
 FAST: Final = {"stdin_close_timeout": 1.0, "sigterm_timeout": 1.0, "sigkill_timeout": 2.0}
 PROCS: Final = Path(__file__).resolve().parent.parent / "fixtures" / "procs"
-ORIGINAL: Final = "the parent's notes\n"
 CHILDREN: Final = 20
 GONE_AFTER_PARENT_DEATH: Final = 30  # the supervisor notices within 0.25 s, SIGTERMs, then SIGKILLs
+
+
+@pytest.fixture(autouse=True)
+def _no_machine_git_config(no_machine_git_config: None) -> None:
+    """Every test here: git reads no configuration but the repository's."""
 
 
 # -- repositories ----------------------------------------------------------------------------------------
 
 
-@pytest.fixture(autouse=True)
-def no_machine_git_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """git here (the tests' and the workspace layer's) reads no configuration but the repository's."""
-    empty = tmp_path / "gitconfig"
-    empty.write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(empty))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=Test", "-c", "user.email=test@example.com", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
+def repo(tmp_path: Path, no_machine_git_config: None) -> Path:
     """A repository with one commit holding ``notes.txt`` (`ORIGINAL`)."""
-    path = tmp_path / "repo"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "notes.txt").write_text(ORIGINAL)
-    git(path, "add", "notes.txt")
-    git(path, "commit", "-q", "-m", "notes")
-    return path
-
-
-def worktrees(repo: Path) -> list[str]:
-    """The worktrees git knows of (``git worktree list``), by path."""
-    listing = git(repo, "worktree", "list", "--porcelain").splitlines()
-    return [line.removeprefix("worktree ") for line in listing if line.startswith("worktree ")]
-
-
-def branches(repo: Path) -> list[str]:
-    return git(repo, "branch", "--format=%(refname:short)").splitlines()
+    return make_repo(tmp_path / "repo")
 
 
 def assert_parent_untouched(repo: Path, head: str) -> None:
     assert git(repo, "status", "--porcelain") == ""
     assert (repo / "notes.txt").read_text() == ORIGINAL
     assert git(repo, "rev-parse", "HEAD") == head
-
-
-def records_dir(repo: Path) -> Path:
-    return repo / ".git" / "subagent-worktrees"
 
 
 def assert_nothing_left(repo: Path) -> None:

@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,6 +31,7 @@ from subagent.cli._console import Console
 from subagent.cli._turn import TurnOutcome, TurnSpec
 from subagent.cli._views import EventView
 from subagent.testing import StubAgentTransport
+from tests.gitrepo import branches, git, make_repo, worktrees
 from tests.leaks import leaked_processes
 from tests.sshd import sshd_or_skip
 from tests.test_cli import BOUND, LiveCli, live, run_cli, scenario
@@ -39,43 +39,8 @@ from tests.test_cli import BOUND, LiveCli, live, run_cli, scenario
 __all__ = ["live"]  # the fixture, used by name
 
 STUB = [sys.executable, "-m", "subagent.testing.stub_agent"]
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "tester",
-    "GIT_AUTHOR_EMAIL": "tester@example.invalid",
-    "GIT_COMMITTER_NAME": "tester",
-    "GIT_COMMITTER_EMAIL": "tester@example.invalid",
-}
 BASE = "0" * 40
 TIP = "1" * 40
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, **IDENTITY},
-    )
-    return done.stdout.strip()
-
-
-def make_repo(path: Path) -> Path:
-    path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main")
-    (path / "notes.txt").write_text("the parent's notes\n")
-    git(path, "add", "-A")
-    git(path, "commit", "-q", "-m", "initial")
-    return path
-
-
-def branches(repo: Path) -> list[str]:
-    return git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/").splitlines()
-
-
-def worktrees(repo: Path) -> list[str]:
-    listing = git(repo, "worktree", "list", "--porcelain").splitlines()
-    return [line.removeprefix("worktree ") for line in listing if line.startswith("worktree ")]
 
 
 # -- options and config ----------------------------------------------------------------------------------

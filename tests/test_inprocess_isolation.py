@@ -4,9 +4,6 @@ parent's working tree untouched; nothing is left behind that the cleanup policy 
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -23,50 +20,11 @@ from subagent.runtime._tools import ToolInvocation
 from subagent.service import SubagentService
 from subagent.types import FileChange, ResumableRun, SubagentCapabilities, SubagentRunEndInfo
 from tests.fakes import FakeProvider
+from tests.gitrepo import branches, git, make_repo, worktrees
 
 pytestmark = pytest.mark.anyio
 
 WAIT = 60.0
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "tester",
-    "GIT_AUTHOR_EMAIL": "tester@example.invalid",
-    "GIT_COMMITTER_NAME": "tester",
-    "GIT_COMMITTER_EMAIL": "tester@example.invalid",
-}
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, **IDENTITY},
-    )
-    return done.stdout.strip()
-
-
-def make_repo(path: Path, files: Mapping[str, str] | None = None) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    git(path, "init", "-q", "-b", "main")
-    for name, text in (files or {"notes.txt": "the parent's notes\n"}).items():
-        (path / name).parent.mkdir(parents=True, exist_ok=True)
-        (path / name).write_text(text)
-    git(path, "add", "-A")
-    git(path, "commit", "-q", "-m", "initial")
-    return path
-
-
-def branches(repo: Path) -> list[str]:
-    return git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/").splitlines()
-
-
-def worktrees(repo: Path) -> list[str]:
-    return [
-        line.removeprefix("worktree ")
-        for line in git(repo, "worktree", "list", "--porcelain").splitlines()
-        if line.startswith("worktree ")
-    ]
 
 
 class WriteTool:

@@ -30,15 +30,11 @@ from subagent.isolation import (
     reap_leftovers,
 )
 from subagent.types import FileChange, WorkspaceChange
-from tests.test_inprocess_isolation import branches, git, make_repo, worktrees
+from tests.gitrepo import branches, git, make_repo, records_dir, worktrees
 
 pytestmark = pytest.mark.anyio
 
 WAIT = 60.0
-
-
-def records_dir(repo: Path) -> Path:
-    return repo / ".git" / "subagent-worktrees"
 
 
 def dead_pid() -> int:

@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import signal
-import subprocess
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -31,6 +30,7 @@ from subagent.isolation import IsolationError, Workspace, find_leftovers, open_w
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand
 from subagent.types import FileChange, WorkspaceChange
+from tests.gitrepo import ORIGINAL, git, make_repo, records_dir
 from tests.raycluster import RayCluster, assert_no_leaks_over_ray, ray_or_skip
 from tests.test_ray_transport import LeakTaggedRayTransport
 from tests.test_ssh_transport import wait_gone
@@ -42,7 +42,6 @@ pytestmark = [
 ]
 
 WAIT: Final = 60  # seconds: a hang guard on a whole test step, never a statement about speed
-ORIGINAL: Final = "the parent's notes\n"
 SHORT_TIMEOUT: Final = 3.0  # seconds: an isolation_timeout that a hanging git runs past
 
 
@@ -62,30 +61,10 @@ def git_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     return env
 
 
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=Test", "-c", "user.email=test@example.com", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
 @pytest.fixture
 def repo(tmp_path: Path, git_env: dict[str, str]) -> Path:
     """A repository with one commit holding ``notes.txt`` (`ORIGINAL`)."""
-    path = tmp_path / "repo"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "notes.txt").write_text(ORIGINAL)
-    git(path, "add", "notes.txt")
-    git(path, "commit", "-q", "-m", "notes")
-    return path
-
-
-def records_dir(repo: Path) -> Path:
-    return repo / ".git" / "subagent-worktrees"
+    return make_repo(tmp_path / "repo")
 
 
 def assert_parent_untouched(repo: Path, head: str) -> None:

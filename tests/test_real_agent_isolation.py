@@ -21,7 +21,6 @@ model's does not. A worktree outside the git directory (``IsolationSettings(root
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -35,6 +34,7 @@ from subagent.isolation import IsolationSettings
 from subagent.providers.acp import AcpProvider
 from subagent.testing import MessagesReply, MessagesRequest, ToolUse, serve_anthropic_messages
 from subagent.types import FileChange, WorkspaceChange
+from tests.gitrepo import ORIGINAL, git, make_repo
 from tests.leaks import LEAK_TAG_VARIABLE, assert_no_leaks
 from tests.test_real_agents import (
     CLAUDE_ACP_SCRIPT,
@@ -50,7 +50,6 @@ from tests.test_real_agents import (
 pytestmark = [pytest.mark.anyio, pytest.mark.subprocess, pytest.mark.real_agent]
 
 TURN_BOUND: Final = 90.0  # seconds for the agent's start and turn: a hang guard on a loaded machine
-ORIGINAL: Final = "the parent's notes\n"
 WORKING_DIRECTORY: Final = re.compile(r"Primary working directory: (/[^\n\"\\]+)")
 CLASSIFIER: Final = "You are a security monitor for autonomous AI coding agents."
 """How Claude Code's security classifier's system prompt begins (its auto mode's check of an action)."""
@@ -64,34 +63,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(autouse=True)
-def no_machine_git_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    empty = tmp_path / "gitconfig"
-    empty.write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(empty))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=Test", "-c", "user.email=test@example.com", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
-
-
 @pytest.fixture
-def repo(tmp_path: Path) -> Path:
+def repo(tmp_path: Path, no_machine_git_config: None) -> Path:
     """A repository with one commit holding ``notes.txt`` (`ORIGINAL`)."""
-    path = tmp_path / "repo"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "notes.txt").write_text(ORIGINAL)
-    git(path, "add", "notes.txt")
-    git(path, "commit", "-q", "-m", "notes")
-    return path
+    return make_repo(tmp_path / "repo")
 
 
 @dataclass

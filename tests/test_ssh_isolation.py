@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -31,6 +30,7 @@ from subagent.isolation import IsolationError, IsolationSettings, find_leftovers
 from subagent.providers.acp import AcpProvider
 from subagent.testing import LEAK_TAG_VARIABLE, dump_scenario, process_is_gone, stub_agent_argv
 from subagent.types import FileChange, WorkspaceChange
+from tests.gitrepo import ORIGINAL, git, make_repo, records_dir, worktrees
 from tests.sshd import SshServer, assert_no_leaks_over_ssh, running_sshd
 from tests.test_cli import CLI
 
@@ -41,7 +41,6 @@ pytestmark = [
 ]
 
 WAIT: Final = 60  # seconds: a hang guard on a whole step, never a statement about speed
-ORIGINAL: Final = "the parent's notes\n"
 WRITTEN: Final = "written where the agent runs\n"
 
 
@@ -52,43 +51,14 @@ def sshd() -> Iterator[SshServer]:
 
 
 @pytest.fixture(autouse=True)
-def no_machine_git_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_machine_git_config(no_machine_git_config: None) -> None:
     """git here reads no configuration but the repository's (over ssh, the server's SetEnv does it)."""
-    empty = tmp_path / "gitconfig"
-    empty.write_text("")
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(empty))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.name=Test", "-c", "user.email=test@example.com", *args],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip()
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """The repository on the "remote" host: one commit holding ``notes.txt`` (`ORIGINAL`)."""
-    path = tmp_path / "repo"
-    path.mkdir()
-    git(path, "init", "-q", "-b", "main")
-    (path / "notes.txt").write_text(ORIGINAL)
-    git(path, "add", "notes.txt")
-    git(path, "commit", "-q", "-m", "notes")
-    return path
-
-
-def records_dir(repo: Path) -> Path:
-    return repo / ".git" / "subagent-worktrees"
-
-
-def worktrees(repo: Path) -> list[str]:
-    listing = git(repo, "worktree", "list", "--porcelain").splitlines()
-    return [line.removeprefix("worktree ") for line in listing if line.startswith("worktree ")]
+    return make_repo(tmp_path / "repo")
 
 
 def assert_parent_untouched(repo: Path, head: str) -> None:
