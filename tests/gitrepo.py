@@ -60,3 +60,10 @@ def worktrees(repo: Path) -> list[str]:
 def records_dir(repo: Path) -> Path:
     """Where the workspace layer keeps a repository's worktrees and their records by default."""
     return repo / ".git" / "subagent-worktrees"
+
+
+def assert_parent_untouched(repo: Path, head: str) -> None:
+    """The parent's checkout is as `make_repo` left it: a clean status, ``notes.txt`` as it was, ``head``."""
+    assert git(repo, "status", "--porcelain") == ""
+    assert (repo / "notes.txt").read_text() == ORIGINAL
+    assert git(repo, "rev-parse", "HEAD") == head

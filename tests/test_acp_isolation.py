@@ -40,7 +40,7 @@ from subagent.isolation import (
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing import StubAgentTransport, dump_scenario, stub_agent_argv
 from subagent.types import FileChange, WorkspaceChange
-from tests.gitrepo import ORIGINAL, branches, git, make_repo, records_dir, worktrees
+from tests.gitrepo import ORIGINAL, assert_parent_untouched, branches, git, make_repo, records_dir, worktrees
 from tests.leaks import assert_no_leaks
 from tests.test_supervisor import survivors_after_polling
 
@@ -66,12 +66,6 @@ def _no_machine_git_config(no_machine_git_config: None) -> None:
 def repo(tmp_path: Path, no_machine_git_config: None) -> Path:
     """A repository with one commit holding ``notes.txt`` (`ORIGINAL`)."""
     return make_repo(tmp_path / "repo")
-
-
-def assert_parent_untouched(repo: Path, head: str) -> None:
-    assert git(repo, "status", "--porcelain") == ""
-    assert (repo / "notes.txt").read_text() == ORIGINAL
-    assert git(repo, "rev-parse", "HEAD") == head
 
 
 def assert_nothing_left(repo: Path) -> None:

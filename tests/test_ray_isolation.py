@@ -30,7 +30,7 @@ from subagent.isolation import IsolationError, Workspace, find_leftovers, open_w
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing.pytest_plugin import StubAgentCommand
 from subagent.types import FileChange, WorkspaceChange
-from tests.gitrepo import ORIGINAL, git, make_repo, records_dir
+from tests.gitrepo import assert_parent_untouched, git, make_repo, records_dir
 from tests.raycluster import RayCluster, assert_no_leaks_over_ray, ray_or_skip
 from tests.test_ray_transport import LeakTaggedRayTransport
 from tests.test_ssh_transport import wait_gone
@@ -65,12 +65,6 @@ def git_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
 def repo(tmp_path: Path, git_env: dict[str, str]) -> Path:
     """A repository with one commit holding ``notes.txt`` (`ORIGINAL`)."""
     return make_repo(tmp_path / "repo")
-
-
-def assert_parent_untouched(repo: Path, head: str) -> None:
-    assert git(repo, "status", "--porcelain") == ""
-    assert (repo / "notes.txt").read_text() == ORIGINAL
-    assert git(repo, "rev-parse", "HEAD") == head
 
 
 def assert_nothing_left(repo: Path) -> None:

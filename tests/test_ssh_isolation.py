@@ -30,7 +30,7 @@ from subagent.isolation import IsolationError, IsolationSettings, find_leftovers
 from subagent.providers.acp import AcpProvider
 from subagent.testing import LEAK_TAG_VARIABLE, dump_scenario, process_is_gone, stub_agent_argv
 from subagent.types import FileChange, WorkspaceChange
-from tests.gitrepo import ORIGINAL, git, make_repo, records_dir, worktrees
+from tests.gitrepo import ORIGINAL, assert_parent_untouched, git, make_repo, records_dir, worktrees
 from tests.sshd import SshServer, assert_no_leaks_over_ssh, running_sshd
 from tests.test_cli import CLI
 
@@ -59,12 +59,6 @@ def _no_machine_git_config(no_machine_git_config: None) -> None:
 def repo(tmp_path: Path) -> Path:
     """The repository on the "remote" host: one commit holding ``notes.txt`` (`ORIGINAL`)."""
     return make_repo(tmp_path / "repo")
-
-
-def assert_parent_untouched(repo: Path, head: str) -> None:
-    assert git(repo, "status", "--porcelain") == ""
-    assert (repo / "notes.txt").read_text() == ORIGINAL
-    assert git(repo, "rev-parse", "HEAD") == head
 
 
 def assert_nothing_left(repo: Path) -> None:

@@ -9,8 +9,6 @@ its cwd, as a coding tool would; the repositories are git repositories under ``t
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,52 +26,18 @@ from subagent.runtime import Agent, Reply, ScriptedLlm, ToolSpec, call
 from subagent.runtime._tools import ToolInvocation
 from subagent.tool import SubagentTool
 from tests.fakes import FakeProvider
+from tests.gitrepo import branches, git, make_repo, worktrees
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
 WAIT = 60  # seconds; a bound on every wait (git on a loaded machine), never a sleep
 
-IDENTITY = {
-    "GIT_AUTHOR_NAME": "tester",
-    "GIT_AUTHOR_EMAIL": "tester@example.invalid",
-    "GIT_COMMITTER_NAME": "tester",
-    "GIT_COMMITTER_EMAIL": "tester@example.invalid",
-}
 
 WORKTREE_NOTE = (
     "Workspaces: each subagent works in its own git worktree, on a new branch, never in your working tree. "
     "Its changes come back on that branch (the result names it, its commit and the files changed), which "
     "your host merges or not: until then they are not in your files."
 )
-
-
-def git(repo: Path, *args: str) -> str:
-    done = subprocess.run(
-        ["git", "-C", str(repo), *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        env={**os.environ, **IDENTITY},
-    )
-    return done.stdout.strip()
-
-
-def make_repo(path: Path) -> Path:
-    path.mkdir(parents=True)
-    git(path, "init", "-q", "-b", "main")
-    (path / "notes.txt").write_text("the parent's notes\n")
-    git(path, "add", "-A")
-    git(path, "commit", "-q", "-m", "initial")
-    return path
-
-
-def branches(repo: Path) -> list[str]:
-    return git(repo, "for-each-ref", "--format=%(refname:short)", "refs/heads/").splitlines()
-
-
-def worktrees(repo: Path) -> list[str]:
-    listing = git(repo, "worktree", "list", "--porcelain").splitlines()
-    return [line.removeprefix("worktree ") for line in listing if line.startswith("worktree ")]
 
 
 class WriteTool:
