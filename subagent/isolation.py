@@ -14,17 +14,19 @@ copy of its cwd (up to :attr:`IsolationSettings.max_copy_bytes`); its changes st
 ``remove`` keeps when the child changed something.
 
 Nothing leaks, even through a crash: before anything is made, a record (``<run id>.json``, beside the
-worktrees) names the workspace, its branch and its owner (the host's boot id, the pid and the process's start
-time), in state
-``creating``, then ``ready``. A later workspace in the same repository (or ``subagent worktrees
---prune``) finds the records whose owner is gone: a ready workspace's changes are committed on its
-branch and its directory removed (an unchanged one loses its branch too); a workspace still being
-created is removed whole. What was recovered is logged and listed; ``git worktree prune`` then
-agrees with the repository.
+worktrees) names the workspace, its branch and its owner (the host's boot id, the pid and the process's
+start time), in state ``creating``, then ``ready``. A later workspace in the same repository (or
+``subagent worktrees --prune``) finds the records whose owner is gone: a ready workspace's changes are
+committed on its branch and its directory removed (an unchanged one loses its branch too); a workspace
+still being created is removed whole. What was recovered is logged and listed; ``git worktree prune``
+then agrees with the repository.
 
-The work itself is done by :mod:`subagent._isolation_core`, synchronous and standard library only so
-that it also runs where an agent runs over ssh; here it runs in worker threads. A start cancelled while
-its workspace is being made waits for that (each git command is bounded) and then removes it.
+The work itself is done by ``subagent._isolation_core``, synchronous and standard library only so that
+it also runs where an agent runs: here in worker threads (:func:`local_runner`), elsewhere through a
+transport's :data:`CoreRunner` (over ssh, one ``ssh`` per operation; over Ray, a task on the agent's
+node). A workspace made elsewhere is owned by the process that asked for it; what this host's dead
+processes left there is reaped from here. A start cancelled while its workspace is being made waits for
+that (each git command is bounded) and then removes it.
 
 Merging back is the parent's choice: :func:`merge`, :func:`diff` and :func:`discard` act on a result's
 branch; :func:`merge` refuses a merge with conflicts and names the conflicting paths.
