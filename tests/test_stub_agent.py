@@ -425,13 +425,13 @@ async def test_a_relative_file_path_is_joined_to_the_session_cwd_and_prompt_fill
 
     async with assert_no_leaks(), stub_agent({"turns": [steps]}, tmp_path, answer=answer) as client:
         with anyio.fail_after(TIMEOUT):
-            session_id = await client.handshake(cwd="/work/tree")
+            session_id = await client.handshake(cwd="/srv/tree")
             await client.prompt(session_id, "child 7")
     assert client.requests == [
-        ("fs/read_text_file", {"sessionId": session_id, "path": "/work/tree/notes.txt"}),
+        ("fs/read_text_file", {"sessionId": session_id, "path": "/srv/tree/notes.txt"}),
         (
             "fs/write_text_file",
-            {"sessionId": session_id, "path": "/work/tree/../out.txt", "content": "asked: child 7"},
+            {"sessionId": session_id, "path": "/srv/tree/../out.txt", "content": "asked: child 7"},
         ),
         ("fs/write_text_file", {"sessionId": session_id, "path": "/abs/out.txt", "content": "as is"}),
     ]
