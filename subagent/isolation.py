@@ -216,7 +216,8 @@ class Workspace:
 
     async def commit(self, message: str) -> WorkspaceChange:
         """Commit what the child left uncommitted on its branch (``message``: the run's prompt) and say
-        what changed since the base (for a copy: against the source)."""
+        what changed since the base (for a copy: against the source). Shielded from cancellation (git
+        stopped mid-commit would leave the worktree's index locked); each core call is bounded."""
         self._last = change_from_json(await self._call("commit", self._data, message))
         return self._last
 

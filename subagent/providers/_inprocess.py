@@ -319,12 +319,11 @@ class InProcessRun(DisposeOnExit):
         """The turn's work committed on the child's branch, and said in the result."""
         if self.workspace is None:
             return outcome
-        with anyio.CancelScope(shield=True):  # a turn's work is recorded even when the run is torn down
-            try:
-                change = await self.workspace.commit(prompt)
-            except IsolationError as exc:
-                logger.error("run %r: its workspace's work could not be committed: %s", self.id, exc)
-                return outcome
+        try:  # shielded in Workspace.commit: recorded even when the run is torn down
+            change = await self.workspace.commit(prompt)
+        except IsolationError as exc:
+            logger.error("run %r: its workspace's work could not be committed: %s", self.id, exc)
+            return outcome
         return dataclasses.replace(outcome, workspace=change)
 
     async def _open_workspace(self) -> bool:

@@ -67,19 +67,20 @@ the transport's channel. A transport whose children do not see this host's files
 (``local_files`` False) gets no fs and no terminals offered to its agents.
 
 Isolation (``request.isolation``, ``capabilities.isolation``: ``worktree`` and ``copy`` where the
-transport's children see this host's files; none over SSH or Ray, whose requests for it are refused
-before any child exists): before the child is spawned the run makes its workspace
-(:func:`~subagent.isolation.open_workspace`: a git worktree of its cwd's repository on branch
-``subagent/<run id>``, or a copy of its cwd), and a failure fails the start (``START_FAILED``, saying
-why) with no child spawned. The child's cwd (its process's and ``session/new``'s) is the workspace, and
-so are the roots of its file-system sandbox and its terminals' cwd: ``fs_roots`` and the request's
-additional directories inside the repository are moved to the same places in the workspace, so a write
-through the client anywhere in the parent's checkout is refused. At the end of every turn, the first
-and each ``resume()``, what the child left is committed on its branch (the turn's prompt is the message)
-and the result's ``workspace`` says what it changed. Once the child is gone (dispose, or a failed
-start), the request's ``cleanup`` policy applies; a start cancelled or disposed while its workspace was
-being made leaves nothing. See :mod:`subagent.isolation` for what a killed parent leaves, and how the
-next start recovers it.
+transport's children see this host's files, or where the transport makes workspaces itself, over SSH and
+Ray (``transport.isolation_runner()``, and ``for_workspace()`` to place the agent beside its workspace);
+refused before any child exists over any other): before the child is spawned the run makes its workspace
+where the agent runs (:func:`~subagent.isolation.open_workspace`: a git worktree of its cwd's repository
+on branch ``subagent/<run id>``, or a copy of its cwd), and a failure fails the start (``START_FAILED``,
+saying why) with no child spawned. The child's cwd (its process's and ``session/new``'s) is the
+workspace, and so are the roots of its file-system sandbox and its terminals' cwd: ``fs_roots`` and the
+request's additional directories inside the repository are moved to the same places in the workspace, so
+a write through the client anywhere in the parent's checkout is refused. At the end of every turn, the
+first and each ``resume()``, what the child left is committed on its branch (the turn's prompt is the
+message) and the result's ``workspace`` says what it changed. Once the child is gone (dispose, or a
+failed start), the request's ``cleanup`` policy applies; a start cancelled or disposed while its
+workspace was being made leaves nothing. See :mod:`subagent.isolation` for what a killed parent leaves,
+and how the next start recovers it.
 """
 
 from __future__ import annotations
@@ -325,12 +326,12 @@ class AcpProvider:
             with cost, ``max_turns`` never). None (default): looked up by the command in
             :data:`~subagent.providers._acp_budget.KNOWN_AGENT_USAGE` (``subagent serve`` reports
             tokens); an agent it does not know reports nothing.
-        isolation: where the workspaces of requests with ``isolation`` are made (branch prefix, root,
-            copy limit; None: :class:`~subagent.isolation.IsolationSettings` defaults, worktrees in the
-            repository's own git directory). Offered only when the transport's children see this host's
-            files; see the module docstring. Some agents treat a path inside a git directory as protected
-            (Claude Code asks, or in ``auto`` mode consults its classifier, before each write there): a
-            ``root`` outside the repository spares them that.
+        isolation: where the workspaces of requests with ``isolation`` are made (branch prefix, root, copy
+            limit; None: :class:`~subagent.isolation.IsolationSettings` defaults, worktrees in the
+            repository's own git directory). Offered where the transport's children see this host's files,
+            or the transport makes workspaces where they run; see the module docstring. Some agents treat a
+            path inside a git directory as protected (Claude Code asks, or in ``auto`` mode consults its
+            classifier, before each write there): a ``root`` outside the repository spares them that.
 
     Raises:
         ValueError: ``command`` is empty or a string, or an argument, the cwd or an environment
@@ -437,7 +438,7 @@ class AcpProvider:
             budget=enforceable_caps(self.reports_usage),
             # The workspace is made where the agent runs: here, or by the transport's own runner there.
             isolation=frozenset({"worktree", "copy"})
-            if self.transport.local_files or _isolation_runner(self.transport) is not None
+            if self.transport.local_files or callable(getattr(self.transport, "isolation_runner", None))
             else frozenset(),
         )
         if getattr(self.transport, "fs_roots", None) is not None and not allows_everything(permission):
@@ -625,7 +626,9 @@ class AcpRun(DisposeOnExit):
         """The run's isolated workspace (``request.isolation``), once it is made, just before the child is
         spawned: ``workspace.cwd`` is the child's cwd. Closed (its cleanup policy applied) once the child
         is gone."""
-        self._turn_prompt: str | None = None  # the last turn's: the message of what the child left after it
+        # The prompt of the last turn whose work is not committed yet (cut short, or git failed): the
+        # message of the commit the workspace's close makes of it.
+        self._turn_prompt: str | None = None
         self._workspace_closed = False
 
     def __repr__(self) -> str:
@@ -1308,11 +1311,12 @@ class AcpRun(DisposeOnExit):
             result = await self._answer(session, prompt, structured=structured)
             if self.workspace is None or self._workspace_closed:
                 return result
-            # Every turn's work is committed at its end, whatever ended it (git killed mid-commit would
-            # leave the worktree's index locked: shielded).
-            with anyio.CancelScope(shield=True):
-                change = await self._commit(self.workspace, prompt)
-            return result if change is None else dataclasses.replace(result, workspace=change)
+            # Every turn's work is committed at its end, whatever ended it (shielded in Workspace.commit).
+            change = await self._commit(self.workspace, prompt)
+            if change is None:
+                return result
+            self._turn_prompt = None
+            return dataclasses.replace(result, workspace=change)
 
     async def _commit(self, workspace: Workspace, prompt: str) -> WorkspaceChange | None:
         """Commit the turn's work on the workspace's branch and say what the child changed (None, logged,
@@ -1679,8 +1683,8 @@ def _why_not(cap: str, reports: frozenset[UsageReport]) -> str:
 
 
 def _isolation_runner(transport: Transport) -> CoreRunner | None:
-    """Where a transport whose agent runs elsewhere makes workspaces (``transport.isolation_runner()``,
-    see :data:`~subagent.isolation.CoreRunner`); None when it cannot."""
+    """A new runner of a transport whose agent runs elsewhere, to make one run's workspace there
+    (``transport.isolation_runner()``, see :data:`~subagent.isolation.CoreRunner`); None when it cannot."""
     make = getattr(transport, "isolation_runner", None)
     runner: CoreRunner | None = make() if callable(make) else None
     return runner
