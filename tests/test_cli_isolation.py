@@ -35,8 +35,9 @@ from tests.gitrepo import branches, git, make_repo, worktrees
 from tests.leaks import leaked_processes
 from tests.sshd import sshd_or_skip
 from tests.test_cli import BOUND, LiveCli, live, run_cli, scenario
+from tests.test_cli_budget import root, specs
 
-__all__ = ["live"]  # the fixture, used by name
+__all__ = ["live", "root", "specs"]  # the fixtures, used by name
 
 STUB = [sys.executable, "-m", "subagent.testing.stub_agent"]
 BASE = "0" * 40
@@ -44,29 +45,6 @@ TIP = "1" * 40
 
 
 # -- options and config ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def root(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """An empty directory to run in, with no user config."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    return tmp_path
-
-
-@pytest.fixture
-def specs(monkeypatch: pytest.MonkeyPatch) -> list[TurnSpec]:
-    """The specs of the turns the command line would run (none is run)."""
-    kept: list[TurnSpec] = []
-
-    def probe(spec: TurnSpec) -> int:
-        if spec.answers is not None:
-            spec.answers.close()
-        kept.append(spec)
-        return 0
-
-    monkeypatch.setattr(commands, "_execute", probe)
-    return kept
 
 
 CONFIG = """\

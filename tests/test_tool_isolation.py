@@ -22,11 +22,12 @@ from subagent.delegation import BackgroundOptions, Notice
 from subagent.isolation import IsolationSettings
 from subagent.providers._inprocess import InProcessProvider
 from subagent.providers.spawn import SpawnProvider
-from subagent.runtime import Agent, Reply, ScriptedLlm, ToolSpec, call
-from subagent.runtime._tools import ToolInvocation
+from subagent.runtime import Agent, Reply, ScriptedLlm, call
 from subagent.tool import SubagentTool
 from tests.fakes import FakeProvider
 from tests.gitrepo import branches, git, make_repo, worktrees
+from tests.test_inprocess_isolation import WriteTool
+from tests.test_inprocess_isolation import writer as writes
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
 
@@ -40,32 +41,9 @@ WORKTREE_NOTE = (
 )
 
 
-class WriteTool:
-    """Writes a file relative to the calling agent's cwd, as a coding tool would."""
-
-    spec = ToolSpec(
-        "write",
-        "Write a file.",
-        {
-            "type": "object",
-            "properties": {"path": {"type": "string"}, "text": {"type": "string"}},
-            "required": ["path", "text"],
-        },
-    )
-    needs_approval = False
-
-    async def run(self, invocation: ToolInvocation) -> str:
-        cwd = invocation.context.cwd
-        assert cwd is not None
-        await anyio.Path(cwd, invocation.arguments["path"]).write_text(invocation.arguments["text"])
-        return f"wrote {invocation.arguments['path']}"
-
-
 def writer(text: str = "the child's notes\n") -> ScriptedLlm:
     """A model that rewrites notes.txt with the ``write`` tool, then answers "done"."""
-    return ScriptedLlm(
-        [Reply(text="", tool_calls=(call("write", {"path": "notes.txt", "text": text}),)), "done"]
-    )
+    return writes("notes.txt", text)
 
 
 def spawn(llm: ScriptedLlm, **kwargs: Any) -> SpawnProvider:
