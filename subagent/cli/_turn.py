@@ -10,7 +10,6 @@ import dataclasses
 import logging
 import os
 import shlex
-import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import Any, Final, Literal
 
 import anyio
 
+from subagent import _isolation_core as isolation_core
 from subagent._text import one_line
 from subagent._usage_codec import usage_from_acp
 from subagent.acp import schema
@@ -33,7 +33,7 @@ from subagent.cli._options import UsageReport
 from subagent.cli._permission import AnswerSource, PermissionMode, permission_policy
 from subagent.cli._tool_call_tracker import ToolCalls, ToolCallState
 from subagent.cli._views import RunView, StartInfo, run_meta
-from subagent.isolation import IsolationSettings, Workspace
+from subagent.isolation import IsolationError, IsolationSettings, Workspace
 from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import (
@@ -399,32 +399,25 @@ def _check_isolation(provider: AcpProvider, spec: TurnSpec) -> None:
     if spec.isolation != "worktree" or (spec.transport is not None and not spec.transport.local_files):
         return
     top = _git(spec.cwd, "rev-parse", "--show-toplevel")
-    if top is None:
+    if not top:
         raise UsageError(
             f"--isolation worktree: {spec.cwd} is not in a git repository, so it has no worktree to give "
             "the agent (--isolation copy gives it a copy of the directory)"
         )
-    if _git(spec.cwd, "rev-parse", "--verify", "--quiet", "HEAD^{commit}") is None:
+    if not _git(spec.cwd, "rev-parse", "--verify", "--quiet", "HEAD^{commit}"):
         raise UsageError(
             f"--isolation worktree: the repository at {top} has no commit yet: a worktree needs one to "
             "start from"
         )
 
 
-def _git(cwd: str, *args: str) -> str | None:
-    """``git -C cwd args...``'s output, None when it fails (or git cannot be run)."""
+def _git(cwd: str, *args: str) -> str:
+    """``git -C cwd args...``'s output as the workspace layer runs it; empty when it fails (or git cannot
+    be run)."""
     try:
-        done = subprocess.run(
-            ["git", "-C", cwd, *args],
-            capture_output=True,
-            text=True,
-            check=False,
-            stdin=subprocess.DEVNULL,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
+        return isolation_core.git(cwd, *args, check=False)
+    except IsolationError:
+        return ""
 
 
 async def _final_workspace(

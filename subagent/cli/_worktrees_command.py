@@ -15,12 +15,12 @@ import argparse
 import logging
 import os
 import shlex
-import subprocess
 from collections.abc import Sequence
 from typing import Any, Final
 
 import anyio
 
+from subagent import _isolation_core as isolation_core
 from subagent._isolation_core import RECOVERED
 from subagent.cli._config import find_config, load_config
 from subagent.cli._console import print_json, print_stdout
@@ -137,18 +137,11 @@ def _root(args: argparse.Namespace) -> str | None:
 
 
 def _toplevel(directory: str) -> str | None:
+    """The top level of the repository ``directory`` is in, as the workspace layer finds it (None: none)."""
     try:
-        done = subprocess.run(
-            ["git", "-C", directory, "rev-parse", "--show-toplevel"],
-            capture_output=True,
-            text=True,
-            check=False,
-            stdin=subprocess.DEVNULL,
-            timeout=60,
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        return isolation_core.repository(directory)[0]
+    except IsolationError:
         return None
-    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else None
 
 
 def _leftover_json(leftover: Leftover) -> dict[str, Any]:
