@@ -581,6 +581,19 @@ class WorkspaceChange:
     def describe(self) -> str:
         """One paragraph for a person and for a model: where the work is, and the files with their counts."""
         if not self.changed:
+            return self.describe_files()
+        commit = self.commit[:12] if self.commit else "?"
+        base = self.base[:12] if self.base else "?"
+        where = (
+            f"its changes are on branch {self.branch} (commit {commit}, over {base})"
+            if self.mode == "worktree"
+            else f"its changes are in the copy at {self.path}"
+        )
+        return f"{where}: {self.describe_files()}"
+
+    def describe_files(self) -> str:
+        """What changed, without where: the files with their counts (the first 20), or that none did."""
+        if not self.changed:
             return "it changed no file"
         files = ", ".join(
             f"{change.path} (+{change.added} -{change.deleted})"
@@ -589,14 +602,7 @@ class WorkspaceChange:
             for change in self.files[:20]
         )
         more = f" and {len(self.files) - 20} more" if len(self.files) > 20 else ""
-        commit = self.commit[:12] if self.commit else "?"
-        base = self.base[:12] if self.base else "?"
-        where = (
-            f"its changes are on branch {self.branch} (commit {commit}, over {base})"
-            if self.mode == "worktree"
-            else f"its changes are in the copy at {self.path}"
-        )
-        return f"{where}: {len(self.files)} file(s) changed: {files}{more}"
+        return f"{len(self.files)} file(s) changed: {files}{more}"
 
 
 @dataclass(slots=True)

@@ -130,19 +130,10 @@ class SubagentToolResult:
             return ""
         if not self.workspace_discarded:
             return f"\n\nThe subagent worked in a workspace of its own: {change.describe()}."
-        # As describe() lists them, without the branch or copy that is no more.
-        files = ", ".join(
-            f"{file.path} (+{file.added} -{file.deleted})"
-            if file.added is not None
-            else f"{file.path} (binary)"
-            for file in change.files[:20]
-        )
-        more = f" and {len(change.files) - 20} more" if len(change.files) > 20 else ""
-        what = (
-            f"{len(change.files)} file(s) changed: {files}{more}" if change.changed else "it changed no file"
-        )
+        # Without the branch or copy that is no more.
         return (
-            f"\n\nThe subagent worked in a scratch workspace, removed with its changes when it ended: {what}."
+            "\n\nThe subagent worked in a scratch workspace, removed with its changes when it ended: "
+            f"{change.describe_files()}."
         )
 
     def to_openai(self, tool_call_id: str) -> dict[str, Any]:
