@@ -441,6 +441,24 @@ def remove_half_made(repo: str, path: str, branch: str | None, base: str | None)
             git(repo, "branch", "-D", branch, check=False)
 
 
+def map_path(path: str, source: str, root: str, *, resolve: bool = True) -> str:
+    """``path``, inside ``source``, as the same place in the workspace ``root`` made of it; any other
+    path unchanged. ``resolve``: symbolic links resolved first (on the host the paths are on); else only
+    the text of the paths is compared (a host's paths read from another)."""
+    try:
+        if resolve:
+            relative = os.path.relpath(os.path.realpath(path), os.path.realpath(source))
+        else:
+            relative = os.path.relpath(os.path.normpath(path), os.path.normpath(source))
+    except ValueError:
+        return path
+    if relative == os.curdir:
+        return root
+    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+        return path
+    return os.path.join(root, relative)
+
+
 def discard_unused(workspace: Json) -> None:
     """Remove a workspace just made that its run will never use (its start was cancelled meanwhile)."""
     if workspace["mode"] == "copy":

@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import posixpath
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,18 +200,8 @@ class Workspace:
 
     def map_path(self, path: str) -> str:
         """``path`` (absolute, in the source) as the same place in the workspace; unchanged outside it."""
-        try:
-            if self.local:
-                relative = os.path.relpath(os.path.realpath(path), os.path.realpath(self.source))
-            else:  # a path of another host: only its text is known here
-                relative = posixpath.relpath(posixpath.normpath(path), posixpath.normpath(self.source))
-        except ValueError:
-            return path
-        if relative == os.curdir:
-            return self.root
-        if relative.startswith(os.pardir):
-            return path
-        return os.path.join(self.root, relative)
+        # A path of another host: only its text is known here.
+        return core.map_path(path, self.source, self.root, resolve=self.local)
 
     async def commit(self, message: str) -> WorkspaceChange:
         """Commit what the child left uncommitted on its branch (``message``: the run's prompt) and say

@@ -17,6 +17,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from subagent._isolation_core import map_path
 from subagent.isolation import (
     IsolationError,
     IsolationSettings,
@@ -419,3 +420,21 @@ def test_the_core_says_a_failure_as_an_error_reply() -> None:
         "error": "/nonexistent-dir is not in a git repository, so it has no worktree to give a child: "
         "use isolation='copy'"
     }
+
+
+def test_a_path_inside_the_source_maps_into_the_workspace_through_symlinks_and_one_outside_stays(
+    tmp_path: Path,
+) -> None:
+    source = tmp_path / "repo"
+    (source / "sub").mkdir(parents=True)
+    (tmp_path / "repo-sibling").mkdir()
+    link = tmp_path / "link"
+    link.symlink_to(source)
+    root = str(source / ".git" / "w" / "1")
+    assert map_path(str(source), str(source), root) == root
+    assert map_path(str(link / "sub"), str(source), root) == os.path.join(root, "sub")
+    assert map_path(str(tmp_path), str(source), root) == str(tmp_path)
+    assert map_path(str(tmp_path / "repo-sibling"), str(source), root) == str(tmp_path / "repo-sibling")
+    # A name that merely starts with ".." is inside.
+    (source / "..notes").mkdir()
+    assert map_path(str(source / "..notes"), str(source), root) == os.path.join(root, "..notes")

@@ -347,20 +347,3 @@ def test_for_workspace_pins_the_agent_to_the_workspaces_node_in_place_of_the_opt
 @pytest.fixture
 def ray_installed() -> None:
     ray_or_skip()
-
-
-def test_a_root_inside_the_source_is_served_in_the_workspace_and_one_outside_it_as_it_is(
-    tmp_path: Path,
-) -> None:
-    from subagent.acp.transports._ray import _in_workspace
-
-    source = tmp_path / "repo"
-    (source / "sub").mkdir(parents=True)
-    (tmp_path / "repo-sibling").mkdir()
-    link = tmp_path / "link"
-    link.symlink_to(source)
-    root = str(source / ".git" / "w" / "1")
-    assert _in_workspace(str(source), str(source), root) == root
-    assert _in_workspace(str(link / "sub"), str(source), root) == os.path.join(root, "sub")
-    assert _in_workspace(str(tmp_path), str(source), root) == str(tmp_path)
-    assert _in_workspace(str(tmp_path / "repo-sibling"), str(source), root) == str(tmp_path / "repo-sibling")

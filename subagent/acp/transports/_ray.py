@@ -297,21 +297,13 @@ def _route_files(
     from subagent.acp._file_router import route_files  # 40 ms of imports: only where it is used
 
     if workspace is not None and files["fs_roots"] is not None:
-        files["fs_roots"] = [_in_workspace(root, *workspace) for root in files["fs_roots"]]
+        from subagent._isolation_core import map_path
+
+        # Resolved here, on the node: a root given through a symlink is moved too.
+        files["fs_roots"] = [map_path(root, *workspace) for root in files["fs_roots"]]
     # Terminal commands start from the agent's environment.
     terminal_env = None if env is None else {**os.environ, **env}
     return route_files(process.stdin, process.stdout, env=terminal_env, **files)
-
-
-def _in_workspace(path: str, source: str, root: str) -> str:
-    """``path`` (of this node) as the same place in the workspace ``root`` made of ``source``, when it is
-    inside ``source``; else unchanged. Resolved here: a root given through a symlink is moved too."""
-    relative = os.path.relpath(os.path.realpath(path), os.path.realpath(source))
-    if relative == os.curdir:
-        return root
-    if relative == os.pardir or relative.startswith(os.pardir + os.sep):
-        return path
-    return os.path.join(root, relative)
 
 
 def _run_core_operation(operation: str, args: list[Any]) -> tuple[Any, ...]:
