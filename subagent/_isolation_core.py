@@ -494,10 +494,12 @@ def commit(workspace: Json, message: str) -> Json:
     }  # fmt: skip
 
 
-def close(workspace: Json) -> Json:
-    """Commit what the child did since its last commit, apply the cleanup policy, settle the record;
-    the final change, with ``removed``."""
-    change = commit(workspace, f"subagent run {workspace['run']}: the work it left at its end")
+def close(workspace: Json, message: str | None = None) -> Json:
+    """Commit what the child did since its last commit (``message``: the commit's, default a generic
+    one), apply the cleanup policy, settle the record; the final change, with ``removed``."""
+    if message is None:
+        message = f"subagent run {workspace['run']}: the work it left at its end"
+    change = commit(workspace, message)
     removed = clean_up(workspace, bool(change["changed"]))
     settle_record(Path(workspace["record"]), removed)
     return {**change, "removed": removed}
@@ -614,11 +616,10 @@ def reap_record(record_path: Path, record: Json) -> Json:
         "mode": "worktree", "run": run_id, "source": repo, "root": path, "path": path, "cwd": path,
         "record": str(record_path), "branch": branch, "base": base, "cleanup": "remove",
     }  # fmt: skip
-    change = commit(
+    change = close(
         workspace,
         f"subagent: the work of run {run_id}, recovered after its owner (pid {found['owner_pid']}) was gone",
     )
-    close(workspace)
     return {
         **found,
         "recovered": "branch" if change["changed"] else "removed",
