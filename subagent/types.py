@@ -45,6 +45,7 @@ __all__ = [
     "TURN_META_KEY",
     "Budget",
     "BudgetField",
+    "CheckpointedRun",
     "CleanupPolicy",
     "Disposer",
     "ErrorCode",
@@ -56,7 +57,9 @@ __all__ = [
     "ObservableRun",
     "ProviderSnapshot",
     "QueueableRun",
+    "ReopenableProvider",
     "ResumableRun",
+    "ResumePoint",
     "Spend",
     "StartTimeFeature",
     "SteerableRun",
@@ -143,6 +146,11 @@ class ErrorCode(enum.StrEnum):
     """The child never became ready: it exited, failed, or timed out first."""
     DISPOSED = "DISPOSED"
     """The run or the service was disposed before the operation could happen."""
+    NO_RUN = "NO_RUN"
+    """No run with that id is in the service's run journal (or the service keeps none)."""
+    RESUME_UNSUPPORTED = "RESUME_UNSUPPORTED"
+    """The run cannot be resumed; the message says why (still live, its provider is not registered or
+    cannot reopen a run, its agent offers neither ``session/resume`` nor ``session/load``...)."""
 
 
 class SubagentError(Exception):
@@ -773,6 +781,56 @@ class QueueableRun(Protocol):
     @property
     def queued(self) -> bool:
         """Whether the run is waiting for a slot now: no child exists for it yet."""
+        ...
+
+
+@runtime_checkable
+class CheckpointedRun(Protocol):
+    """A run that can say, after each completed turn, what a new child needs to continue it: the
+    service's run journal keeps it, and :meth:`ReopenableProvider.reopen` gets it back."""
+
+    def checkpoint(self) -> Mapping[str, Any] | None:
+        """A JSON-able record of the run as of its last completed turn (an ACP child: its session id;
+        an in-process child: its message log), or None when there is nothing to continue from yet.
+        Called by the service once the child is ready and after each completed turn; cheap, never
+        raises, and never includes a turn still in flight."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """What a run journal kept of an earlier run: what its provider needs to continue it in a new
+    child (see :meth:`ReopenableProvider.reopen`)."""
+
+    run_id: str
+    """The journal's id of the run being continued."""
+    checkpoint: Mapping[str, Any] | None
+    """The run's last :meth:`CheckpointedRun.checkpoint` (None: it never reached one)."""
+    agent: Mapping[str, Any]
+    """What the provider said of how it ran the child (:meth:`ReopenableProvider.describe_agent`)."""
+    turns_completed: int
+    """How many of the run's turns completed (none of them is run again)."""
+
+
+@runtime_checkable
+class ReopenableProvider(Protocol):
+    """A provider that can continue a journaled run in a new child (``SubagentService.resume``)."""
+
+    def describe_agent(self) -> Mapping[str, Any]:
+        """How this provider runs its children, JSON-able, for the journal: an ACP provider's command,
+        transport and cwd. Never a secret (no environment values)."""
+        ...
+
+    def reopen(self, request: SubagentRequest, point: ResumePoint, task_group: TaskGroup) -> SubagentRun:
+        """Start a new child that continues the run ``point`` describes and runs ``request.prompt`` as its
+        next turn, as :meth:`SubagentProvider.start` does for a new run.
+
+        Raises:
+            SubagentError: ``RESUME_UNSUPPORTED`` with the reason, before any child exists, when the
+                point cannot be continued here (no checkpoint, a different agent). A child whose agent
+                turns out to offer neither ``session/resume`` nor ``session/load`` fails its readiness
+                with ``RESUME_UNSUPPORTED``.
+        """
         ...
 
 
