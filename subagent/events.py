@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, overload
 
 from subagent.types import (
     Disposer,
@@ -18,6 +18,9 @@ from subagent.types import (
     SubagentRunEndInfo,
     SubagentRunInfo,
 )
+
+if TYPE_CHECKING:
+    from subagent.journal import RunRecord
 
 __all__ = ["EventHub", "EventName", "Listeners"]
 
@@ -29,6 +32,7 @@ EventName = Literal[
     "subagent/start",
     "subagent/progress",
     "subagent/end",
+    "subagent/interrupted",
 ]
 """The events an :class:`EventHub` carries; each has its own payload type (see :meth:`EventHub.on`)."""
 
@@ -101,6 +105,10 @@ class EventHub:
     def on(
         self, event: Literal["subagent/end"], listener: Callable[[SubagentRunEndInfo], object]
     ) -> Disposer: ...
+    @overload
+    def on(
+        self, event: Literal["subagent/interrupted"], listener: Callable[[RunRecord], object]
+    ) -> Disposer: ...
     def on(self, event: EventName, listener: Callable[[Any], object]) -> Disposer:
         """Add ``listener`` for ``event``; the returned disposer removes exactly this registration."""
         listeners = self._listeners.get(event)
@@ -118,6 +126,8 @@ class EventHub:
     def emit(self, event: Literal["subagent/progress"], payload: SubagentProgressInfo) -> None: ...
     @overload
     def emit(self, event: Literal["subagent/end"], payload: SubagentRunEndInfo) -> None: ...
+    @overload
+    def emit(self, event: Literal["subagent/interrupted"], payload: RunRecord) -> None: ...
     def emit(self, event: EventName, payload: object) -> None:
         """Call every listener of ``event``; a listener that raises is logged and skipped."""
         listeners = self._listeners.get(event)

@@ -27,31 +27,44 @@ inherits it; each ``resume()`` is an ``invoke_agent`` span of its own below the 
 
 from __future__ import annotations
 
+import builtins
 import collections
 import dataclasses
 import enum
 import logging
+import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, cast
 
 import anyio
 
+from subagent._journaling import (
+    DEFAULT_RESUME_PROMPT,
+    provider_secrets,
+    request_from_json,
+    request_to_json,
+    usage_json,
+)
 from subagent._outcome import DisposeOnExit, Outcome, raise_sole_error
 from subagent.budget import BudgetAccount, PriceTable, budget_result
 from subagent.events import EventHub
+from subagent.journal import JournalError, RunJournal, RunRecord
 from subagent.observability import _telemetry as telemetry
 from subagent.types import (
+    CheckpointedRun,
     Disposer,
     ErrorCode,
     Lineage,
     ObservableRun,
     ProviderSnapshot,
     QueueableRun,
+    ReopenableProvider,
     ResumableRun,
+    ResumePoint,
     SteerableRun,
     SubagentCapabilities,
     SubagentError,
@@ -67,8 +80,11 @@ from subagent.types import (
 )
 
 if TYPE_CHECKING:
+    from anyio import CapacityLimiter
     from anyio.abc import TaskGroup
     from opentelemetry.trace import Span
+
+    from subagent.journal import _Write
 
 __all__ = ["DEFAULT_PROGRESS_INTERVAL", "ENDED_RUNS_KEPT", "RunState", "ServiceRun", "SubagentService"]
 
@@ -82,6 +98,10 @@ bound only keeps a faulty provider from hanging the caller (its observer is then
 ENDED_RUNS_KEPT = 10_000
 """Ended runs whose usage :meth:`SubagentService.subtree_usage` can still count: a long-lived service
 keeps a bounded record (about 1 MiB), the most recent ones."""
+
+JOURNAL_COMMIT_TIMEOUT: float = 30.0
+"""How long a run's end waits for the journal to commit it before its caller gets the result anyway
+(a journal on a stalled disk must not hold every result back forever; the wait is logged)."""
 
 DEFAULT_PROGRESS_INTERVAL: float = 10.0
 """Seconds between ``subagent/progress`` heartbeats: often enough that a person never stares at a
@@ -144,6 +164,12 @@ class SubagentService:
             whose provider run is an :class:`~subagent.types.ObservableRun`; None emits none.
         prices: a :class:`~subagent.budget.PriceTable` for ``max_cost`` caps over children whose
             agent reports tokens but no cost.
+        journal: a run journal (:mod:`subagent.journal`): a path, opened (created when absent) when the
+            service opens and closed with it, or a :class:`~subagent.journal.RunJournal` the caller owns.
+            Every run is recorded in it, runs whose owner died are marked ``interrupted`` when the
+            service opens (each reported once, as ``subagent/interrupted``), and :meth:`resume`
+            continues a journaled run. None (default): nothing is recorded and nothing outlives the
+            service.
     """
 
     def __init__(
@@ -151,6 +177,7 @@ class SubagentService:
         *,
         progress_interval: float | None = DEFAULT_PROGRESS_INTERVAL,
         prices: PriceTable | None = None,
+        journal: str | os.PathLike[str] | RunJournal | None = None,
     ) -> None:
         if progress_interval is not None and not progress_interval > 0:
             raise ValueError(f"progress_interval must be > 0 seconds or None, got {progress_interval}")
@@ -166,6 +193,14 @@ class SubagentService:
         self._ended: collections.OrderedDict[str, tuple[str | None, Usage | None]] = collections.OrderedDict()
         self._task_group: TaskGroup | None = None
         self._closing = False
+        self._journal_spec = journal
+        self.journal: RunJournal | None = None
+        """The run journal, once the service is open (None: it keeps none)."""
+        self.interrupted: tuple[RunRecord, ...] = ()
+        """The runs this service found ``interrupted`` when it opened (their owner had died), as it
+        marked them: each is reported by exactly one service, as ``subagent/interrupted``."""
+        self._journal_waits: CapacityLimiter | None = None
+        self._owns_journal = False
         self.prices = prices
         """The price table that turns reported tokens into cost for ``max_cost`` caps, where a child's
         agent reports no cost of its own (None: only reported costs count)."""
@@ -187,6 +222,8 @@ class SubagentService:
             )
         registration = _Registration(snapshot)
         self._registrations[snapshot.name] = registration
+        if self.journal is not None:
+            self.journal.add_secrets(provider_secrets(provider))
         self.events.emit("subagent/provider-added", snapshot)
 
         def dispose() -> None:
@@ -234,6 +271,11 @@ class SubagentService:
             RuntimeError: the service was never opened with ``async with``.
         """
         task_group = self._require_open()
+        snapshot = self._checked(name, request)
+        return self._launch(snapshot, request, within, lambda request: snapshot.start(request, task_group))
+
+    def _checked(self, name: str, request: SubagentRequest) -> ProviderSnapshot:
+        """The provider registered as ``name``, once it offers every start-time feature ``request`` asks."""
         registration = self._registrations.get(name)
         if registration is None:
             known = ", ".join(repr(known) for known in self._registrations) or "none"
@@ -258,6 +300,20 @@ class SubagentService:
                 provider=name,
                 feature="isolation",
             )
+        return snapshot
+
+    def _launch(
+        self,
+        snapshot: ProviderSnapshot,
+        request: SubagentRequest,
+        within: BudgetAccount | None,
+        begin: Callable[[SubagentRequest], SubagentRun],
+        *,
+        resumed: RunRecord | None = None,
+    ) -> ServiceRun:
+        """Place the run in its tree (lineage, budget), have ``begin`` make the provider's run, watch it."""
+        task_group = self._require_open()
+        name = snapshot.name
         lineage = self._lineage(snapshot, request)
         account = self._account(snapshot, request, within)
         request = dataclasses.replace(request, lineage=lineage, account=account)
@@ -265,7 +321,7 @@ class SubagentService:
         try:
             # Current while the provider starts the run: what it starts inherits the span.
             with telemetry.current(span):
-                provider_run = snapshot.start(request, task_group)
+                provider_run = begin(request)
         except BaseException as exc:
             if account is not None:
                 account.close()
@@ -287,8 +343,210 @@ class SubagentService:
             span.set_attribute("gen_ai.agent.id", run.id)
         self._runs[run] = None
         self._runs_by_id.setdefault(run.id, run)
+        if self.journal is not None:
+            self._journal_start(run, snapshot, resumed)
         task_group.start_soon(run._observe, name=f"subagent observer {run.id}")
         return run
+
+    # -- the run journal -----------------------------------------------------------------------
+
+    def _journal_start(self, run: ServiceRun, snapshot: ProviderSnapshot, resumed: RunRecord | None) -> None:
+        journal = self.journal
+        assert journal is not None
+        if resumed is not None:
+            run.journal_id = resumed.id
+            explicit = run.request.metadata.get(_RESUME_PROMPT_KEY) is None
+            run._journal_write = journal.record_resumed(
+                resumed.id, run.id, run.request.prompt if explicit else None
+            )
+            return
+        provider = getattr(snapshot.start, "__self__", None)
+        agent = None
+        if isinstance(provider, ReopenableProvider):
+            try:
+                agent = dict(provider.describe_agent())
+            except Exception:
+                logger.exception(
+                    "provider %r: describe_agent() raised; the journal keeps no agent", snapshot.name
+                )
+        parent = self._runs_by_id.get(run.request.parent_id) if run.request.parent_id is not None else None
+        run.journal_id = journal.new_id()
+        run._journal_write = journal.record_start(
+            run.journal_id,
+            run_id=run.id,
+            provider=snapshot.name,
+            parent=parent.journal_id if parent is not None else None,
+            parent_id=run.request.parent_id,
+            prompt=run.request.prompt,
+            request=request_to_json(run.request),
+            agent=agent,
+        )
+
+    async def _committed(self, write: _Write | None) -> None:
+        """Wait (bounded) until ``write`` is committed; a failed write was logged by the journal."""
+        if write is None or write.done.is_set():
+            return
+        with anyio.move_on_after(JOURNAL_COMMIT_TIMEOUT) as scope:
+            await anyio.to_thread.run_sync(
+                write.done.wait, abandon_on_cancel=True, limiter=self._journal_waits
+            )
+        if scope.cancelled_caught:
+            logger.error(
+                "run journal %s: a write was not committed within %.0f s; going on without waiting",
+                self.journal.path if self.journal is not None else "?",
+                JOURNAL_COMMIT_TIMEOUT,
+            )
+
+    async def runs(
+        self,
+        *,
+        states: Iterable[str] | None = None,
+        provider: str | None = None,
+        parent: str | None = None,
+        since: float | None = None,
+        until: float | None = None,
+        limit: int | None = 50,
+    ) -> builtins.list[RunRecord]:
+        """The journal's runs, newest first, filtered (see :meth:`~subagent.journal.RunJournal.runs`).
+
+        Raises:
+            SubagentError: ``NO_RUN`` when the service keeps no journal.
+        """
+        journal = self._require_journal()
+        states = None if states is None else tuple(states)
+        return await anyio.to_thread.run_sync(
+            lambda: journal.runs(
+                states=states, provider=provider, parent=parent, since=since, until=until, limit=limit
+            )
+        )
+
+    async def run_record(self, run_id: str) -> RunRecord | None:
+        """Journaled run ``run_id`` (its journal id, or a unique prefix of it) with its checkpoint and
+        state changes; None when the journal has none.
+
+        Raises:
+            SubagentError: ``NO_RUN`` when the service keeps no journal, or the prefix is ambiguous.
+        """
+        journal = self._require_journal()
+        try:
+            return await anyio.to_thread.run_sync(journal.get, run_id)
+        except JournalError as exc:
+            raise SubagentError(ErrorCode.NO_RUN, str(exc)) from exc
+
+    async def children_of(self, run_id: str) -> builtins.list[RunRecord]:
+        """The journaled runs whose parent is run ``run_id`` (a journal id), oldest first."""
+        journal = self._require_journal()
+        return await anyio.to_thread.run_sync(journal.children, run_id)
+
+    def _require_journal(self) -> RunJournal:
+        if self.journal is None:
+            raise SubagentError(
+                ErrorCode.NO_RUN,
+                "this service keeps no run journal: open it with SubagentService(journal=...)",
+            )
+        return self.journal
+
+    async def sweep(self) -> tuple[RunRecord, ...]:
+        """Mark ``interrupted`` the journal's live runs whose owner process is gone, emit
+        ``subagent/interrupted`` for each, and return them (a service sweeps once when it opens; a
+        long-lived one may call this to notice other processes' deaths since)."""
+        journal = self._require_journal()
+        marked = tuple(await anyio.to_thread.run_sync(journal.mark_interrupted))
+        for record in marked:
+            self.events.emit("subagent/interrupted", record)
+        return marked
+
+    async def resume(
+        self, run_id: str, prompt: str | None = None, *, within: BudgetAccount | None = None
+    ) -> ServiceRun:
+        """Continue journaled run ``run_id`` (its journal id, :attr:`ServiceRun.journal_id`) in a new child,
+        with ``prompt`` as its next turn, and return the run (the same journal id; a new provider run id).
+
+        The provider registered under the run's provider name reopens it (a
+        :class:`~subagent.types.ReopenableProvider`): an ACP child's session is reopened in a new agent
+        process (``session/resume``, else ``session/load``); an in-process child continues from its log
+        as of its last completed turn. A completed turn is never run again. ``prompt`` None: when the
+        run's last turn did not complete, :data:`~subagent._journaling.DEFAULT_RESUME_PROMPT` naming
+        what was interrupted; a run whose last turn completed needs a prompt.
+
+        Raises:
+            SubagentError: ``NO_RUN`` when the journal has no such run (or the service keeps none);
+                ``RESUME_UNSUPPORTED`` saying why it cannot be resumed (still live, its provider is
+                not registered or cannot reopen runs, it never reached a checkpoint, ...); what
+                :meth:`start` raises for the request.
+        """
+        self._require_open()
+        journal = self._require_journal()
+        record = await self.run_record(run_id)
+        if record is None:
+            raise SubagentError(
+                ErrorCode.NO_RUN, f"no run {run_id!r} in the run journal {str(journal.path)!r}"
+            )
+        if record.live:
+            await self.sweep()  # its owner may have died since this service opened
+            record = await self.run_record(record.id)
+            assert record is not None
+        for live in self._runs:
+            if live.journal_id == record.id:
+                raise self._cannot_resume(
+                    record, "it is open in this service: call resume() on its run instead"
+                )
+        if record.live:
+            raise self._cannot_resume(
+                record, f"it is still {record.state} in process {record.owner.get('pid')}, which is alive"
+            )
+        registration = self._registrations.get(record.provider)
+        if registration is None:
+            raise self._cannot_resume(record, f"no provider named {record.provider!r} is registered")
+        snapshot = registration.snapshot
+        provider = getattr(snapshot.start, "__self__", None)
+        if not isinstance(provider, ReopenableProvider):
+            raise self._cannot_resume(record, f"provider {record.provider!r} cannot reopen a run")
+        metadata_extra: dict[str, Any] = {}
+        if prompt is None:
+            if record.state == "ended" and record.stop_reason == "completed":
+                raise self._cannot_resume(record, "its last turn completed: give the prompt of its next turn")
+            prompt = DEFAULT_RESUME_PROMPT.format(why=_why_stopped(record), prompt=record.turn_prompt)
+            metadata_extra[_RESUME_PROMPT_KEY] = True
+        try:
+            request = request_from_json(record.request, prompt=prompt, parent_id=record.parent_id)
+        except (TypeError, ValueError) as exc:
+            raise self._cannot_resume(record, f"its journaled request is not readable: {exc}") from exc
+        if metadata_extra:
+            request = dataclasses.replace(request, metadata={**request.metadata, **metadata_extra})
+        snapshot = self._checked(record.provider, request)
+        point = ResumePoint(
+            run_id=record.id,
+            checkpoint=record.checkpoint,
+            agent=record.agent or {},
+            turns_completed=record.turns,
+        )
+        claim = journal.claim_for_resume(record.id)
+        await self._committed(claim)
+        if claim.error is not None:
+            raise self._cannot_resume(record, f"the journal could not record its resume: {claim.error}")
+        if not claim.rowcounts or claim.rowcounts[0] == 0:
+            raise self._cannot_resume(record, "another process took it over meanwhile")
+        task_group = self._require_open()
+
+        def begin(request: SubagentRequest) -> SubagentRun:
+            return provider.reopen(request, point, task_group)
+
+        try:
+            run = self._launch(snapshot, request, within, begin, resumed=record)
+        except BaseException as exc:
+            journal.release_claim(record.id, record.state, str(exc))
+            raise
+        if record.state == "interrupted":
+            logger.info("run %s (%s) interrupted before is resumed as %s", record.id, record.provider, run.id)
+        return run
+
+    def _cannot_resume(self, record: RunRecord, why: str) -> SubagentError:
+        return SubagentError(
+            ErrorCode.RESUME_UNSUPPORTED,
+            f"run {record.id} cannot be resumed: {why}",
+            provider=record.provider,
+        )
 
     def _run_span(self, snapshot: ProviderSnapshot, request: SubagentRequest) -> Span | None:
         """The run's ``invoke_agent`` span, begun (None when nothing is recorded)."""
@@ -421,10 +679,36 @@ class SubagentService:
     async def __aenter__(self) -> Self:
         if self._task_group is not None or self._closing:
             raise RuntimeError("a SubagentService can be opened only once")
+        if self._journal_spec is not None:
+            await self._open_journal(self._journal_spec)
         task_group = anyio.create_task_group()
         await task_group.__aenter__()
         self._task_group = task_group
         return self
+
+    async def _open_journal(self, spec: str | os.PathLike[str] | RunJournal) -> None:
+        """Open the journal (off the event loop), then mark and report the runs whose owner died.
+
+        Raises:
+            SubagentError: ``START_FAILED`` wrapping the :class:`~subagent.journal.JournalError` (not a
+                journal, a newer schema, unwritable).
+        """
+        if isinstance(spec, RunJournal):
+            journal = spec
+        else:
+            try:
+                journal = await anyio.to_thread.run_sync(RunJournal.open, spec)
+            except JournalError as exc:
+                raise SubagentError(ErrorCode.START_FAILED, str(exc)) from exc
+            self._owns_journal = True
+        for registration in self._registrations.values():
+            journal.add_secrets(provider_secrets(getattr(registration.snapshot.start, "__self__", None)))
+        self.journal = journal
+        self._journal_waits = anyio.CapacityLimiter(64)
+        try:
+            self.interrupted = await self.sweep()
+        except JournalError as exc:
+            logger.error("run journal %s: %s", journal.path, exc)
 
     async def __aexit__(
         self,
@@ -452,6 +736,11 @@ class SubagentService:
             # from a run) in an exception group; the caller gets it back as itself.
             raise_sole_error(group, preferred=exc)
             raise
+        finally:
+            if self.journal is not None and self._owns_journal:
+                with anyio.CancelScope(shield=True):
+                    # Commits what is queued (the runs' disposals) before closing.
+                    await anyio.to_thread.run_sync(self.journal.close)
 
 
 class ServiceRun(DisposeOnExit):
@@ -497,6 +786,10 @@ class ServiceRun(DisposeOnExit):
         self._progress_stopped = False
         self._span: Span | None = None  # the run's invoke_agent span, when recorded
         self._span_ended = False
+        self.journal_id: str | None = None
+        """The run's id in the service's run journal (None: the service keeps none): what
+        :meth:`SubagentService.resume` and ``subagent resume`` take."""
+        self._journal_write: _Write | None = None  # the latest write of this run, to wait on
 
     @property
     def id(self) -> str:
@@ -622,6 +915,7 @@ class ServiceRun(DisposeOnExit):
                     except cancelled:
                         raise
                     except SubagentError as exc:
+                        self._journal_failed(exc)
                         self._ready.fail(exc)
                     except Exception as exc:
                         error = SubagentError(
@@ -630,8 +924,10 @@ class ServiceRun(DisposeOnExit):
                             provider=self.provider,
                         )
                         error.__cause__ = exc
+                        self._journal_failed(error)
                         self._ready.fail(error)
                     else:
+                        self._journal_running()
                         self._emit_start()
                         interval = self._service.progress_interval
                         if self._observable is not None and interval is not None:
@@ -640,6 +936,8 @@ class ServiceRun(DisposeOnExit):
                             )
                         self._ready.settle(None)
                     await self._result.wait_settled()
+                    # Committed before anyone sees the result: a result a caller got is in the journal.
+                    await self._service._committed(self._journal_write)
                     self._emit_end_if_owed()
                     self._result_observed.set()
         finally:
@@ -687,6 +985,7 @@ class ServiceRun(DisposeOnExit):
                     workspace=outcome.workspace,
                 )
                 self._service._record_end(self.id, parent_id, outcome.usage)
+                self._journal_turn(outcome)
                 self._end_span(outcome)
         elif self._result.fail(outcome):
             self._end_info = SubagentRunEndInfo(
@@ -699,7 +998,74 @@ class ServiceRun(DisposeOnExit):
                 parent_id=parent_id,
             )
             self._service._record_end(self.id, parent_id, None)
+            self._journal_turn(outcome)
             self._end_span(outcome)
+
+    # -- what the run journal is told ------------------------------------------------------------
+
+    def _checkpoint(self) -> Mapping[str, Any] | None:
+        if not isinstance(self._provider_run, CheckpointedRun):
+            return None
+        try:
+            return self._provider_run.checkpoint()
+        except Exception:
+            logger.exception("provider %r: run %r's checkpoint() raised", self.provider, self.id)
+            return None
+
+    def _journal_running(self) -> None:
+        journal = self._service.journal
+        if journal is None or self.journal_id is None:
+            return
+        session_id = getattr(self._provider_run, "session_id", None)
+        self._journal_write = journal.record_running(
+            self.journal_id,
+            session_id=session_id if isinstance(session_id, str) else None,
+            checkpoint=self._checkpoint(),
+        )
+
+    def _journal_failed(self, error: SubagentError) -> None:
+        journal = self._service.journal
+        if journal is None or self.journal_id is None:
+            return
+        self._journal_write = journal.record_turn(
+            self.journal_id,
+            stop_reason=None,
+            output=None,
+            structured=None,
+            error=error.message,
+            usage=None,
+            checkpoint=None,
+            state="disposed" if error.code is ErrorCode.DISPOSED else "failed",
+        )
+
+    def _journal_turn(self, outcome: SubagentResult | BaseException) -> None:
+        journal = self._service.journal
+        if journal is None or self.journal_id is None:
+            return
+        if isinstance(outcome, SubagentResult):
+            self._journal_write = journal.record_turn(
+                self.journal_id,
+                stop_reason=outcome.stop_reason,
+                output=outcome.output,
+                structured=outcome.structured,
+                error=outcome.error,
+                usage=usage_json(outcome.usage),
+                checkpoint=self._checkpoint(),
+            )
+            return
+        disposed = isinstance(outcome, SubagentError) and outcome.code is ErrorCode.DISPOSED
+        if disposed and self._ready.error is not None:
+            return  # readiness failed: already recorded as failed
+        self._journal_write = journal.record_turn(
+            self.journal_id,
+            stop_reason=None,
+            output=None,
+            structured=None,
+            error=str(outcome) or type(outcome).__name__,
+            usage=None,
+            checkpoint=self._checkpoint(),
+            state="disposed" if disposed else "ended",
+        )
 
     def _end_span(self, outcome: SubagentResult | BaseException) -> None:
         if self._span is not None and not self._span_ended:
@@ -735,6 +1101,9 @@ class ServiceRun(DisposeOnExit):
                     return
                 if info is not None:
                     self._service.events.emit("subagent/progress", info)
+                    journal = self._service.journal
+                    if journal is not None and self.journal_id is not None:
+                        journal.record_progress(self.journal_id, _progress_json(info, self._provider_run))
 
     def _emit_end_if_owed(self) -> None:
         # Progress stops first: no heartbeat after the end, even when the end is not owed.
@@ -766,13 +1135,40 @@ class _Resumable(ServiceRun):
             snapshot = self._service.get_provider(self.provider)
             kind: telemetry.SpanKind = "client" if snapshot is None else _span_kind(snapshot)
             span = telemetry.start_span(f"invoke_agent {self.provider}", kind, attributes, self._span)
+        journal = self._service.journal
+        if journal is not None and self.journal_id is not None:
+            journal.record_turn_started(self.journal_id, prompt)
         try:
             with telemetry.current(span):
                 result = await cast(ResumableRun, self._provider_run).resume(prompt)
         except BaseException as exc:
             telemetry.end_agent_span(span, exc)
+            if journal is not None and self.journal_id is not None:
+                journal.record_turn(
+                    self.journal_id,
+                    stop_reason=None,
+                    output=None,
+                    structured=None,
+                    error=str(exc) or type(exc).__name__,
+                    usage=None,
+                    checkpoint=self._checkpoint(),
+                    state="disposed" if self._dispose_started else "ended",
+                )
             raise
         telemetry.end_agent_span(span, result)
+        if journal is not None and self.journal_id is not None:
+            # Committed before the caller sees the turn's result, as the first turn's is.
+            await self._service._committed(
+                journal.record_turn(
+                    self.journal_id,
+                    stop_reason=result.stop_reason,
+                    output=result.output,
+                    structured=result.structured,
+                    error=result.error,
+                    usage=usage_json(result.usage),
+                    checkpoint=self._checkpoint(),
+                )
+            )
         return result
 
 
@@ -791,6 +1187,40 @@ class _Observable(ServiceRun):
     def update_count(self) -> int:
         """How many updates the child has sent so far."""
         return cast(ObservableRun, self._provider_run).update_count
+
+
+_RESUME_PROMPT_KEY = "subagent-seam/defaultResumePrompt"
+"""Marks (in a resumed request's metadata) a prompt the service wrote: the journal keeps the
+interrupted turn's prompt as the one to continue, not this one."""
+
+_PROGRESS_OUTPUT_CHARS = 2_000
+
+
+def _progress_json(info: SubagentProgressInfo, provider_run: SubagentRun) -> dict[str, Any]:
+    """What the journal keeps of a live run at a heartbeat: enough to say where it was if it dies."""
+    value: dict[str, Any] = {
+        "updates": info.updates,
+        "idleSeconds": round(info.idle_seconds, 3),
+        "elapsedSeconds": round(info.elapsed_seconds, 3),
+        "waitingOnPermission": info.waiting_on_permission,
+    }
+    output = getattr(provider_run, "output", None)
+    if isinstance(output, str) and output:
+        value["output"] = output[-_PROGRESS_OUTPUT_CHARS:]
+    return value
+
+
+def _why_stopped(record: RunRecord) -> str:
+    """How a journaled run's last turn stopped, for the default resume prompt."""
+    if record.state == "interrupted":
+        return "the process that ran it stopped"
+    if record.state == "disposed":
+        return "it was shut down before its turn ended"
+    if record.state == "failed":
+        return "its agent failed to start"
+    if record.stop_reason is not None:
+        return f"its turn ended with {record.stop_reason}"
+    return "its turn did not complete"
 
 
 def _span_kind(snapshot: ProviderSnapshot) -> telemetry.SpanKind:
