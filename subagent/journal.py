@@ -752,7 +752,8 @@ class RunJournal:
         return self.submit(
             [
                 (
-                    "UPDATE runs SET state = ?, updated_at = ? WHERE id = ? AND state = 'starting'",
+                    "UPDATE runs SET state = ?, resumes = resumes - 1, updated_at = ? "
+                    "WHERE id = ? AND state = 'starting'",
                     (state, now, id),
                 ),
                 _transition(id, now, state, self._cut(error, 500)),

@@ -535,7 +535,8 @@ class SubagentService:
         try:
             run = self._launch(snapshot, request, within, begin, resumed=record)
         except BaseException as exc:
-            journal.release_claim(record.id, record.state, str(exc))
+            with anyio.CancelScope(shield=True):
+                await self._committed(journal.release_claim(record.id, record.state, str(exc)))
             raise
         if record.state == "interrupted":
             logger.info("run %s (%s) interrupted before is resumed as %s", record.id, record.provider, run.id)
