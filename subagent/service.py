@@ -201,6 +201,7 @@ class SubagentService:
         marked them: each is reported by exactly one service, as ``subagent/interrupted``."""
         self._journal_waits: CapacityLimiter | None = None
         self._owns_journal = False
+        self._taken: set[str] = set()  # interrupted runs handed to a parent (take_interrupted)
         self.prices = prices
         """The price table that turns reported tokens into cost for ``max_cost`` caps, where a child's
         agent reports no cost of its own (None: only reported costs count)."""
@@ -445,6 +446,18 @@ class SubagentService:
                 "this service keeps no run journal: open it with SubagentService(journal=...)",
             )
         return self.journal
+
+    def take_interrupted(self, parent_id: str) -> builtins.list[RunRecord]:
+        """The runs this service found interrupted when it opened (:attr:`interrupted`) whose request's
+        ``parent_id`` is ``parent_id``, each handed out once: for a parent that outlived its process (a
+        served session, a host's own name) to be told of the children it lost."""
+        taken = [
+            record
+            for record in self.interrupted
+            if record.parent_id == parent_id and record.id not in self._taken
+        ]
+        self._taken.update(record.id for record in taken)
+        return taken
 
     async def sweep(self) -> tuple[RunRecord, ...]:
         """Mark ``interrupted`` the journal's live runs whose owner process is gone, emit

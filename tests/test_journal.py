@@ -262,8 +262,9 @@ OWNER_SCRIPT = textwrap.dedent(
     async def main():
         async with SubagentService(journal=sys.argv[1]) as service:
             service.register_provider(FakeProvider(name="fake", autopilot=waits_until_cancelled()))
+            parent_id = sys.argv[3] if len(sys.argv) > 3 else None
             for index in range(int(sys.argv[2])):
-                run = service.start("fake", SubagentRequest(prompt=f"task {index}"))
+                run = service.start("fake", SubagentRequest(prompt=f"task {index}", parent_id=parent_id))
                 await run.started()
             service.journal.flush()
             print("ready", flush=True)
@@ -274,12 +275,11 @@ OWNER_SCRIPT = textwrap.dedent(
 )
 
 
-def killed_owner(path: Path, runs: int) -> int:
-    """Run a process that starts ``runs`` runs in a service journaling to ``path``; SIGKILL it once they
-    are recorded running. Returns its pid."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", OWNER_SCRIPT, str(path), str(runs)], stdout=subprocess.PIPE, text=True
-    )
+def killed_owner(path: Path, runs: int, parent_id: str | None = None) -> int:
+    """Run a process that starts ``runs`` runs (children of ``parent_id``) in a service journaling to
+    ``path``; SIGKILL it once they are recorded running. Returns its pid."""
+    command = [sys.executable, "-c", OWNER_SCRIPT, str(path), str(runs), *([parent_id] if parent_id else [])]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
         assert process.stdout.readline() == "ready\n"
@@ -336,6 +336,45 @@ async def test_runs_of_a_live_owner_are_not_marked_interrupted(tmp_path: Path) -
         f"run {run.journal_id} cannot be resumed: it is still running in process {os.getpid()}, "
         "which is alive"
     )
+
+
+async def test_a_background_parent_is_told_once_of_each_child_it_lost_when_its_process_died(
+    tmp_path: Path,
+) -> None:
+    from subagent.delegation import BackgroundChildren, Notice
+    from subagent.runtime import Agent, ScriptedLlm
+
+    path = tmp_path / "runs.db"
+    await anyio.to_thread.run_sync(killed_owner, path, 2, "lead")
+    notices: list[Notice] = []
+    with anyio.fail_after(WAIT):
+        async with SubagentService(journal=path) as service:
+            lost = {record.id: record for record in service.interrupted}
+            background = BackgroundChildren(service)
+            background.on_notice(notices.append)
+            lead = Agent(llm=ScriptedLlm(), id="lead")
+            background.bind_agent(lead)
+            other = Agent(llm=ScriptedLlm(), id="someone-else")
+            background.bind_agent(other)
+            again = BackgroundChildren(service)
+            again.bind_agent(lead)  # a second binding hears nothing more: each loss is told once
+            await background.aclose()
+            await again.aclose()
+    assert sorted(notice.child.handle for notice in notices) == sorted(f"run-{id}" for id in lost)
+    first = min(notices, key=lambda notice: notice.child.prompt)
+    run = first.child.handle.removeprefix("run-")
+    assert first.text == (
+        f"[background subagent run-{run} (fake) failed]\nTask: task 0\n\n"
+        f"{first.result.render()}\n[end of background subagent run-{run}]"
+    )
+    assert first.result.error == (
+        f"interrupted: the process that ran this subagent stopped before it finished (journal run {run}). "
+        f"Resume it with `subagent resume {run}`, or start it again."
+    )
+    assert sorted(message.content for message in lead.messages if message.role == "user") == sorted(
+        notice.text for notice in notices
+    )
+    assert [message.content for message in other.messages if message.role == "user"] == []
 
 
 # -- resume -----------------------------------------------------------------------------------------------

@@ -63,6 +63,7 @@ from subagent._text import one_line
 from subagent.budget import BudgetAccount
 from subagent.delegation._results import Spill, SubagentToolResult, map_result, seam_failure
 from subagent.events import Listeners
+from subagent.journal import RunRecord
 from subagent.runtime._inprocess_agent import (
     Agent,
     AgentClosed,
@@ -425,6 +426,15 @@ class BackgroundChildren(CloseOnExit):
             parent.agent_disposer()
         parent.agent_ref = weakref.ref(agent)
         parent.agent_disposer = agent.on_lifecycle(lambda event: self._on_lifecycle(parent, event))
+        # Notices that came before the agent did (children a restarted parent lost) go into its log now.
+        unsent = [notice for notice, pending in parent.unseen if pending is None]
+        if unsent and not agent.closed:
+            parent.unseen = [(notice, pending) for notice, pending in parent.unseen if pending is not None]
+            for notice in unsent:
+                try:
+                    parent.unseen.append((notice, agent.send_message(notice.text)))
+                except AgentClosedError:
+                    break
 
     def parents(self) -> list[str]:
         """The ids of the parents that have children (live or ended and kept)."""
@@ -965,6 +975,9 @@ class BackgroundChildren(CloseOnExit):
         parent = self._parents.get(parent_id)
         if parent is None:
             parent = self._parents[parent_id] = _Parent(parent_id)
+            if self._service.journal is not None:
+                for record in self._service.take_interrupted(parent_id):
+                    self._notify(parent, _interrupted_notice(parent_id, record))
         return parent
 
     def _child(self, parent_id: str, handle: str) -> _Child:
@@ -1115,3 +1128,34 @@ def _quote_framing(text: str) -> str:
 
 def _excerpt(text: str, limit: int = 100) -> str:
     return one_line(text, limit)
+
+
+def _interrupted_notice(parent_id: str, record: RunRecord) -> Notice:
+    """The notice of a child its parent lost when the process that ran it stopped (a journaled run found
+    ``interrupted``): it can be resumed (``subagent resume``), or started again."""
+    handle = f"run-{record.id}"
+    done = ""
+    progress = record.progress or {}
+    output = progress.get("output")
+    if isinstance(output, str) and output.strip():
+        done = f" Its last output: {_excerpt(output, 500)}"
+    error = (
+        "interrupted: the process that ran this subagent stopped before it finished "
+        f"(journal run {record.id}).{done} Resume it with `subagent resume {record.id}`, or start it again."
+    )
+    info = ChildInfo(
+        handle=handle,
+        parent_id=parent_id,
+        provider=record.provider,
+        prompt=record.turn_prompt,
+        state="failed",
+        run_id=record.run_id,
+        steerable=False,
+        created_at=time.monotonic(),
+        ended_at=time.monotonic(),
+        error=error,
+    )
+    result = SubagentToolResult(
+        is_error=True, error=error, provider=record.provider, run_id=record.run_id, handle=handle
+    )
+    return Notice(info, result)
