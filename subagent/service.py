@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Self, cast
 
 import anyio
 
+from subagent._budget_codec import spend_to_json
 from subagent._journaling import (
     DEFAULT_RESUME_PROMPT,
     provider_secrets,
@@ -942,6 +943,8 @@ class ServiceRun(DisposeOnExit):
                         self._ready.fail(error)
                     else:
                         self._journal_running()
+                        # Journaled before anyone is told the child is there: a run seen is a run kept.
+                        await self._service._committed(self._journal_write)
                         self._emit_start()
                         interval = self._service.progress_interval
                         if self._observable is not None and interval is not None:
@@ -1117,7 +1120,10 @@ class ServiceRun(DisposeOnExit):
                     self._service.events.emit("subagent/progress", info)
                     journal = self._service.journal
                     if journal is not None and self.journal_id is not None:
-                        journal.record_progress(self.journal_id, _progress_json(info, self._provider_run))
+                        progress = _progress_json(info, self._provider_run)
+                        if self.request.account is not None:
+                            progress["spent"] = spend_to_json(self.request.account.spent())
+                        journal.record_progress(self.journal_id, progress)
 
     def _emit_end_if_owed(self) -> None:
         # Progress stops first: no heartbeat after the end, even when the end is not owed.

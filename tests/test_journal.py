@@ -726,3 +726,41 @@ async def test_a_service_without_a_journal_records_nothing(tmp_path: Path) -> No
     assert service.journal is None
     assert refused.value.code is ErrorCode.NO_RUN
     assert list(tmp_path.iterdir()) == []  # noqa: ASYNC240
+
+
+async def test_a_live_run_s_heartbeats_keep_what_was_last_known_of_it(tmp_path: Path) -> None:
+    from subagent import Budget, SubagentProgressInfo
+    from subagent.testing.fakes import ObservableFakeRun
+
+    class Talking(ObservableFakeRun):
+        output = "half of the answer"
+
+    observed = ReopeningFakeProvider(
+        name="fake",
+        run_class=Talking,
+        autopilot=waits_until_cancelled(),
+        capabilities=SubagentCapabilities(budget=frozenset({"max_turns"})),
+    )
+    beats: list[SubagentProgressInfo] = []
+    with anyio.fail_after(WAIT):
+        async with SubagentService(journal=tmp_path / "runs.db", progress_interval=0.01) as service:
+            service.register_provider(observed)
+            beat = anyio.Event()
+            service.events.on("subagent/progress", lambda info: (beats.append(info), beat.set()))
+            run = service.start("fake", SubagentRequest(prompt="think", budget=Budget(max_turns=5)))
+            await run.started()
+            cast_run = observed.runs[0]
+            assert isinstance(cast_run, Talking)
+            cast_run.update()
+            await beat.wait()
+            assert service.journal is not None
+            await anyio.to_thread.run_sync(service.journal.flush)
+            assert run.journal_id is not None
+            record = await service.run_record(run.journal_id)
+            await run.dispose()
+    assert record is not None
+    assert record.progress is not None
+    assert record.progress["output"] == "half of the answer"
+    assert record.progress["updates"] == 1
+    assert record.progress["waitingOnPermission"] is False
+    assert record.progress["spent"]["turns"] == 0
