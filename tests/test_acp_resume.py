@@ -21,10 +21,11 @@ import pytest
 
 from subagent import ErrorCode, SubagentError, SubagentRequest, SubagentResult, SubagentService, Usage
 from subagent.acp import schema
+from subagent.acp.client import spawn_agent
 from subagent.acp.transports import transport_from_url
 from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.testing import StubAgentTransport
-from subagent.types import CheckpointedRun, ReopenableProvider, ResumePoint
+from subagent.types import BUDGET_META_KEY, Budget, CheckpointedRun, ReopenableProvider, ResumePoint
 from tests.leaks import assert_no_leaks
 
 pytestmark = [pytest.mark.anyio, pytest.mark.both_backends]
@@ -224,6 +225,38 @@ async def test_a_reopened_session_is_set_to_the_providers_mode_and_config_option
     assert [(option.id, option.current_value) for option in run.config_options] == [("model", "big")]  # type: ignore[union-attr]
 
 
+async def test_a_reopened_session_is_sent_the_runs_budget_and_additional_directories_as_a_new_one_is(
+    stub: Callable[[dict[str, Any]], StubCommand], tmp_path: Path
+) -> None:
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    capabilities: dict[str, Any] = {"sessionCapabilities": {"additionalDirectories": {}}}
+    command = stub(
+        {"initialize": {"agentCapabilities": capabilities}, "resumeSession": {}, "turns": [ECHO_TURN]}
+    )
+    _, point = await first_run(provider_for(command, tmp_path))
+    transport = StubAgentTransport(command.scenario, record_sent=True)
+    provider = AcpProvider(command, cwd=tmp_path, transport=transport)
+    budget = Budget(max_tool_calls=5)
+    async with (
+        assert_no_leaks(),
+        reopened(provider, point, budget=budget, additional_directories=[str(extra)]) as run,
+    ):
+        with anyio.fail_after(WAIT):
+            result = await run.result()
+    (resume,) = [
+        message for message in transport.sent_messages() if message.get("method") == "session/resume"
+    ]
+    assert resume["params"] == {
+        "sessionId": "session-1",
+        "cwd": str(tmp_path),
+        "additionalDirectories": [str(extra)],
+        "mcpServers": [],
+        "_meta": {BUDGET_META_KEY: {"maxToolCalls": 5}},
+    }
+    assert result.stop_reason == "completed"
+
+
 async def test_a_run_whose_agent_was_killed_is_reopened_by_a_new_agent_process_and_nothing_is_left(
     stub: Callable[[dict[str, Any]], StubCommand], tmp_path: Path
 ) -> None:
@@ -395,3 +428,116 @@ async def test_the_checkpoint_is_none_until_the_session_exists_and_names_it_from
             after = acp_run.checkpoint()
     assert before is None
     assert ready == after == {"sessionId": "session-1", "cwd": str(tmp_path)}
+
+
+# -- a real agent -----------------------------------------------------------------------------------------
+
+FIRST_PROMPT: Final = "Remember the word tangerine."
+FIRST_ANSWER: Final = "I will remember tangerine."
+SECOND_PROMPT: Final = "Which word did I ask you to remember?"
+SECOND_ANSWER: Final = "You asked me to remember tangerine."
+
+
+@pytest.mark.subprocess
+@pytest.mark.real_agent
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # the agent is the subject: its loop is its own
+async def test_claude_code_resumed_after_its_parent_died_sends_the_model_the_earlier_conversation(
+    tmp_path: Path,
+) -> None:
+    from subagent.testing import MessagesReply, MessagesRequest, serve_anthropic_messages
+    from tests.leaks import LEAK_TAG_VARIABLE
+    from tests.test_real_agents import SIDE_CALL, claude_env, make_agent
+
+    command = make_agent("claude").command
+    turns: dict[str, list[MessagesRequest]] = {FIRST_PROMPT: [], SECOND_PROMPT: []}
+    answers = {FIRST_PROMPT: FIRST_ANSWER, SECOND_PROMPT: SECOND_ANSWER}
+
+    def respond(request: MessagesRequest) -> MessagesReply:
+        # A turn's call ends with the user's prompt; any other (a title, a prompt suggestion after the turn)
+        # is Claude Code's own, and is answered with a short text.
+        users = [message for message in request.messages if message.get("role") == "user"]
+        prompt = (
+            next((text for text in _texts(users[-1]["content"]) if text in turns), None) if users else None
+        )
+        if not request.tool_names or prompt is None:
+            return MessagesReply(text=SIDE_CALL)
+        turns[prompt].append(request)
+        return MessagesReply(text=answers[prompt])
+
+    home = tmp_path / "home"
+    config_dir = home / ".claude"  # where Claude Code keeps its sessions: never the machine's own
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    async with assert_no_leaks() as tag, serve_anthropic_messages(respond) as server:
+        env = claude_env(home, server.base_url) | {
+            "CLAUDE_CONFIG_DIR": str(config_dir),
+            LEAK_TAG_VARIABLE: tag,
+        }
+        provider = AcpProvider(command, env=env, cwd=workdir)
+        async with SubagentService() as service:
+            service.register_provider(provider)
+            async with service.start(provider.name, SubagentRequest(prompt=FIRST_PROMPT)) as run:
+                acp_run = run.provider_run
+                assert isinstance(acp_run, AcpRun)
+                with anyio.fail_after(REAL_AGENT_BOUND):
+                    first = await run.result()
+                checkpoint = journaled(acp_run.checkpoint())
+                described = journaled(provider.describe_agent())
+                # The parent's death: its child's whole process group is killed, and nothing is said to it.
+                acp_run.kill()
+                with anyio.fail_after(WAIT):
+                    await acp_run.wait_child_exited()
+        assert acp_run.exit_info is not None
+        assert acp_run.exit_info.returncode == -9
+        transcripts = sorted(path.name for path in (config_dir / "projects").rglob("*.jsonl"))
+        # A new provider, as a restarted parent makes from its configuration, reopens the session.
+        again = AcpProvider(command, env=env, cwd=workdir)
+        point = ResumePoint(JOURNAL_ID, checkpoint, described, 1)
+        async with reopened(again, point, SECOND_PROMPT) as resumed:
+            with anyio.fail_after(REAL_AGENT_BOUND):
+                second = await resumed.result()
+        # session/load, which it offers too, replays the whole conversation: both turns.
+        async with spawn_agent(command, env=env, cwd=workdir) as client:
+            with anyio.fail_after(REAL_AGENT_BOUND):
+                await client.initialize()
+                loaded = await client.load_session(checkpoint["sessionId"], checkpoint["cwd"])
+    assert set(server.tunnels) <= {f"127.0.0.1:{server.port}"}, server.tunnels
+    assert (first.output, first.stop_reason) == (FIRST_ANSWER, "completed")
+    assert (second.output, second.stop_reason) == (SECOND_ANSWER, "completed")
+    assert checkpoint == {"sessionId": acp_run.session_id, "cwd": str(workdir)}
+    assert transcripts == [f"{acp_run.session_id}.jsonl"]
+    assert resumed.reopened_with == "session/resume"  # it offers both: resume replays nothing
+    assert (resumed.session_id, resumed.replayed) == (acp_run.session_id, [])
+    # The model saw the earlier conversation in the resumed turn's request: the first prompt and its answer.
+    assert [len(requests) for requests in turns.values()] == [1, 1]
+    replayed = [
+        (type(update).__name__, update.content.text)  # type: ignore[union-attr]
+        for update in loaded.replayed
+        if isinstance(update, schema.UserMessageChunk | schema.AgentMessageChunk)
+    ]
+    assert replayed == [
+        ("UserMessageChunk", FIRST_PROMPT),
+        ("AgentMessageChunk", FIRST_ANSWER),
+        ("UserMessageChunk", SECOND_PROMPT),
+        ("AgentMessageChunk", SECOND_ANSWER),
+    ]
+    (resumed_turn,) = turns[SECOND_PROMPT]
+    conversation = [(message["role"], _texts(message["content"])) for message in resumed_turn.messages]
+    assert [(role, text) for role, texts in conversation for text in texts if text in MARKERS] == [
+        ("user", FIRST_PROMPT),
+        ("assistant", FIRST_ANSWER),
+        ("user", SECOND_PROMPT),
+    ]
+
+
+REAL_AGENT_BOUND: Final = 90.0  # seconds for one turn of a real agent, start to end: a hang guard
+MARKERS: Final = {FIRST_PROMPT, FIRST_ANSWER, SECOND_PROMPT}
+
+
+def _texts(content: Any) -> list[str]:
+    """The texts of a Messages API message's content (a string, or a list of blocks)."""
+    if isinstance(content, str):
+        return [content]
+    return [
+        block.get("text", "") for block in content if isinstance(block, dict) and block.get("type") == "text"
+    ]

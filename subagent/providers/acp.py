@@ -83,7 +83,7 @@ workspace was being made leaves nothing. See :mod:`subagent.isolation` for what 
 and how the next start recovers it.
 
 Resuming (issue 26: ``SubagentService.resume`` with a run journal): the provider is a
-:class:`~subagent.types.ReopenableProvider` and its runs are :class:`~subagent.types.CheckpointedRun`\ s.
+:class:`~subagent.types.ReopenableProvider`, and each run a :class:`~subagent.types.CheckpointedRun`.
 :meth:`AcpProvider.describe_agent` says the command, transport and cwd (no secret), and
 :meth:`AcpRun.checkpoint` the session's id and cwd once it exists. :meth:`AcpProvider.reopen` starts a new
 child of the same command on the same transport and reopens that session, with ``session/resume`` where
