@@ -1295,18 +1295,9 @@ class AcpClient:
             AgentCapabilityError: ``additional_directories`` were given and the agent does not advertise
                 ``sessionCapabilities.additionalDirectories`` (nothing is sent: it would ignore them).
         """
-        extra: list[str] | None = None
-        if additional_directories:
-            agent = self._require_initialized()
-            if agent.agent_capabilities.session_capabilities.additional_directories is None:
-                raise AgentCapabilityError(
-                    "the agent does not support additional directories "
-                    "(it does not advertise sessionCapabilities.additionalDirectories)"
-                )
-            extra = [_absolute(directory) for directory in additional_directories]
         request = schema.NewSessionRequest(
             cwd=_absolute(cwd),
-            additional_directories=extra,
+            additional_directories=self._additional_directories(additional_directories),
             mcp_servers=list(mcp_servers),
             meta=None if meta is None else dict(meta),
         )
@@ -1331,16 +1322,22 @@ class AcpClient:
         cwd: str | os.PathLike[str],
         *,
         mcp_servers: Sequence[schema.McpServer] = (),
+        meta: Mapping[str, Any] | None = None,
+        additional_directories: Sequence[str | os.PathLike[str]] = (),
     ) -> AcpSession:
-        """Load a past session; the history the agent replays is in ``session.replayed``.
+        """Load a past session; the history the agent replays is in ``session.replayed``. ``meta`` and
+        ``additional_directories`` are sent as :meth:`new_session` sends them.
 
         Raises:
-            AgentCapabilityError: the agent does not advertise ``loadSession``.
+            AgentCapabilityError: the agent does not advertise ``loadSession``, or additional directories
+                were given and it does not advertise them (nothing is sent).
         """
         agent = self._require_initialized()
         if not agent.agent_capabilities.load_session:
             raise AgentCapabilityError("the agent does not support session/load (loadSession)")
-        return await self._reopen_session(schema.SESSION_LOAD, session_id, cwd, mcp_servers)
+        return await self._reopen_session(
+            schema.SESSION_LOAD, session_id, cwd, mcp_servers, meta, additional_directories
+        )
 
     async def resume_session(
         self,
@@ -1348,16 +1345,22 @@ class AcpClient:
         cwd: str | os.PathLike[str],
         *,
         mcp_servers: Sequence[schema.McpServer] = (),
+        meta: Mapping[str, Any] | None = None,
+        additional_directories: Sequence[str | os.PathLike[str]] = (),
     ) -> AcpSession:
-        """Resume a past session without a replay of its history.
+        """Resume a past session without a replay of its history. ``meta`` and ``additional_directories``
+        are sent as :meth:`new_session` sends them.
 
         Raises:
-            AgentCapabilityError: the agent does not advertise ``sessionCapabilities.resume``.
+            AgentCapabilityError: the agent does not advertise ``sessionCapabilities.resume``, or additional
+                directories were given and it does not advertise them (nothing is sent).
         """
         agent = self._require_initialized()
         if agent.agent_capabilities.session_capabilities.resume is None:
             raise AgentCapabilityError("the agent does not support session/resume")
-        return await self._reopen_session(schema.SESSION_RESUME, session_id, cwd, mcp_servers)
+        return await self._reopen_session(
+            schema.SESSION_RESUME, session_id, cwd, mcp_servers, meta, additional_directories
+        )
 
     async def _reopen_session(
         self,
@@ -1365,6 +1368,8 @@ class AcpClient:
         session_id: str,
         cwd: str | os.PathLike[str],
         mcp_servers: Sequence[schema.McpServer],
+        meta: Mapping[str, Any] | None = None,
+        additional_directories: Sequence[str | os.PathLike[str]] = (),
     ) -> AcpSession:
         """Open a past session with `session/load` (which replays its history) or `session/resume`.
 
@@ -1372,7 +1377,13 @@ class AcpClient:
         agent asks about the session meanwhile, arrive before the answer. A failed request forgets it.
         """
         wire_types = schema.AGENT_METHODS[method]
-        request = wire_types.params(session_id=session_id, cwd=_absolute(cwd), mcp_servers=list(mcp_servers))
+        request = wire_types.params(
+            session_id=session_id,
+            cwd=_absolute(cwd),
+            mcp_servers=list(mcp_servers),
+            additional_directories=self._additional_directories(additional_directories),
+            meta=None if meta is None else dict(meta),
+        )
         session = self._sessions.setdefault(session_id, AcpSession(self, session_id, request.cwd))
         session._loading = method == schema.SESSION_LOAD
         self._opening += 1  # the session is known already; an agent may still announce others meanwhile
@@ -1386,6 +1397,23 @@ class AcpClient:
             self._opened()
         session._adopt(schema.decode(raw, type=wire_types.result | None))
         return session
+
+    def _additional_directories(self, directories: Sequence[str | os.PathLike[str]]) -> list[str] | None:
+        """``directories`` made absolute for a request that opens a session (None when there are none).
+
+        Raises:
+            AgentCapabilityError: the agent does not advertise ``sessionCapabilities.additionalDirectories``
+                (it would ignore them).
+        """
+        if not directories:
+            return None
+        agent = self._require_initialized()
+        if agent.agent_capabilities.session_capabilities.additional_directories is None:
+            raise AgentCapabilityError(
+                "the agent does not support additional directories "
+                "(it does not advertise sessionCapabilities.additionalDirectories)"
+            )
+        return [_absolute(directory) for directory in directories]
 
     # -- updates that arrive before the session they are for ------------------------------------------
 

@@ -81,6 +81,19 @@ message) and the result's ``workspace`` says what it changed. Once the child is 
 failed start), the request's ``cleanup`` policy applies; a start cancelled or disposed while its
 workspace was being made leaves nothing. See :mod:`subagent.isolation` for what a killed parent leaves,
 and how the next start recovers it.
+
+Resuming (issue 26: ``SubagentService.resume`` with a run journal): the provider is a
+:class:`~subagent.types.ReopenableProvider`, and each run a :class:`~subagent.types.CheckpointedRun`.
+:meth:`AcpProvider.describe_agent` says the command, transport and cwd (no secret), and
+:meth:`AcpRun.checkpoint` the session's id and cwd once it exists. :meth:`AcpProvider.reopen` starts a new
+child of the same command on the same transport and reopens that session, with ``session/resume`` where
+the agent offers it, else ``session/load`` (whose replay of the earlier conversation is kept apart, in
+:attr:`AcpRun.replayed`), before the resumed run's first turn. The agent keeps the conversation (Claude Code
+writes it under ``CLAUDE_CONFIG_DIR``, by default ``~/.claude``, as each message goes): a child killed with
+its parent loses only the turn it was in. A run that cannot be reopened is refused with
+``RESUME_UNSUPPORTED`` saying why: before any child exists (no session, another agent or transport, an
+isolated workspace, which was closed with its child), or once its agent is asked (it offers neither method,
+or does not know the session).
 """
 
 from __future__ import annotations
@@ -166,6 +179,7 @@ from subagent.types import (
     LINEAGE_META_KEY,
     ErrorCode,
     LimitHit,
+    ResumePoint,
     StopReason,
     SubagentCapabilities,
     SubagentError,
@@ -481,6 +495,90 @@ class AcpProvider:
         Past :attr:`max_concurrent` the run is queued instead (``run.queued``); it spawns its child
         when a slot frees, in the order runs were started.
         """
+        self._check_request(request)
+        return self._launch(AcpRun(self, request), task_group)
+
+    def describe_agent(self) -> dict[str, Any]:
+        """How this provider runs its children, for a run journal: ``{"command": [argv], "transport":
+        <the transport's name: a URL such as "local" or "ssh://user@host:22" that
+        :func:`~subagent.acp.transports.transport_from_url` takes, or the name of one that has none>,
+        "cwd": <the provider's cwd, or None>}``. JSON-able, and never a secret: environment values are not
+        in it, and one that appears in an argument or the cwd is replaced by ``[redacted]``."""
+        return {
+            "command": [self._redacted(part) for part in self.command],
+            "transport": self.transport.name,
+            "cwd": None if self.cwd is None else self._redacted(self.cwd),
+        }
+
+    def reopen(self, request: SubagentRequest, point: ResumePoint, task_group: anyio.abc.TaskGroup) -> AcpRun:
+        """Start a new child that reopens the ACP session of the run ``point`` describes and runs
+        ``request.prompt`` as its next turn, the run's first; the run then goes on as any other.
+
+        The handshake reopens the checkpoint's session (``point.checkpoint["sessionId"]``, in its
+        ``cwd``) instead of opening a new one: with ``session/resume`` when the agent offers it, else with
+        ``session/load``, whose replay of the earlier conversation is kept apart (:attr:`AcpRun.replayed`):
+        it is never part of the run's :attr:`~AcpRun.updates`, output or usage. The session is then
+        configured (mode, config options) as :meth:`start` configures a new one.
+
+        Raises:
+            SubagentError: ``RESUME_UNSUPPORTED``, before any child exists, when the run never got a session
+                from its agent, ran another command or on another transport (its session is that agent's),
+                or asks for ``isolation`` (its workspace was closed with its child); the checks of
+                :meth:`start` otherwise. A child whose agent offers neither ``session/resume`` nor
+                ``session/load``, or answers them with an error (an unknown session), fails its readiness
+                with ``RESUME_UNSUPPORTED`` (the agent's answer quoted) and is torn down.
+        """
+        reopening = self._reopening(request, point)
+        self._check_request(request)
+        return self._launch(AcpRun(self, request, reopening), task_group)
+
+    def _reopening(self, request: SubagentRequest, point: ResumePoint) -> _Reopening:
+        """What reopening ``point`` takes, or the RESUME_UNSUPPORTED saying why it cannot be done here."""
+
+        def refuse(why: str) -> SubagentError:
+            return SubagentError(ErrorCode.RESUME_UNSUPPORTED, why, provider=self.name)
+
+        run = point.run_id
+        checkpoint = point.checkpoint
+        session_id = checkpoint.get("sessionId") if checkpoint is not None else None
+        if not isinstance(session_id, str) or not session_id:
+            raise refuse(f"run {run} never got a session from its agent")
+        mine = self.describe_agent()
+        theirs = point.agent.get("command")
+        if theirs != mine["command"]:
+            ran = (
+                f"`{shlex.join(theirs)}`"
+                if isinstance(theirs, list) and all(isinstance(part, str) for part in theirs)
+                else "an agent its journal does not name"
+            )
+            raise refuse(
+                f"run {run} ran {ran}, this provider runs `{shlex.join(mine['command'])}`: its session "
+                "belongs to that agent"
+            )
+        where = point.agent.get("transport")
+        if where != mine["transport"]:
+            ran_on = where if isinstance(where, str) else "a transport its journal does not name"
+            raise refuse(
+                f"run {run} ran its agent on {ran_on}, this provider runs it on {mine['transport']}: its "
+                "session is kept where its agent ran"
+            )
+        if request.isolation is not None:
+            raise refuse(
+                f"run {run} ran in an isolated workspace (isolation={request.isolation!r}), which was closed "
+                "with its child: a resumed session would not find the files it worked on"
+            )
+        assert checkpoint is not None
+        cwd = checkpoint.get("cwd")
+        return _Reopening(run, session_id, cwd if isinstance(cwd, str) and cwd else None)
+
+    def _redacted(self, text: str) -> str:
+        """``text`` with each of the child's environment values (see ``_secrets``) in it replaced."""
+        for secret in self._secrets:
+            text = text.replace(secret, "[redacted]")
+        return text
+
+    def _check_request(self, request: SubagentRequest) -> None:
+        """Refuse what this provider cannot do for ``request``, before any child exists."""
         if request.output_schema is not None:
             _structured.check_schema(request.output_schema)
         if request.budget is not None:
@@ -504,7 +602,9 @@ class AcpProvider:
                 feature="isolation",
             )
         self._check_pricing(request)
-        run = AcpRun(self, request)
+
+    def _launch(self, run: AcpRun, task_group: anyio.abc.TaskGroup) -> AcpRun:
+        """Admit ``run`` (or queue it for a slot) and start its life in ``task_group``."""
         # Admitted here, synchronously, rather than in the run's task: tasks may first run in any
         # order (trio shuffles them), and slots must go out in the order runs were started.
         self._admit(run)
@@ -567,14 +667,30 @@ class AcpProvider:
             self._queue.remove(run)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Reopening:
+    """The session a run reopens (:meth:`AcpProvider.reopen`): whose it was, its id, and its cwd (None: the
+    checkpoint had none, and the run's cwd is found as a new run's is)."""
+
+    run_id: str
+    session_id: str
+    cwd: str | None
+
+
 class AcpRun(DisposeOnExit):
     """One ACP child: its process, its session, its turns. Offers ``resume`` (no ``send_message``:
     ACP has no way to inject a message into a running turn)."""
 
-    def __init__(self, provider: AcpProvider, request: SubagentRequest) -> None:
+    def __init__(
+        self, provider: AcpProvider, request: SubagentRequest, reopening: _Reopening | None = None
+    ) -> None:
         self.id = f"{provider.name}-{next(_run_ids)}"
         self.provider = provider
         self.request = request
+        self._reopening = reopening  # the journaled run whose session this run reopens, if it does
+        self.reopened_with: Literal["session/resume", "session/load"] | None = None
+        """How the run's session was reopened (:meth:`AcpProvider.reopen`), once it was: ``session/resume``
+        or ``session/load``; None for a run that opened a new session."""
         self.command_line = shlex.join(provider.command)
         self.updates: deque[schema.SessionUpdate] = deque(maxlen=provider.max_kept_updates)
         """The session updates of every turn, in order: the most recent ``max_kept_updates`` of
@@ -743,6 +859,23 @@ class AcpRun(DisposeOnExit):
         """The final message of the turn running now, so far, or of the last turn: what its result's
         ``output`` is or will be (exact however many updates it had, up to ``max_output_chars``)."""
         return "" if self._output is None else self._output.text
+
+    @property
+    def replayed(self) -> list[schema.SessionUpdate]:
+        """The earlier conversation the agent replayed when ``session/load`` reopened the run's session
+        (the most recent ``max_kept_updates`` updates of it): never part of :attr:`updates`, of a turn's
+        output or of its usage. Empty for any other run."""
+        session = self._session
+        return list(session.replayed) if session is not None else []
+
+    def checkpoint(self) -> dict[str, Any] | None:
+        """What a new child needs to continue this run (:meth:`AcpProvider.reopen`): ``{"sessionId": ...,
+        "cwd": <the session's cwd, as sent to the agent>}``, or None before the session exists. The agent
+        keeps the conversation itself, so this is the same after every turn."""
+        session = self._session
+        if session is None:
+            return None
+        return {"sessionId": session.session_id, "cwd": session.cwd}
 
     @property
     def messages(self) -> list[TurnMessage]:
@@ -949,7 +1082,11 @@ class AcpRun(DisposeOnExit):
             # Known before any child exists: spawning one could only end in this same error.
             self._fail_start(f"agent `{self.command_line}` was not started: {too_large}")
             return
-        cwd = self.request.cwd or provider.cwd or os.getcwd()
+        reopening = self._reopening
+        if reopening is not None and reopening.cwd is not None:
+            cwd = reopening.cwd  # the session's own: the agent may keep its sessions by directory
+        else:
+            cwd = self.request.cwd or provider.cwd or os.getcwd()
         if "\0" in cwd:
             # No process can be given that directory: fail as a spawn would, before trying one.
             self._fail_start(
@@ -1153,17 +1290,23 @@ class AcpRun(DisposeOnExit):
         return telemetry.inject(meta or None)
 
     async def _handshake(self, client: AcpClient, cwd: str) -> AcpSession | None:
-        """initialize, session/new (authenticating once when demanded); None after a failure."""
+        """initialize, then session/new, or session/resume or session/load for a reopened run
+        (authenticating once when demanded); None after a failure."""
         provider = self.provider
         step = schema.INITIALIZE  # the request in flight, to name the one the agent refused
         try:
             with anyio.fail_after(provider.ready_timeout):
                 self.agent = await client.initialize()
-                step = schema.SESSION_NEW
-                try:
-                    session = await client.new_session(
-                        cwd, meta=self._session_meta(), additional_directories=self._additional_directories
+                opening = self._opening_method(self.agent)
+                if opening is None:
+                    self._fail_start(
+                        f"agent `{self.command_line}` offers neither session/resume nor session/load",
+                        code=ErrorCode.RESUME_UNSUPPORTED,
                     )
+                    return None
+                step = opening
+                try:
+                    session = await self._open_session(client, opening, cwd)
                 except AuthenticationRequiredError as exc:
                     if provider.auth_method is None:
                         raise
@@ -1174,10 +1317,8 @@ class AcpRun(DisposeOnExit):
                     )
                     step = schema.AUTHENTICATE
                     await client.authenticate(provider.auth_method)
-                    step = schema.SESSION_NEW
-                    session = await client.new_session(
-                        cwd, meta=self._session_meta(), additional_directories=self._additional_directories
-                    )
+                    step = opening
+                    session = await self._open_session(client, opening, cwd)
                     del exc
                 step = "the session's settings"
                 await self._configure(session)
@@ -1204,6 +1345,15 @@ class AcpRun(DisposeOnExit):
             self._fail_start(f"agent `{self.command_line}`: {exc}")
             return None
         except RequestError as exc:
+            reopening = self._reopening
+            if reopening is not None and step in (schema.SESSION_RESUME, schema.SESSION_LOAD):
+                # The agent's own word that it cannot continue that session (it does not know it, say).
+                self._fail_start(
+                    f"agent `{self.command_line}` could not reopen session {reopening.session_id!r} of run "
+                    f"{reopening.run_id}: it answered {step} with {self._quote(exc)}{_stderr_suffix(client)}",
+                    code=ErrorCode.RESUME_UNSUPPORTED,
+                )
+                return None
             self._fail_start(
                 f"agent `{self.command_line}` failed its handshake: it answered {step} with "
                 f"{self._quote(exc)}{_stderr_suffix(client)}"
@@ -1217,6 +1367,47 @@ class AcpRun(DisposeOnExit):
         if not self._price_tokens(session):
             return None
         self.session_id = session.session_id
+        if self._reopening is not None:
+            logger.info(
+                "run %r reopened session %r of run %s with %s (%d update(s) replayed)",
+                self.id,
+                session.session_id,
+                self._reopening.run_id,
+                opening,
+                len(session.replayed),
+            )
+        return session
+
+    def _opening_method(self, agent: schema.InitializeResponse) -> str | None:
+        """The request that opens the run's session: ``session/new``; for a reopened run ``session/resume``
+        (no replay) where the agent offers it, else ``session/load``; None when it offers neither."""
+        if self._reopening is None:
+            return schema.SESSION_NEW
+        capabilities = agent.agent_capabilities
+        if capabilities.session_capabilities.resume is not None:
+            return schema.SESSION_RESUME
+        if capabilities.load_session:
+            return schema.SESSION_LOAD
+        return None
+
+    async def _open_session(self, client: AcpClient, method: str, cwd: str) -> AcpSession:
+        """Send ``method`` (see :meth:`_opening_method`) for the run's session, with its ``_meta`` and
+        additional directories."""
+        meta = self._session_meta()
+        extra = self._additional_directories
+        reopening = self._reopening
+        if reopening is None or method == schema.SESSION_NEW:
+            return await client.new_session(cwd, meta=meta, additional_directories=extra)
+        if method == schema.SESSION_RESUME:
+            session = await client.resume_session(
+                reopening.session_id, cwd, meta=meta, additional_directories=extra
+            )
+            self.reopened_with = "session/resume"
+        else:
+            session = await client.load_session(
+                reopening.session_id, cwd, meta=meta, additional_directories=extra
+            )
+            self.reopened_with = "session/load"
         return session
 
     def _price_tokens(self, session: AcpSession) -> bool:

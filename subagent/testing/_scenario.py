@@ -38,9 +38,13 @@ Top level (all optional)
     Without, ``session/set_mode`` is -32601. ``session/set_config_option`` sets an option of
     ``configOptions`` to one of its values (a ``mode`` option's value is the session's mode too) and answers
     every option; an unknown id or value is -32602.
-    ``loadSession``: ``{"steps", "replay"}``: ``session/load`` sends each ``replay`` item (a raw
-    ``SessionUpdate`` object) as a ``session/update`` for the loaded session, then answers. Absent: -32601.
-    ``resumeSession``: ``{"steps"}``: ``session/resume`` answers without replay. Absent: -32601.
+    ``loadSession``: ``{"steps", "replay", "modes", "configOptions"}``: ``session/load`` sends each
+    ``replay`` item (a raw ``SessionUpdate`` object) as a ``session/update`` for the loaded session, then
+    answers. Absent: -32601. ``resumeSession``: ``{"steps", "modes", "configOptions"}``:
+    ``session/resume`` answers without replay. Absent: -32601. Both report the request on stderr as
+    ``stub agent: session/load <sessionId> <cwd>`` (or ``session/resume``) before their steps, and answer
+    with ``modes`` and ``configOptions`` when given, which the reopened session then has as a new one
+    has ``newSession``'s (``session/set_mode`` and ``session/set_config_option`` accept their values).
     ``closeSession``: ``{"steps"}``: advertise ``sessionCapabilities.close`` (added when the capabilities do
     not mention it) and answer ``session/close`` after the steps, reporting each close on stderr as
     ``stub agent: session/close <sessionId>`` and, later, the end of stdin as ``stub agent: stdin closed``
@@ -640,16 +644,21 @@ class NewSessionConfig(_Object, omit_defaults=True):
 
 
 class LoadSessionConfig(_Object, omit_defaults=True):
-    """How ``session/load`` is answered: the updates it replays first."""
+    """How ``session/load`` is answered: the updates it replays first, and the session's modes and config
+    options (as ``session/new`` answers them)."""
 
     steps: list[Step] = msgspec.field(default_factory=list)
     replay: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    modes: dict[str, Any] | None = None
+    config_options: list[dict[str, Any]] | None = None
 
 
 class ResumeSessionConfig(_Object, omit_defaults=True):
-    """How ``session/resume`` is answered."""
+    """How ``session/resume`` is answered, with the session's modes and config options."""
 
     steps: list[Step] = msgspec.field(default_factory=list)
+    modes: dict[str, Any] | None = None
+    config_options: list[dict[str, Any]] | None = None
 
 
 class CloseSessionConfig(_Object, omit_defaults=True):

@@ -138,6 +138,8 @@ class _Session:
     cwd: str | None = None
     """The session's cwd, as the client gave it (``session/new``, ``/load``, ``/resume``): what a relative
     file path is resolved against."""
+    modes: dict[str, Any] | None = None
+    """The modes a reopened session answered with (None: ``newSession``'s)."""
 
 
 @dataclass(slots=True)
@@ -329,24 +331,34 @@ class ScenarioAgent(AgentHandler):
         )
         for update in config.replay:
             await client.notify(schema.SESSION_UPDATE, {"sessionId": params.session_id, "update": update})
-        return _raw({})
+        return _reopened(config)
 
     async def resume_session(self, params: schema.ResumeSessionRequest, client: ClientPeer) -> msgspec.Raw:
         """Resume the session, without replay."""
         config = self._scenario.resume_session
-        await self._reopen(config, schema.SESSION_RESUME, params.session_id, params.cwd, client)
-        return _raw({})
+        config = await self._reopen(config, schema.SESSION_RESUME, params.session_id, params.cwd, client)
+        return _reopened(config)
 
     async def _reopen(
         self, config: _Reopening | None, method: str, session_id: str, cwd: str, client: ClientPeer
     ) -> _Reopening:
         """What loading and resuming share: refuse the method the scenario does not configure, pass the
-        auth gate, run the configured steps for the session (known or not); the configuration."""
+        auth gate, report the request on stderr, take the configured modes and options, run the configured
+        steps for the session (known or not); the configuration."""
         if config is None:
             raise RequestError.method_not_found(method)
         self._check_authenticated()
+        await self._host.write_stderr(f"stub agent: {method} {session_id} {cwd}\n".encode())
         state = self._sessions.setdefault(session_id, _Session())
         state.cwd = cwd
+        if config.modes is not None:
+            state.modes = config.modes
+            state.mode = config.modes.get("currentModeId")
+        if config.config_options is not None:
+            state.config_options = copy.deepcopy(config.config_options)
+            if config.modes is None:
+                modes = (option for option in state.config_options if option.get("category") == "mode")
+                state.mode = next((option.get("currentValue") for option in modes), state.mode)
         await self._run(config.steps, _Context(client, session_id, state=state))
         return config
 
@@ -363,7 +375,10 @@ class ScenarioAgent(AgentHandler):
 
     async def set_session_mode(self, params: schema.SetSessionModeRequest, client: ClientPeer) -> msgspec.Raw:
         """Accept a mode the scenario offers."""
-        modes = self._scenario.new_session.modes
+        state = self._sessions.get(params.session_id)
+        modes = (
+            state.modes if state is not None and state.modes is not None else self._scenario.new_session.modes
+        )
         if modes is None:
             raise RequestError.method_not_found(schema.SESSION_SET_MODE)
         offered = [mode.get("id") for mode in modes.get("availableModes", ()) if isinstance(mode, dict)]
@@ -794,6 +809,16 @@ def _in_cwd(path: str, context: _Context) -> str:
 
 def _raw(value: Any) -> msgspec.Raw:
     return msgspec.Raw(schema.encode(value))
+
+
+def _reopened(config: LoadSessionConfig | ResumeSessionConfig) -> msgspec.Raw:
+    """The answer to ``session/load`` or ``session/resume``: the configured modes and options, if any."""
+    answer: dict[str, Any] = {}
+    if config.modes is not None:
+        answer["modes"] = config.modes
+    if config.config_options is not None:
+        answer["configOptions"] = config.config_options
+    return _raw(answer)
 
 
 def _spawn_grandchild(pid_file: str, ignore_sigterm: bool) -> int:
