@@ -764,3 +764,37 @@ async def test_a_live_run_s_heartbeats_keep_what_was_last_known_of_it(tmp_path: 
     assert record.progress["updates"] == 1
     assert record.progress["waitingOnPermission"] is False
     assert record.progress["spent"]["turns"] == 0
+
+
+def test_an_older_journal_is_migrated_forward_in_place_keeping_its_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from subagent import journal as journal_module
+
+    path = tmp_path / "runs.db"
+    with RunJournal.open(path) as old:
+        old.record_start(
+            "0000aaaa",
+            run_id="a-1",
+            provider="a",
+            parent=None,
+            parent_id=None,
+            prompt="old",
+            request={},
+            agent=None,
+        )
+    # The next release: version SCHEMA_VERSION + 1 adds a column, and says how to get there.
+    monkeypatch.setattr(journal_module, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setitem(
+        journal_module._MIGRATIONS, SCHEMA_VERSION, ("ALTER TABLE runs ADD COLUMN labels TEXT",)
+    )
+    with RunJournal.open(path) as migrated:
+        record = migrated.get("0000aaaa")
+    with sqlite3.connect(path) as connection:
+        version = connection.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0]
+        columns = [row[1] for row in connection.execute("PRAGMA table_info(runs)")]
+    connection.close()
+    assert record is not None
+    assert record.prompt == "old"
+    assert version == str(SCHEMA_VERSION + 1)
+    assert columns[-1] == "labels"
