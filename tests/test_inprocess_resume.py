@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -713,3 +714,54 @@ async def test_a_model_named_but_not_registered_or_an_invalid_schema_refuses_the
         "given schemas\n"
     )
     assert agents.list() == []
+
+
+# -- through the service's run journal ---------------------------------------------------------------------
+
+
+async def test_a_spawn_disposed_mid_turn_resumes_through_the_journal_from_its_last_completed_turn(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "runs.db"
+    hold = Hold()
+    first_llm = ScriptedLlm(["first answer", Reply("never sent", wait=hold)])
+    with anyio.fail_after(WAIT):
+        async with SubagentService(journal=path) as service:
+            service.register_provider(
+                SpawnProvider(llm=first_llm, agents=AgentRegistry(), persona="Be brief.")
+            )
+            run = service.start("spawn", SubagentRequest(prompt="first"))
+            assert (await run.result()).output == "first answer"
+            refused: list[ErrorCode] = []
+
+            async def second() -> None:
+                with pytest.raises(SubagentError) as caught:
+                    await run.resume("second")  # type: ignore[attr-defined]
+                refused.append(caught.value.code)
+
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(second)
+                await hold.reached.wait()
+                await run.dispose()
+            assert refused == [ErrorCode.DISPOSED]
+
+        # A new service and provider on the same journal, as after a restart.
+        llm = ScriptedLlm(["picked up"])
+        async with SubagentService(journal=path) as later:
+            later.register_provider(SpawnProvider(llm=llm, agents=AgentRegistry()))
+            assert run.journal_id is not None
+            again = await later.resume(run.journal_id)
+            assert (await again.result()).output == "picked up"
+            assert again.journal_id == run.journal_id
+            await again.dispose()
+
+    (asked,) = llm.requests
+    # The default prompt names the turn that never completed; that turn's own messages are not sent.
+    assert "second" in again.request.prompt
+    assert asked.messages == (
+        Message.system("Be brief."),
+        Message.user("first"),
+        Message.assistant("first answer"),
+        Message.user(again.request.prompt),
+    )
+    assert len(first_llm.requests) == 2
