@@ -10,6 +10,10 @@ Everything the seam promises is applied here, from the lineage the service count
 depth, its tools (its parent's, or the provider's for a root parent, narrowed by the effective tool
 filter, so a tool an ancestor lost never comes back), its persona, the output schema (validated
 and repaired once by the agent) and the inactivity timeout.
+
+Durable runs (the service's run journal): a run's :meth:`~InProcessRun.checkpoint` is its child's
+message log as of its last completed turn, and :meth:`~InProcessProvider.reopen` makes a new child
+that starts from such a log and runs the resumed prompt as its next turn.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ import dataclasses
 import itertools
 import logging
 import os
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import anyio
 import anyio.abc
@@ -27,14 +33,23 @@ from subagent import _structured
 from subagent._outcome import DisposeOnExit, Outcome
 from subagent.budget import account_for, budget_result
 from subagent.isolation import IsolationError, IsolationSettings, Workspace, open_workspace
-from subagent.runtime._inprocess_agent import DEFAULT_MAX_MODEL_CALLS, Agent, AgentClosedError, AgentRegistry
+from subagent.runtime._inprocess_agent import (
+    DEFAULT_MAX_MODEL_CALLS,
+    Agent,
+    AgentClosedError,
+    AgentLifecycleEvent,
+    AgentRegistry,
+    TurnEnded,
+)
 from subagent.runtime._llm import LlmAdapter, LlmService
+from subagent.runtime._log_codec import decode_log, encode_log, json_type
 from subagent.runtime._messages import Message
 from subagent.runtime._tools import Approver, Tool
 from subagent.types import (
     BUDGET_FIELDS,
     ErrorCode,
     Lineage,
+    ResumePoint,
     SubagentCapabilities,
     SubagentError,
     SubagentRequest,
@@ -98,6 +113,11 @@ class InProcessProvider:
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} live={len(self.agents)}>"
 
+    @property
+    def kind(self) -> Literal["spawn", "fork"]:
+        """What its children are: ``fork`` when they start from their parent's conversation."""
+        return "fork" if self.inherits_parent_context else "spawn"
+
     def start(self, request: SubagentRequest, task_group: anyio.abc.TaskGroup) -> InProcessRun:
         """Create the child agent now and run its first turn in ``task_group``.
 
@@ -105,38 +125,149 @@ class InProcessProvider:
             SubagentError: ``START_FAILED`` when the child cannot be made (no LLM adapter, a fork
                 without a live in-process parent, an invalid output schema).
         """
-        if request.output_schema is not None:
-            try:
-                _structured.check_schema(request.output_schema)
-            except Exception as exc:
-                raise self._cannot_start(f"the output schema is not a valid JSON Schema: {exc}") from exc
+        self._check_schema(request, self._cannot_start)
+        parent = self._parent_of(request)
+        agent = self._make_agent(
+            request,
+            parent,
+            llm=self._llm_for(parent, self._cannot_start),
+            persona=self._persona_for(request, parent),
+            history=self._history_for(request, parent),
+            cwd=None,
+        )
+        return self._launch(InProcessRun(self, request, agent), task_group)
+
+    # -- durable runs (the service's run journal) ----------------------------------------------------
+
+    def describe_agent(self) -> dict[str, Any]:
+        """What the journal keeps of how this provider runs children: ``{"kind": "spawn" | "fork",
+        "llm": ...}``, the model adapter's name when it is given by name, else its class name (None:
+        the parent's). Never a secret: an adapter's key or address is not in it."""
+        llm = self.llm if isinstance(self.llm, str) or self.llm is None else type(self.llm).__name__
+        return {"kind": self.kind, "llm": llm}
+
+    def reopen(
+        self, request: SubagentRequest, point: ResumePoint, task_group: anyio.abc.TaskGroup
+    ) -> InProcessRun:
+        """Continue a journaled run in a new child: its log is the checkpoint's (the run's last
+        completed turn; none of its turns runs again), and it runs ``request.prompt`` as its next turn,
+        in ``task_group``. The child is made as :meth:`start` makes one (its depth, tools narrowed by
+        the lineage, approver, budget account and output schema from ``request``; its parent's tools,
+        approver and model when the parent is a live agent here), under a new run id. A fork is not
+        forked again: its log already holds what it was seeded with. A spawn that never checkpointed
+        and completed no turn starts from an empty log (its persona as :meth:`start` chooses it):
+        nothing of it is lost.
+
+        Raises:
+            SubagentError: ``RESUME_UNSUPPORTED``, before any child exists, when the run was another
+                kind of child, worked in an isolated workspace (closed with it), has no log to continue
+                from (a fork, or a spawn that completed turns), has a malformed log, or no model
+                adapter can be found.
+        """
+        refuse = self._cannot_reopen
+        kind = point.agent.get("kind")
+        if kind is None:
+            raise refuse(f"the journal does not say what kind of child run {point.run_id} was")
+        if kind != self.kind:
+            raise refuse(
+                f"run {point.run_id} was a {kind!r} child, and this provider makes {self.kind!r} ones"
+            )
+        if request.isolation is not None:
+            raise refuse(
+                f"run {point.run_id} worked in an isolated workspace ({request.isolation}), which was "
+                "closed with its child"
+            )
+        log, cwd = self._checkpointed(point)
+        self._check_schema(request, refuse)
+        parent = self._parent_of(request)
+        llm = self._llm_for(parent, refuse)
+        history: Sequence[Message]
+        if log is None:
+            persona, history = self._persona_for(request, None), ()
+        elif log and log[0].role == "system" and log[0].content:
+            # The agent puts its persona first: kept as the persona, so the model sees the same log.
+            persona, history = log[0].content, log[1:]
+        else:
+            persona, history = None, log
+        agent = self._make_agent(request, parent, llm=llm, persona=persona, history=history, cwd=cwd)
+        return self._launch(InProcessRun(self, request, agent), task_group)
+
+    def _checkpointed(self, point: ResumePoint) -> tuple[tuple[Message, ...] | None, str | None]:
+        """The checkpoint's log (None: there is none, and a spawn may start afresh) and cwd."""
+        checkpoint = point.checkpoint
+        if checkpoint is not None and not isinstance(checkpoint, Mapping):
+            raise self._cannot_reopen(
+                f"run {point.run_id}'s checkpoint is malformed: it must be an object, "
+                f"not {json_type(checkpoint)}"
+            )
+        if checkpoint is None or "messages" not in checkpoint:
+            if self.inherits_parent_context:
+                raise self._cannot_reopen(
+                    f"run {point.run_id} has no checkpoint, so the context the fork was seeded with is "
+                    "lost (a resumed fork is not forked again)"
+                )
+            if point.turns_completed:
+                raise self._cannot_reopen(
+                    f"run {point.run_id} completed {point.turns_completed} turn(s) but has no checkpoint, "
+                    "so starting it afresh would lose them"
+                )
+            return None, None
+        try:
+            log = decode_log(checkpoint["messages"])
+        except ValueError as exc:
+            raise self._cannot_reopen(f"run {point.run_id}'s checkpoint is malformed: {exc}") from exc
+        cwd = checkpoint.get("cwd")
+        if cwd is not None and not isinstance(cwd, str):
+            raise self._cannot_reopen(
+                f"run {point.run_id}'s checkpoint is malformed: cwd must be a string or null, not "
+                f"{json_type(cwd)}"
+            )
+        return log, cwd
+
+    # -- what a child is made of (the fork provider overrides the history and defaults) ----------
+
+    def _parent_of(self, request: SubagentRequest) -> Agent | None:
+        return self.agents.get(request.parent_id) if request.parent_id is not None else None
+
+    def _make_agent(
+        self,
+        request: SubagentRequest,
+        parent: Agent | None,
+        *,
+        llm: LlmAdapter,
+        persona: str | None,
+        history: Sequence[Message],
+        cwd: str | None,
+    ) -> Agent:
+        """A child under a new run id, live in the registry; ``cwd`` is used when the request has none."""
         lineage = request.lineage or Lineage(depth=1)
-        parent = self.agents.get(request.parent_id) if request.parent_id is not None else None
-        run_id = f"{self.name}-{next(_run_ids)}"
-        agent = Agent(
-            llm=self._llm_for(parent),
-            id=run_id,
+        if request.cwd is not None:
+            cwd = request.cwd  # a child works where it was sent
+        elif cwd is None and parent is not None:
+            cwd = parent.cwd
+        return Agent(
+            llm=llm,
+            id=f"{self.name}-{next(_run_ids)}",
             parent_id=request.parent_id,
             depth=lineage.depth,
-            # The request's directory, else the parent's: a child works where it was sent.
-            cwd=request.cwd if request.cwd is not None else (parent.cwd if parent is not None else None),
-            persona=self._persona_for(request, parent),
+            cwd=cwd,
+            persona=persona,
             tools=self._tools_for(parent, lineage),
-            history=self._history_for(request, parent),
+            history=history,
             approver=self.approver if self.approver is not None else (parent.approver if parent else None),
             max_model_calls=self.max_model_calls,
             registry=self.agents,
             budget=account_for(request),
         )
-        run = InProcessRun(self, request, agent)
+
+    def _launch(self, run: InProcessRun, task_group: anyio.abc.TaskGroup) -> InProcessRun:
+        """Run the child's first turn in ``task_group``."""
         try:
             task_group.start_soon(run._main, name=f"{self.name} run {run.id}")
         except BaseException:
-            self.agents._remove(agent)  # never started: it must not stay findable
+            self.agents._remove(run.agent)  # never started: it must not stay findable
             raise
         return run
-
-    # -- what a child is made of (the fork provider overrides the history and defaults) ----------
 
     def _history_for(self, request: SubagentRequest, parent: Agent | None) -> Sequence[Message]:
         return ()
@@ -144,20 +275,25 @@ class InProcessProvider:
     def _persona_for(self, request: SubagentRequest, parent: Agent | None) -> str | None:
         return request.persona if request.persona is not None else self.persona
 
-    def _llm_for(self, parent: Agent | None) -> LlmAdapter:
+    def _llm_for(self, parent: Agent | None, fail: Callable[[str], SubagentError]) -> LlmAdapter:
         if isinstance(self.llm, str):
             assert self.llm_service is not None
             try:
                 return self.llm_service.require(self.llm)
             except KeyError as exc:
-                raise self._cannot_start(str(exc.args[0])) from exc
+                raise fail(str(exc.args[0])) from exc
         if self.llm is not None:
             return self.llm
         if parent is not None:
             return parent.llm
-        raise self._cannot_start(
-            "no LLM adapter: the provider has none and the parent is not an in-process agent"
-        )
+        raise fail("no LLM adapter: the provider has none and the parent is not an in-process agent")
+
+    def _check_schema(self, request: SubagentRequest, fail: Callable[[str], SubagentError]) -> None:
+        if request.output_schema is not None:
+            try:
+                _structured.check_schema(request.output_schema)
+            except Exception as exc:
+                raise fail(f"the output schema is not a valid JSON Schema: {exc}") from exc
 
     def _tools_for(self, parent: Agent | None, lineage: Lineage) -> tuple[Tool, ...]:
         # A child's tools are its parent's (the provider's own for a root parent), narrowed.
@@ -170,16 +306,45 @@ class InProcessProvider:
     def _cannot_start(self, why: str) -> SubagentError:
         return SubagentError(ErrorCode.START_FAILED, f"provider {self.name!r}: {why}", provider=self.name)
 
+    def _cannot_reopen(self, why: str) -> SubagentError:
+        return SubagentError(
+            ErrorCode.RESUME_UNSUPPORTED, f"provider {self.name!r}: {why}", provider=self.name
+        )
+
+
+class _CompletedLog:
+    """The log of an agent as of its last completed turn: its first log, then the whole log at the
+    end of each turn that ended ``completed`` (with the messages delivered as it ended). A turn that
+    ended any other way leaves it as it was, and so does a turn in flight.
+
+    It holds the agent weakly: the agent keeps it (as a listener), and a cycle would keep both."""
+
+    __slots__ = ("_agent", "messages")
+
+    def __init__(self, agent: Agent) -> None:
+        self.messages = agent.messages
+        self._agent = weakref.ref(agent)
+        agent.on_lifecycle(self._on_lifecycle)
+
+    def _on_lifecycle(self, event: AgentLifecycleEvent) -> None:
+        # Emitted as the turn lock is let go, before any other task runs: no next turn is in the log.
+        if isinstance(event, TurnEnded) and event.result.stop_reason == "completed":
+            agent = self._agent()
+            if agent is not None:
+                self.messages = agent.messages
+
 
 class InProcessRun(DisposeOnExit):
-    """A child agent in this process. Offers ``send_message`` and ``resume``, and reports its
-    liveness (``last_activity``, ``pending_permissions`` counting approvals, ``update_count``)."""
+    """A child agent in this process. Offers ``send_message`` and ``resume``, reports its liveness
+    (``last_activity``, ``pending_permissions`` counting approvals, ``update_count``) and its
+    :meth:`checkpoint`."""
 
     def __init__(self, provider: InProcessProvider, request: SubagentRequest, agent: Agent) -> None:
         self.provider = provider
         self.request = request
         self.agent = agent
         """The child agent: its log, tools and persona, readable while it works."""
+        self._completed = _CompletedLog(agent)
         self._result: Outcome[SubagentResult] = Outcome()  # the first turn's
         self._done = anyio.Event()
         self._cancelled_before_turn = False
@@ -222,6 +387,17 @@ class InProcessRun(DisposeOnExit):
     def update_count(self) -> int:
         """Deltas and tool calls the child produced so far."""
         return self.agent.update_count
+
+    def checkpoint(self) -> dict[str, Any] | None:
+        """What a new child needs to continue this run (:meth:`InProcessProvider.reopen`):
+        ``{"messages": [...], "cwd": ...}``, the child's log as of its last completed turn (see
+        :mod:`subagent.runtime._log_codec`) and its working directory. From the start on (a fork's
+        seeded log, a persona); a turn in flight, or one that ended other than ``completed``
+        (cancelled, failed, timed out, stopped by a limit), is not in it. None when the child never
+        got to work (its workspace could not be made)."""
+        if self._start_error is not None:
+            return None
+        return {"messages": encode_log(self._completed.messages), "cwd": self.agent.cwd}
 
     # -- the SubagentRun protocol ---------------------------------------------------------------
 

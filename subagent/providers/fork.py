@@ -26,12 +26,15 @@ class ForkProvider(InProcessProvider):
         llm: the child's adapter, or a name in ``llm_service``; None (the default) uses the parent's.
         persona: the child's system prompt when its request gives none; None keeps the parent's.
         approver: None inherits the parent's.
-        tools: unused by forks (a fork always has its parent's tools, narrowed); kept so both
-            in-process providers take the same arguments.
+        tools: a fork has its parent's tools, narrowed; these are only for a fork continued by
+            :meth:`reopen` once its parent is gone (after a restart), narrowed the same way.
         name: the name it registers under (default ``"fork"``); ``llm_service`` and
             ``max_model_calls`` are as for :class:`~subagent.providers.spawn.SpawnProvider`.
 
     Every start-time feature is supported, as for :class:`~subagent.providers.spawn.SpawnProvider`.
+    A journaled fork continues from its checkpoint (:meth:`reopen`), which holds what it was seeded
+    with: it is not forked again, and its parent need not be live. Without ``llm``, that needs a live
+    parent to borrow the model from.
     """
 
     inherits_parent_context = True

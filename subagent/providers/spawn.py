@@ -29,6 +29,8 @@ class SpawnProvider(InProcessProvider):
     Every start-time feature is supported: ``output_schema`` (asked for, validated, repaired once),
     ``depth_limit`` (counted by the service), ``tool_filter``, ``persona``, every budget cap and
     ``isolation`` (``worktree`` and ``copy``: the child's cwd, which its tools read, is its workspace).
+    Its runs are durable under a service's run journal: a run's checkpoint is its child's log as of its
+    last completed turn, and :meth:`reopen` continues it in a new child (not a run that was isolated).
     """
 
     inherits_parent_context = False
