@@ -746,7 +746,13 @@ async def test_a_live_run_s_heartbeats_keep_what_was_last_known_of_it(tmp_path: 
         async with SubagentService(journal=tmp_path / "runs.db", progress_interval=0.01) as service:
             service.register_provider(observed)
             beat = anyio.Event()
-            service.events.on("subagent/progress", lambda info: (beats.append(info), beat.set()))
+
+            def on_progress(info: SubagentProgressInfo) -> None:
+                beats.append(info)
+                if info.updates:
+                    beat.set()
+
+            service.events.on("subagent/progress", on_progress)
             run = service.start("fake", SubagentRequest(prompt="think", budget=Budget(max_turns=5)))
             await run.started()
             cast_run = observed.runs[0]
