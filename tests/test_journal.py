@@ -291,6 +291,7 @@ def killed_owner(path: Path, runs: int, parent_id: str | None = None) -> int:
     return process.pid
 
 
+@pytest.mark.subprocess
 async def test_runs_whose_owner_was_killed_are_marked_interrupted_and_reported_once(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     pid = await anyio.to_thread.run_sync(killed_owner, path, 3)
@@ -338,6 +339,7 @@ async def test_runs_of_a_live_owner_are_not_marked_interrupted(tmp_path: Path) -
     )
 
 
+@pytest.mark.subprocess
 async def test_a_background_parent_is_told_once_of_each_child_it_lost_when_its_process_died(
     tmp_path: Path,
 ) -> None:
@@ -380,6 +382,7 @@ async def test_a_background_parent_is_told_once_of_each_child_it_lost_when_its_p
 # -- resume -----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.subprocess
 async def test_an_interrupted_run_resumes_with_the_default_prompt_naming_the_interrupted_one(
     tmp_path: Path,
 ) -> None:
@@ -612,6 +615,7 @@ WRITER_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.subprocess
 def test_the_journal_survives_its_writer_killed_mid_write_with_every_commit_kept(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     process = subprocess.Popen(
