@@ -19,6 +19,7 @@ __all__ = [
     "Budget",
     "BudgetAccount",
     "BudgetField",
+    "CheckpointedRun",
     "CleanupPolicy",
     "Disposer",
     "ErrorCode",
@@ -34,7 +35,11 @@ __all__ = [
     "PriceTable",
     "ProviderSnapshot",
     "QueueableRun",
+    "ReopenableProvider",
     "ResumableRun",
+    "ResumePoint",
+    "RunJournal",
+    "RunRecord",
     "RunState",
     "ServiceRun",
     "Spend",
@@ -62,6 +67,7 @@ if TYPE_CHECKING:
     from subagent.budget import BudgetAccount, Price, PriceTable
     from subagent.events import EventHub, EventName
     from subagent.isolation import IsolationSettings
+    from subagent.journal import RunJournal, RunRecord
     from subagent.service import *
     from subagent.types import *
 else:
@@ -74,6 +80,7 @@ else:
             "subagent.budget": ("BudgetAccount", "Price", "PriceTable"),
             "subagent.events": ("EventHub", "EventName"),
             "subagent.isolation": ("IsolationSettings",),
+            "subagent.journal": ("RunJournal", "RunRecord"),
             "subagent.service": ("DEFAULT_PROGRESS_INTERVAL", "RunState", "ServiceRun", "SubagentService"),
         },
         default="subagent.types",
