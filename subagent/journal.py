@@ -148,6 +148,9 @@ class RunRecord:
     structured: Any
     error: str | None
     usage: Mapping[str, Any] | None
+    spent: Mapping[str, Any] | None
+    """What the run (with its subtree) had spent in its budget's units at its last turn's end, when it ran
+    under a budget: ``tokens``, ``cost``, ``seconds``, ``toolCalls``, ``turns``. A resume carries it over."""
     progress: Mapping[str, Any] | None
     """What was last known of a live run (updates, idle and elapsed seconds), from its heartbeats."""
     created_at: float
@@ -188,6 +191,7 @@ class RunRecord:
             "structured": self.structured,
             "error": self.error,
             "usage": None if self.usage is None else dict(self.usage),
+            "spent": None if self.spent is None else dict(self.spent),
             "progress": None if self.progress is None else dict(self.progress),
             "createdAt": self.created_at,
             "updatedAt": self.updated_at,
@@ -235,6 +239,7 @@ _SCHEMA_V1 = (
         structured TEXT,
         error TEXT,
         usage TEXT,
+        spent TEXT,
         progress TEXT,
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL,
@@ -262,7 +267,8 @@ _MIGRATIONS: dict[int, Sequence[str]] = {}
 
 _LIST_COLUMNS = (
     "id, run_id, provider, state, parent, parent_id, prompt, prompt_chars, turn_prompt, request, agent, "
-    "session_id, turns, stop_reason, output, structured, error, usage, progress, created_at, updated_at, "
+    "session_id, turns, stop_reason, output, structured, error, usage, spent, progress, created_at, "
+    "updated_at, "
     "ended_at, owner_host, owner_pid, owner_start, resumes"
 )
 
@@ -629,6 +635,7 @@ class RunJournal:
         usage: Mapping[str, Any] | None,
         checkpoint: Mapping[str, Any] | None,
         state: JournalState = "ended",
+        spent: Mapping[str, Any] | None = None,
     ) -> _Write:
         """Queue how a turn of the run ended (``state`` ``ended``, or ``disposed``/``failed``)."""
         now = time.time()
@@ -636,7 +643,8 @@ class RunJournal:
         statements: list[tuple[str, Sequence[Any]]] = [
             (
                 "UPDATE runs SET state = ?, stop_reason = ?, output = ?, structured = ?, error = ?, "
-                "usage = ?, turns = turns + ?, updated_at = ?, ended_at = ?, progress = NULL WHERE id = ?",
+                "usage = ?, spent = coalesce(?, spent), turns = turns + ?, updated_at = ?, ended_at = ?, "
+                "progress = NULL WHERE id = ?",
                 (
                     state,
                     stop_reason,
@@ -644,6 +652,7 @@ class RunJournal:
                     self._json(structured),
                     self._cut(error, OUTPUT_MAX_CHARS),
                     self._json(None if usage is None else dict(usage)),
+                    self._json(None if spent is None else dict(spent)),
                     completed,
                     now,
                     now,
@@ -984,6 +993,7 @@ def _record(row: Sequence[Any]) -> RunRecord:
         structured,
         error,
         usage,
+        spent,
         progress,
         created_at,
         updated_at,
@@ -1013,6 +1023,7 @@ def _record(row: Sequence[Any]) -> RunRecord:
         structured=_loads(structured),
         error=error,
         usage=_loads(usage),
+        spent=_loads(spent),
         progress=_loads(progress),
         created_at=created_at,
         updated_at=updated_at,

@@ -56,6 +56,7 @@ from subagent.events import EventHub
 from subagent.journal import JournalError, RunJournal, RunRecord
 from subagent.observability import _telemetry as telemetry
 from subagent.types import (
+    Budget,
     CheckpointedRun,
     Disposer,
     ErrorCode,
@@ -528,6 +529,12 @@ class SubagentService:
             raise self._cannot_resume(record, f"its journaled request is not readable: {exc}") from exc
         if metadata_extra:
             request = dataclasses.replace(request, metadata={**request.metadata, **metadata_extra})
+        if request.budget is not None and record.spent is not None:
+            # The caps hold across restarts: the resumed run gets what its earlier children left.
+            left, spent_out = _budget_left(request.budget, record.spent)
+            if spent_out is not None:
+                raise self._cannot_resume(record, f"its budget is spent: {spent_out}")
+            request = dataclasses.replace(request, budget=left)
         snapshot = self._checked(record.provider, request)
         point = ResumePoint(
             run_id=record.id,
@@ -1029,6 +1036,10 @@ class ServiceRun(DisposeOnExit):
             logger.exception("provider %r: run %r's checkpoint() raised", self.provider, self.id)
             return None
 
+    def _spent_json(self) -> dict[str, Any] | None:
+        account = self.request.account
+        return spend_to_json(account.spent()) if account is not None else None
+
     def _journal_running(self) -> None:
         journal = self._service.journal
         if journal is None or self.journal_id is None:
@@ -1068,6 +1079,7 @@ class ServiceRun(DisposeOnExit):
                 error=outcome.error,
                 usage=usage_json(outcome.usage),
                 checkpoint=self._checkpoint(),
+                spent=self._spent_json(),
             )
             return
         disposed = isinstance(outcome, SubagentError) and outcome.code is ErrorCode.DISPOSED
@@ -1082,6 +1094,7 @@ class ServiceRun(DisposeOnExit):
             usage=None,
             checkpoint=self._checkpoint(),
             state="disposed" if disposed else "ended",
+            spent=self._spent_json(),
         )
 
     def _end_span(self, outcome: SubagentResult | BaseException) -> None:
@@ -1173,6 +1186,7 @@ class _Resumable(ServiceRun):
                     usage=None,
                     checkpoint=self._checkpoint(),
                     state="disposed" if self._dispose_started else "ended",
+                    spent=self._spent_json(),
                 )
             raise
         telemetry.end_agent_span(span, result)
@@ -1187,6 +1201,7 @@ class _Resumable(ServiceRun):
                     error=result.error,
                     usage=usage_json(result.usage),
                     checkpoint=self._checkpoint(),
+                    spent=self._spent_json(),
                 )
             )
         return result
@@ -1228,6 +1243,29 @@ def _progress_json(info: SubagentProgressInfo, provider_run: SubagentRun) -> dic
     if isinstance(output, str) and output:
         value["output"] = output[-_PROGRESS_OUTPUT_CHARS:]
     return value
+
+
+_SPENT_KEYS: dict[str, str] = {
+    "max_tokens": "tokens",
+    "max_cost": "cost",
+    "max_seconds": "seconds",
+    "max_tool_calls": "toolCalls",
+    "max_turns": "turns",
+}
+
+
+def _budget_left(budget: Budget, spent: Mapping[str, Any]) -> tuple[Budget, str | None]:
+    """``budget`` less what a journaled run ``spent`` (its JSON form), and the first cap it used up (None)."""
+    left: dict[str, float] = {}
+    for name in budget.fields():
+        cap = budget.cap(name)
+        assert cap is not None
+        used = spent.get(_SPENT_KEYS[name])
+        remaining = cap - used if isinstance(used, int | float) else cap
+        if remaining <= 0:
+            return budget, f"{name} {cap:g}, of which {used:g} was used before"
+        left[name] = int(remaining) if name in ("max_tokens", "max_tool_calls", "max_turns") else remaining
+    return Budget(**left), None  # type: ignore[arg-type]
 
 
 def _why_stopped(record: RunRecord) -> str:

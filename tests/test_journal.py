@@ -808,3 +808,42 @@ def test_an_older_journal_is_migrated_forward_in_place_keeping_its_runs(
     assert record.prompt == "old"
     assert version == str(SCHEMA_VERSION + 1)
     assert columns[-1] == "labels"
+
+
+async def test_a_resumed_run_gets_only_what_its_budget_had_left_and_one_that_spent_it_is_refused(
+    tmp_path: Path,
+) -> None:
+    from subagent import Budget
+
+    path = tmp_path / "runs.db"
+    capped = provider(waits_until_cancelled())
+    capped.capabilities = SubagentCapabilities(budget=frozenset({"max_tool_calls", "max_turns"}))
+    with anyio.fail_after(WAIT):
+        async with SubagentService(journal=path) as service:
+            service.register_provider(capped)
+            ids = []
+            for used in (2, 5):
+                run = service.start(
+                    "fake", SubagentRequest(prompt="x", budget=Budget(max_tool_calls=5, max_turns=9))
+                )
+                await run.started()
+                assert run.request.account is not None
+                assert run.request.account.take(tool_calls=used) is None
+                capped.runs[-1].finish(SubagentResult(output="", stop_reason="error", error="stopped"))
+                await run.result()
+                await run.dispose()
+                ids.append(run.journal_id or "")
+        async with SubagentService(journal=path) as later:
+            later.register_provider(capped)
+            resumed = await later.resume(ids[0], "go on")
+            await resumed.dispose()
+            spent_out = await refusal(later.resume(ids[1], "go on"))
+            record = await later.run_record(ids[0])
+    assert capped.reopened[0].budget == Budget(max_tool_calls=3, max_turns=9)
+    assert record is not None
+    assert record.spent is not None
+    assert record.spent["toolCalls"] == 2
+    assert spent_out == (
+        ErrorCode.RESUME_UNSUPPORTED,
+        f"run {ids[1]} cannot be resumed: its budget is spent: max_tool_calls 5, of which 5 was used before",
+    )
