@@ -25,12 +25,14 @@ from typing import Any, Final
 import anyio
 import pytest
 
+from subagent import SubagentRequest, SubagentService
 from subagent.acp import AgentExitedError, RequestError, schema
 from subagent.acp.agent import AgentSideConnection
 from subagent.acp.client import AcpClient, AcpSession, spawn_agent
 from subagent.cli import main
 from subagent.cli._serve_command import journal_path
 from subagent.journal import JOURNAL_ENV, RunJournal, default_journal_path
+from subagent.providers.acp import AcpProvider, AcpRun
 from subagent.runtime import Reply, ScriptedLlm, call
 from subagent.serve import ServedAgent, default_persona
 from subagent.testing import MemoryByteReceiveStream, MemoryByteSendStream
@@ -355,6 +357,33 @@ async def test_a_session_resumed_after_serve_was_killed_while_its_child_worked_i
             f"[end of background subagent run-{child.id}]",
         },
         {"role": "user", "content": "And now?"},
+    ]
+
+
+@pytest.mark.subprocess
+async def test_the_acp_provider_resumes_a_run_of_subagent_serve_whose_session_goes_on(tmp_path: Path) -> None:
+    # Durable at both ends: the parent's service journals its acp run, serve journals the session; a
+    # resume of the run starts serve again, which reopens the session with the whole conversation.
+    script = [StreamedReply(text="Noted: the colour is teal."), StreamedReply(text="It was teal.")]
+    async with assert_no_leaks(), serve_chat_completions(script, model="stub-model") as server:
+        provider = AcpProvider(serve_command(server.base_url, tmp_path / "served.db"), cwd=tmp_path)
+        async with SubagentService(journal=tmp_path / "parent.db") as service:
+            service.register_provider(provider)
+            with anyio.fail_after(PROCESS_WAIT):
+                async with service.start(provider.name, SubagentRequest(prompt="Remember: teal.")) as run:
+                    first = await run.result()
+                assert run.journal_id is not None
+                async with await service.resume(run.journal_id, "Which colour?") as resumed:
+                    second = await resumed.result()
+                    reopened = resumed.provider_run
+                    assert isinstance(reopened, AcpRun)
+    assert (first.output, second.output) == ("Noted: the colour is teal.", "It was teal.")
+    assert reopened.replayed == []  # serve offers session/resume: nothing replayed
+    assert server.requests[1].json["messages"] == [
+        {"role": "system", "content": PERSONA},
+        {"role": "user", "content": "Remember: teal."},
+        {"role": "assistant", "content": "Noted: the colour is teal."},
+        {"role": "user", "content": "Which colour?"},
     ]
 
 
