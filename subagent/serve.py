@@ -5,8 +5,9 @@ Zed, our own :class:`~subagent.providers.acp.AcpProvider`, or any other ACP clie
 in-process runtime (:class:`~subagent.runtime.Agent`):
 
 * ``initialize`` negotiates protocol version 1 and says honestly what is supported: text prompts,
-  resource links and embedded text resources (turned into prompt text), ``session/close``; no
-  ``session/load``, no images or audio, no MCP servers.
+  resource links and embedded text resources (turned into prompt text), ``session/close``; with a
+  run journal also ``session/load``, ``session/resume`` and ``session/list`` (*Durable sessions*
+  below); no images or audio, no MCP servers.
 * ``session/new`` makes one runtime agent per session, whose id is the session id. Its tools are
   the model-facing ``subagent`` tool over a :class:`~subagent.service.SubagentService` the server
   owns, with the ``spawn`` and ``fork`` providers registered (same LLM, same agent registry), so
@@ -105,16 +106,62 @@ under its id (the run's), each of its runs ends in one ``idle`` snapshot with it
 usage, ``session/cancel`` with its id cancels it alone, and an acp child's own children are relayed
 below it. :mod:`subagent._served_subagents` says how, and why. Any other request aimed at a
 subagent session's id is refused with -32602, as an unknown session's is.
+
+Durable sessions: given a run journal (:mod:`subagent.journal`; ``subagent serve --journal PATH``,
+on by default on the command line), a client reconnects to a session after ``serve`` restarts,
+even after a SIGKILL:
+
+* Each session is a run of the journal, provider ``serve``, recorded from its first prompt on (a
+  session never prompted has nothing to continue, and is not recorded). Its session id is
+  ``session-<journal id>``, so it is the same in every process (``subagent runs show <journal id>``
+  shows it). The record's prompt is the first prompt, its request the session's ``cwd``; each
+  prompt is a turn of the run (``running``, committed before the model is asked, then ``ended``
+  with the last turn's stop reason, output and usage) whose checkpoint is the session agent's whole
+  message log as the prompt left it (:mod:`subagent.runtime._log_codec`), committed before the
+  prompt is answered: an answer the client got is never lost. A prompt that goes on while its
+  background children work also keeps its log after each of its turns (committed before that
+  turn's end is reported). A serve killed during a prompt loses what the prompt did since then
+  (its record is marked ``interrupted`` by the next process that opens the journal); the
+  conversation before it is kept.
+* ``session/list`` lists the journal's sessions, newest first (by creation, so that pages stay
+  put while sessions are used): ``sessionId``, ``cwd``, ``title`` (the first prompt, on one line,
+  cut to 80 characters) and ``updatedAt`` (ISO 8601, UTC), filtered by ``cwd``, at most
+  ``list_page_size`` a page, ``nextCursor`` the way on (an opaque token; one this agent did not
+  give is refused with -32602).
+* ``session/resume`` makes the session's agent again from its last checkpoint, taking the
+  session over in the journal (the record's owner becomes this process), and answers: the next
+  ``session/prompt`` continues the conversation, the model seeing the same log as before (the
+  persona included, as it was then). ``session/load`` does the same, and first replays the log as
+  ``session/update`` notifications: each user message a ``user_message_chunk``, each assistant text
+  an ``agent_message_chunk`` (``messageId`` ``message-<index in the log>``), each tool call a
+  ``tool_call`` (``in_progress``, its arguments as ``rawInput``) and its result a
+  ``tool_call_update`` (``completed``, or ``failed`` when the text is an ``error: ...``, the
+  runtime's convention). The persona is not replayed, nor what the log never held (the runs'
+  rows, turn markers). A session open in this process is reopened as it is (``session/load``
+  replays the log of its finished turns). The new ``cwd`` is the agent's from then on; the journal
+  and the list keep the first one.
+* An unknown session id (or a run of the journal that is not a served session) is refused with
+  -32002 (resource not found), ``data: {"sessionId", "reason"}``; one whose prompt is running in
+  another live process with -32602; a checkpoint the journal cannot give back with -32603.
+* The session's subagents (its spawn, fork and acp children) are runs of the same journal (parent
+  id: the session id) but are not continued: a serve killed while they worked leaves them
+  ``interrupted``, and the resumed session starts none of them again. With background delegation
+  its agent is told of each (those the server found interrupted when it opened) as a notice in its
+  log, ``failed`` with the journal run to ``subagent resume``, which its next prompt's model reads.
+* Without a journal none of this is advertised, ``session/load``, ``session/resume`` and
+  ``session/list`` are answered -32601 (method not found), and nothing outlives the process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import logging
 import math
 import os
+import re
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -129,6 +176,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from subagent._acp_stop_reasons import TO_ACP
 from subagent._budget_codec import budget_to_json, limit_to_json, spend_to_json
 from subagent._budget_meta import budget_from_meta
+from subagent._journaling import usage_json
 from subagent._served_subagents import (
     MAX_SUBAGENT_SESSIONS,
     ChildSessions,
@@ -152,6 +200,7 @@ from subagent.budget import BudgetAccount
 from subagent.delegation._background import BackgroundOptions
 from subagent.delegation._subagent_tool import COMPANION_ACTIONS, DEFAULT_TOOL_NAME, SubagentTool
 from subagent.events import EventHub
+from subagent.journal import JournalError, JournalState, RunJournal, RunRecord
 from subagent.observability import _telemetry as telemetry
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
@@ -166,7 +215,8 @@ from subagent.runtime._inprocess_agent import (
     _UsageSum,
 )
 from subagent.runtime._llm import LlmAdapter
-from subagent.runtime._messages import Retrying, TextDelta, ToolSpec
+from subagent.runtime._log_codec import decode_log, encode_log, json_type
+from subagent.runtime._messages import Message, Retrying, TextDelta, ToolSpec
 from subagent.runtime._tools import Tool, ToolError, ToolInvocation
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import (
@@ -186,6 +236,8 @@ from subagent.types import (
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
+
+    from subagent.journal import _Write
 
 __all__ = [
     "AGENT_NAME",
@@ -227,6 +279,20 @@ _RUN_CALL_PREFIX: Final = "run/"
 _UNFINISHED: Final = "the turn ended before this call finished"
 _NOT_APPROVED: Final = "error: this tool call was not approved, so it did not run"
 
+DEFAULT_LIST_PAGE_SIZE: Final = 50
+"""How many sessions one ``session/list`` answer holds at most, unless the server is told otherwise."""
+
+_JOURNAL_PROVIDER: Final = "serve"
+"""The provider name of a served session's run in the journal."""
+_SESSION_PREFIX: Final = "session-"
+_JOURNAL_AGENT: Final = {"kind": "serve", "name": AGENT_NAME}
+"""What the journal keeps of how a session runs (its ``agent``)."""
+_JOURNAL_COMMIT_TIMEOUT: Final = 30.0
+"""How long a prompt's answer waits for its turn's record to be committed (a journal on a stalled
+disk must not hold every answer back forever; the wait is logged)."""
+_REPLAY_MESSAGE_PREFIX: Final = "message-"
+_JOURNAL_ID: Final = re.compile(r"[0-9a-f]{8}")
+
 
 def default_persona(*, delegate: bool) -> str:
     """The system prompt of a session's agent when none is configured."""
@@ -248,10 +314,12 @@ async def serve(
     depth_limit: int | None = None,
     background: BackgroundOptions | None = _DEFAULT_BACKGROUND,
     providers: Sequence[SubagentProvider] = (),
+    journal: str | os.PathLike[str] | RunJournal | None = None,
 ) -> None:
     """Serve a :class:`ServedAgent` on ``llm`` on this process's stdin/stdout until the client closes
     stdin. ``llm`` is the caller's: left open. The other arguments are :class:`ServedAgent`'s (checked
-    before stdin or stdout is touched); ``subagent serve`` builds the adapter from its flags."""
+    before stdin or stdout is touched; a ``journal`` path is opened before them too); ``subagent
+    serve`` builds the adapter from its flags."""
     async with ServedAgent(
         llm,
         persona=persona,
@@ -260,6 +328,7 @@ async def serve(
         depth_limit=depth_limit,
         background=background,
         providers=providers,
+        journal=journal,
     ) as handler:
         await serve_stdio(handler, name="subagent-serve", drain_on_eof=EOF_DRAIN_SECONDS)
 
@@ -281,6 +350,24 @@ class ServedSession:
     """The trace context the client sent with ``session/new`` (None: none, or nothing recorded)."""
     budget: BudgetAccount | None = field(default=None, repr=False)
     """The account of the session's whole tree, when the client sent a budget (``BUDGET_META_KEY``)."""
+    journaled: _Journaled | None = field(default=None, repr=False)
+    """Its run in the server's journal (None: the server keeps none)."""
+
+    @property
+    def journal_id(self) -> str | None:
+        """The id of the session's run in the server's run journal (None: the server keeps none)."""
+        return None if self.journaled is None else self.journaled.id
+
+
+@dataclass(eq=False, slots=True)
+class _Journaled:
+    """A session's run in the journal, as this process has it."""
+
+    id: str
+    recorded: bool = False
+    """Whether the run is in the journal (from the session's first prompt on)."""
+    claimed_from: JournalState | None = None
+    """Reopened here and not prompted since: the state it had, given back if it closes so."""
 
 
 class ServedAgent(AgentHandler):
@@ -312,10 +399,17 @@ class ServedAgent(AgentHandler):
             :class:`~subagent.providers.acp.AcpProvider` named ``acp``); the service owns their runs.
         max_subagent_sessions: for a client that advertised ``subagents``, the most subagent
             sessions one session announces (see :mod:`subagent._served_subagents`).
+        journal: a run journal (:mod:`subagent.journal`): a path, opened when the server opens
+            and closed with it, or a :class:`~subagent.journal.RunJournal` the caller owns. The
+            sessions and their subagents are recorded in it, and the server serves
+            ``session/load``, ``session/resume`` and ``session/list`` from it (*Durable sessions* in
+            the module docstring). None (default): no session outlives the server.
+        list_page_size: the most sessions one ``session/list`` answer holds.
 
     Raises:
         ValueError: ``max_model_calls`` < 1, a negative ``depth_limit``, ``depth_limit`` without
-            ``delegate``, or a tool named like the ``subagent`` tool or one of its companions.
+            ``delegate``, a tool named like the ``subagent`` tool or one of its companions, or
+            ``list_page_size`` < 1.
     """
 
     def __init__(
@@ -330,7 +424,11 @@ class ServedAgent(AgentHandler):
         background: BackgroundOptions | None = _DEFAULT_BACKGROUND,
         providers: Sequence[SubagentProvider] = (),
         max_subagent_sessions: int = MAX_SUBAGENT_SESSIONS,
+        journal: str | os.PathLike[str] | RunJournal | None = None,
+        list_page_size: int = DEFAULT_LIST_PAGE_SIZE,
     ) -> None:
+        if list_page_size < 1:
+            raise ValueError(f"list_page_size must be >= 1, got {list_page_size}")
         if max_model_calls < 1:
             raise ValueError(f"max_model_calls must be >= 1, got {max_model_calls}")
         if depth_limit is not None and depth_limit < 0:
@@ -355,8 +453,12 @@ class ServedAgent(AgentHandler):
         self.agents: AgentRegistry = _FollowedRegistry(self._adopt)
         """Every live agent: the sessions' agents and their subagents."""
         self.max_subagent_sessions = max_subagent_sessions
-        self.service = SubagentService()
+        self.list_page_size = list_page_size
+        # The service opens (and, given a path, owns) the journal: the sessions' subagents are its runs,
+        # and a journal opened by it marks the runs of dead processes interrupted, the sessions' too.
+        self.service = SubagentService(journal=journal)
         """The service the sessions delegate through, with the ``spawn`` and ``fork`` providers."""
+        self._reopening = anyio.Lock()  # one session/load or session/resume at a time
         # Subagents inherit their parent's approver and tools (the session's), so neither is set here.
         self.service.register_provider(
             SpawnProvider(llm=llm, agents=self.agents, max_model_calls=max_model_calls)
@@ -376,6 +478,11 @@ class ServedAgent(AgentHandler):
     def sessions(self) -> Mapping[str, ServedSession]:
         """The open sessions, by id (a read-only view)."""
         return MappingProxyType(self._sessions)
+
+    @property
+    def journal(self) -> RunJournal | None:
+        """The run journal, once the server is open (None: it keeps none)."""
+        return self.service.journal
 
     # -- lifecycle ---------------------------------------------------------------------------------------
 
@@ -401,13 +508,19 @@ class ServedAgent(AgentHandler):
     async def initialize(
         self, params: schema.InitializeRequest, client: ClientPeer
     ) -> schema.InitializeResponse:
-        """Protocol version 1, and exactly the capabilities implemented."""
+        """Protocol version 1, and exactly the capabilities implemented (with a journal: loading,
+        resuming and listing sessions)."""
+        durable = self.journal is not None
         return schema.InitializeResponse(
             protocol_version=negotiate_protocol_version(params.protocol_version),
             agent_capabilities=schema.AgentCapabilities(
-                load_session=False,
+                load_session=durable,
                 prompt_capabilities=schema.PromptCapabilities(embedded_context=True),
-                session_capabilities=schema.SessionCapabilities(close=schema.SessionCloseCapabilities()),
+                session_capabilities=schema.SessionCapabilities(
+                    close=schema.SessionCloseCapabilities(),
+                    resume=schema.SessionResumeCapabilities() if durable else None,
+                    list=schema.SessionListCapabilities() if durable else None,
+                ),
             ),
             agent_info=schema.Implementation(
                 name=AGENT_NAME, title="subagent-seam agent", version=__version__
@@ -418,18 +531,47 @@ class ServedAgent(AgentHandler):
         self, params: schema.NewSessionRequest, client: ClientPeer
     ) -> schema.NewSessionResponse:
         """A session with its own agent, rooted at ``cwd``."""
+        self._check_open(params.cwd, params.mcp_servers, "new")
+        journal = self.journal
+        journaled: _Journaled | None = None
+        if journal is None:
+            session_id = f"{_SESSION_PREFIX}{uuid.uuid4().hex[:16]}"
+        else:
+            # Journaled from its first prompt; the id is fixed now, so the client may keep it.
+            journaled = _Journaled(journal.new_id())
+            session_id = _SESSION_PREFIX + journaled.id
+        self._open_session(session_id, params.cwd, params.meta, client, journaled=journaled)
+        logger.info("session %s opened in %s", session_id, params.cwd)
+        return schema.NewSessionResponse(session_id=session_id)
+
+    def _check_open(self, cwd: str, mcp_servers: Sequence[schema.McpServer] | None, which: str) -> None:
+        """Refuse a session request while not serving, or with a relative ``cwd``; warn of MCP servers."""
         if self._state != "open":
             raise RequestError.internal_error(
                 {"details": "the agent is not serving (closed or never opened)"}
             )
-        if not os.path.isabs(params.cwd):
-            raise RequestError.invalid_params({"cwd": params.cwd, "reason": "cwd must be an absolute path"})
-        if params.mcp_servers:
+        if not os.path.isabs(cwd):
+            raise RequestError.invalid_params({"cwd": cwd, "reason": "cwd must be an absolute path"})
+        if mcp_servers:
             # Not supported (and not advertised beyond the spec's baseline); a client like Zed sends its
             # servers anyway, so refusing the session would make the agent unusable there.
-            names = ", ".join(_mcp_server_name(server) for server in params.mcp_servers)
-            logger.warning("ignoring the MCP servers of the new session (not supported): %s", names)
-        session_id = f"session-{uuid.uuid4().hex[:16]}"
+            names = ", ".join(_mcp_server_name(server) for server in mcp_servers)
+            logger.warning("ignoring the MCP servers of the %s session (not supported): %s", which, names)
+
+    def _open_session(
+        self,
+        session_id: str,
+        cwd: str,
+        meta: Mapping[str, Any] | None,
+        client: ClientPeer,
+        *,
+        journaled: _Journaled | None = None,
+        persona: str | None = None,
+        history: Sequence[Message] = (),
+        from_log: bool = False,
+    ) -> ServedSession:
+        """Make the session's agent and open the session. ``from_log``: the agent continues a log
+        (``persona``, None for none, and ``history``) rather than starting with the server's persona."""
         children: Callable[[_Queue], ChildSessions] | None = None
         if client.subagents:
             # The client shows sessions as a tree: each run below this one is a subagent session.
@@ -439,19 +581,17 @@ class ServedAgent(AgentHandler):
         reporter = _Reporter(session_id, client, DEFAULT_TOOL_NAME if self.delegate else None, children)
         subagent_tool: SubagentTool | None = None
         tools: list[Tool] = []
-        budget = _inherited_depth_budget(params.meta)
+        budget = _inherited_depth_budget(meta)
         # The client's chain may allow no level below this session (its budget is 0): then the
         # session's agent works alone; otherwise its children get at most budget - 1 below them.
         cap = self.depth_limit
         if budget is not None and budget > 0:
             cap = budget - 1 if cap is None else min(cap, budget - 1)
-        caps = budget_from_meta(params.meta)
+        caps = budget_from_meta(meta)
         account = BudgetAccount(caps, owner=session_id) if caps is not None else None
         if self.delegate and (budget is None or budget > 0):
             # The session's runs start below the session's account: its agent and its tree share it.
-            subagent_tool = SubagentTool(
-                self.service, cwd=params.cwd, background=self.background, budget=account
-            )
+            subagent_tool = SubagentTool(self.service, cwd=cwd, background=self.background, budget=account)
             delegation: Tool
             delegation, *companions = subagent_tool.agent_tools()
             if cap is not None:
@@ -462,8 +602,9 @@ class ServedAgent(AgentHandler):
             agent = Agent(
                 llm=self.llm,
                 id=session_id,
-                cwd=params.cwd,
-                persona=self.persona or None,
+                cwd=cwd,
+                persona=persona if from_log else (self.persona or None),
+                history=history,
                 # Wrapped per session: subagents inherit these very objects, so their calls are reported
                 # to this session's client.
                 tools=[_ReportedTool(tool, reporter) for tool in tools],
@@ -480,11 +621,11 @@ class ServedAgent(AgentHandler):
         reporter.agent = agent
         agent.on_event(reporter.on_event)
         reporter.watch(self.service.events)
-        self._sessions[session_id] = ServedSession(
-            session_id, params.cwd, agent, subagent_tool, reporter, telemetry.extract(params.meta), account
+        session = ServedSession(
+            session_id, cwd, agent, subagent_tool, reporter, telemetry.extract(meta), account, journaled
         )
-        logger.info("session %s opened in %s", session_id, params.cwd)
-        return schema.NewSessionResponse(session_id=session_id)
+        self._sessions[session_id] = session
+        return session
 
     async def prompt(
         self, params: schema.PromptRequest, turn: PromptTurn
@@ -498,6 +639,8 @@ class ServedAgent(AgentHandler):
             )
         result: SubagentResult | None = None
         span = _prompt_span(session, params, text)
+        started = self._journal_turn_started(session, text)
+        recorded: _Write | None = None
         try:
             async with anyio.create_task_group() as task_group:
                 updates = session.reporter.begin_turn(turn, task_group)
@@ -507,6 +650,10 @@ class ServedAgent(AgentHandler):
                     # even before the agent's own turn scope exists; the runtime closes the turn's dangling
                     # calls and the subagent tool disposes its runs on the way out.
                     with turn.abort_on_cancel(), telemetry.current(span):
+                        if started is not None:
+                            # In the journal before the model is asked: a prompt cut short by the end of
+                            # this process is found interrupted, never mistaken for one never sent.
+                            await self._committed(started)
                         result = await self._run_turns(session, text)
                 except AgentClosedError:
                     pass  # the session was closed while this prompt waited: answered cancelled below
@@ -523,6 +670,13 @@ class ServedAgent(AgentHandler):
         except BaseException as exc:
             telemetry.end_agent_span(span, exc)
             raise
+        finally:
+            # However the prompt ended, its turns are in the agent's log: the next prompt (here, or
+            # in a process that resumes the session) continues from there.
+            recorded = self._journal_turn_ended(session, None if turn.cancel_requested else result)
+        if recorded is not None:
+            # Committed before the client has the answer: an answer it got is never lost.
+            await self._committed(recorded)
         if span is not None:
             # As answered: a prompt cancelled (or aborted) ends cancelled, whatever its turn said.
             ended = SubagentResult(output="", stop_reason="cancelled") if result is None else result
@@ -541,6 +695,7 @@ class ServedAgent(AgentHandler):
         reporter = session.reporter
         reporter.turn_began(1, woken=False)
         result = await session.agent.run_turn(text)
+        await self._journal_between_turns(session, result)
         reporter.turn_ended(1, result)
         usage.add(result.usage)
         turns = 1
@@ -559,9 +714,284 @@ class ServedAgent(AgentHandler):
             turns += 1
             reporter.turn_began(turns, woken=True)
             result = await session.agent.run_turn(prompt)
+            await self._journal_between_turns(session, result)
             reporter.turn_ended(turns, result)
             usage.add(result.usage)
         return dataclasses.replace(result, usage=usage.total())
+
+    # -- durable sessions (with a journal) ------------------------------------------------------------
+
+    async def list_sessions(
+        self, params: schema.ListSessionsRequest, client: ClientPeer
+    ) -> schema.ListSessionsResponse:
+        """The journal's sessions, newest first, in ``cwd`` when given, a page at a time."""
+        journal = self._require_journal(schema.SESSION_LIST)
+        cwd = params.cwd
+        if cwd is not None and not os.path.isabs(cwd):
+            raise RequestError.invalid_params({"cwd": cwd, "reason": "cwd must be an absolute path"})
+        try:
+            listed = await anyio.to_thread.run_sync(_journaled_sessions, journal, cwd)
+        except JournalError as exc:
+            raise RequestError.internal_error({"details": str(exc)}) from exc
+        start = 0
+        if params.cursor is not None:
+            after = next((index for index, record in enumerate(listed) if record.id == params.cursor), None)
+            if after is None:
+                raise RequestError.invalid_params(
+                    {"cursor": params.cursor, "reason": "not a cursor of this agent's session/list"}
+                )
+            start = after + 1
+        page = listed[start : start + self.list_page_size]
+        more = start + len(page) < len(listed)
+        return schema.ListSessionsResponse(
+            sessions=[_session_info(record) for record in page],
+            next_cursor=page[-1].id if more and page else None,
+        )
+
+    async def resume_session(
+        self, params: schema.ResumeSessionRequest, client: ClientPeer
+    ) -> schema.ResumeSessionResponse:
+        """Reopen a journaled session (or take an open one as it is) without replaying it."""
+        await self._reopen(
+            schema.SESSION_RESUME, params.session_id, params.cwd, params.mcp_servers, params.meta, client
+        )
+        return schema.ResumeSessionResponse()
+
+    async def load_session(
+        self, params: schema.LoadSessionRequest, client: ClientPeer
+    ) -> schema.LoadSessionResponse:
+        """Reopen a journaled session (or take an open one as it is), replaying its log first."""
+        session = await self._reopen(
+            schema.SESSION_LOAD, params.session_id, params.cwd, params.mcp_servers, params.meta, client
+        )
+        agent = session.agent
+        # An idle agent's whole log (the notices of lost children included); a busy one's finished turns.
+        for update in self._replay(agent.completed_messages if agent.busy else agent.messages):
+            try:
+                await client.session_update(session.id, update)
+            except MessageTooLargeError as exc:
+                # Refused before sending: the client is still there and gets the rest of the log.
+                logger.warning("session %s: a replayed update was not sent: %s", session.id, exc)
+        return schema.LoadSessionResponse()
+
+    async def _reopen(
+        self,
+        method: str,
+        session_id: str,
+        cwd: str,
+        mcp_servers: Sequence[schema.McpServer] | None,
+        meta: Mapping[str, Any] | None,
+        client: ClientPeer,
+    ) -> ServedSession:
+        """The session ``session_id``: open here already, else made again from its last checkpoint in
+        the journal and taken over there."""
+        journal = self._require_journal(method)
+        self._check_open(cwd, mcp_servers, "reopened")
+        async with self._reopening:  # two reopens of one session must not both take it over
+            session = self._sessions.get(session_id)
+            if session is not None:
+                return session
+            record = await self._journaled_session(journal, session_id)
+            if record.live:
+                try:
+                    await self.service.sweep()  # its owner may be dead, and its run not marked so yet
+                except JournalError as exc:
+                    raise RequestError.internal_error({"sessionId": session_id, "details": str(exc)}) from exc
+                record = await self._journaled_session(journal, session_id)
+            if record.live:
+                raise self._in_use(record)
+            from_log, persona, history = _checkpointed_log(record)
+            claim = journal.claim_for_resume(record.id)
+            await self._committed(claim)
+            if claim.error is not None:
+                raise RequestError.internal_error(
+                    {"sessionId": session_id, "details": f"the run journal cannot record it: {claim.error}"}
+                )
+            if not claim.rowcounts or claim.rowcounts[0] == 0:
+                raise self._in_use(record)  # another process took it over meanwhile
+            journaled = _Journaled(record.id, recorded=True, claimed_from=record.state)
+            try:
+                session = self._open_session(
+                    session_id,
+                    cwd,
+                    meta,
+                    client,
+                    journaled=journaled,
+                    persona=persona,
+                    history=history,
+                    from_log=from_log,
+                )
+            except BaseException as exc:
+                journal.release_claim(record.id, record.state, f"the session could not be reopened: {exc}")
+                raise
+            background = session.subagent_tool.background if session.subagent_tool is not None else None
+            if background is not None:
+                # The children it lost with the process that served it are told to its agent now (as
+                # notices, in its log): its next prompt's model reads them.
+                background.bind_agent(session.agent)
+        logger.info(
+            "session %s reopened in %s (%s, %d turn(s) completed)",
+            session_id,
+            cwd,
+            record.state,
+            record.turns,
+        )
+        return session
+
+    async def _journaled_session(self, journal: RunJournal, session_id: str) -> RunRecord:
+        """The journal's record of session ``session_id``.
+
+        Raises:
+            RequestError: -32002 when the journal has no such session.
+        """
+        journal_id = session_id.removeprefix(_SESSION_PREFIX)
+        record: RunRecord | None = None
+        # Only a whole journal id (as RunJournal.new_id makes them) names a session: get() would also
+        # take the start of one.
+        if journal_id != session_id and _JOURNAL_ID.fullmatch(journal_id):
+            try:
+                record = await anyio.to_thread.run_sync(journal.get, journal_id)
+            except JournalError as exc:
+                raise RequestError.internal_error({"sessionId": session_id, "details": str(exc)}) from exc
+        if record is None or record.provider != _JOURNAL_PROVIDER:
+            raise RequestError(
+                RpcErrorCode.RESOURCE_NOT_FOUND,
+                "Resource not found",
+                {"sessionId": session_id, "reason": "no such session in this agent's run journal"},
+            )
+        return record
+
+    def _in_use(self, record: RunRecord) -> RequestError:
+        pid = record.owner.get("pid")
+        return RequestError.invalid_params(
+            {
+                "sessionId": _SESSION_PREFIX + record.id,
+                "reason": f"the session is {record.state} in process {pid}, which is alive: one process "
+                "at a time serves a session",
+            }
+        )
+
+    def _require_journal(self, method: str) -> RunJournal:
+        """The journal; without one the method is not served (-32601), as not advertised."""
+        if self._state != "open":
+            raise RequestError.internal_error(
+                {"details": "the agent is not serving (closed or never opened)"}
+            )
+        journal = self.journal
+        if journal is None:
+            raise RequestError.method_not_found(method)
+        return journal
+
+    def _replay(self, log: Sequence[Message]) -> list[schema.SessionUpdate]:
+        """``log`` as the updates ``session/load`` replays (see *Durable sessions*)."""
+        updates: list[schema.SessionUpdate] = []
+        delegate_tool = DEFAULT_TOOL_NAME if self.delegate else None
+        for index, message in enumerate(log):
+            message_id = f"{_REPLAY_MESSAGE_PREFIX}{index}"
+            if message.role == "user":
+                content = schema.TextContent(text=message.content)
+                updates.append(schema.UserMessageChunk(content=content, message_id=message_id))
+            elif message.role == "assistant":
+                if message.content:
+                    content = schema.TextContent(text=message.content)
+                    updates.append(schema.AgentMessageChunk(content=content, message_id=message_id))
+                for call in message.tool_calls:
+                    arguments = _decoded_arguments(call.arguments)
+                    updates.append(
+                        schema.ToolCall(
+                            tool_call_id=call.id,
+                            title=_tool_title(call.name, arguments, delegate_tool),
+                            kind="other",
+                            status="in_progress",
+                            raw_input=thaw_json(arguments),
+                        )
+                    )
+            elif message.role == "tool" and message.tool_call_id is not None:
+                failed = message.content.startswith("error: ")
+                updates.append(
+                    schema.ToolCallProgress(
+                        tool_call_id=message.tool_call_id,
+                        status="failed" if failed else "completed",
+                        content=_text_content(message.content),
+                    )
+                )
+        return updates
+
+    # -- the journal's record of a session --------------------------------------------------------------
+
+    def _journal_turn_started(self, session: ServedSession, prompt: str) -> _Write | None:
+        """A prompt begins: the session's run is recorded at its first, else a turn of it begins; the
+        write to wait on is returned (None: no journal)."""
+        journal, journaled = self.journal, session.journaled
+        if journal is None or journaled is None:
+            return None
+        if journaled.recorded:
+            write = journal.record_turn_started(journaled.id, prompt)
+        else:
+            journal.record_start(
+                journaled.id,
+                run_id=session.id,
+                provider=_JOURNAL_PROVIDER,
+                parent=None,
+                parent_id=None,
+                prompt=prompt,
+                request={"cwd": session.cwd},
+                agent=_JOURNAL_AGENT,
+            )
+            # Its log so far (the persona): a serve killed during this first prompt leaves a session
+            # that reopens empty, rather than none.
+            write = journal.record_running(
+                journaled.id, session_id=session.id, checkpoint=_checkpoint(session)
+            )
+            journaled.recorded = True
+        journaled.claimed_from = None
+        return write
+
+    async def _journal_between_turns(self, session: ServedSession, result: SubagentResult) -> None:
+        """A turn of the prompt completed and its background children work on: the prompt goes on, so
+        the log as it is now is kept (committed before the turn's end is reported). Otherwise the
+        prompt's end records it."""
+        journal, journaled = self.journal, session.journaled
+        if (
+            journal is None
+            or journaled is None
+            or not journaled.recorded
+            or result.stop_reason != "completed"
+        ):
+            return
+        background = session.subagent_tool.background if session.subagent_tool is not None else None
+        if background is not None and any(child.live for child in background.children(session.id)):
+            await self._committed(journal.record_checkpoint(journaled.id, _checkpoint(session)))
+
+    def _journal_turn_ended(self, session: ServedSession, result: SubagentResult | None) -> _Write | None:
+        """A prompt ended (``result`` None: cancelled): its outcome and the log it left, queued."""
+        journal, journaled = self.journal, session.journaled
+        if journal is None or journaled is None or not journaled.recorded:
+            return None
+        if result is None:
+            result = SubagentResult(output="", stop_reason="cancelled")
+        return journal.record_turn(
+            journaled.id,
+            stop_reason=result.stop_reason,
+            output=result.output,
+            structured=None,
+            error=result.error,
+            usage=usage_json(result.usage),
+            checkpoint=_checkpoint(session),
+        )
+
+    async def _committed(self, write: _Write) -> None:
+        """Wait (bounded) until ``write`` is committed; a failed write was logged by the journal."""
+        if write.done.is_set():
+            return
+        done = await anyio.to_thread.run_sync(
+            write.done.wait, _JOURNAL_COMMIT_TIMEOUT, abandon_on_cancel=True
+        )
+        if not done:
+            logger.error(
+                "run journal: a write was not committed within %.0f s; going on without waiting",
+                _JOURNAL_COMMIT_TIMEOUT,
+            )
 
     async def close_session(
         self, params: schema.CloseSessionRequest, client: ClientPeer
@@ -613,6 +1043,13 @@ class ServedAgent(AgentHandler):
 
     async def _close_session(self, session: ServedSession) -> None:
         self._sessions.pop(session.id, None)
+        journaled, journal = session.journaled, self.journal
+        if journaled is not None and journal is not None and journaled.claimed_from is not None:
+            # Reopened and never prompted: the session goes back as it was, for anyone to reopen.
+            journal.release_claim(
+                journaled.id, journaled.claimed_from, "reopened, and closed without a prompt"
+            )
+            journaled.claimed_from = None
         try:
             with anyio.CancelScope(shield=True):
                 await session.agent.close("the session was closed")
@@ -624,6 +1061,62 @@ class ServedAgent(AgentHandler):
             if session.budget is not None:
                 session.budget.close()
         logger.info("session %s closed", session.id)
+
+
+def _checkpoint(session: ServedSession) -> dict[str, Any]:
+    """What the journal keeps of a session to make it again: its agent's whole log, as it is now."""
+    return {"sessionId": session.id, "cwd": session.cwd, "messages": encode_log(session.agent.messages)}
+
+
+def _checkpointed_log(record: RunRecord) -> tuple[bool, str | None, tuple[Message, ...]]:
+    """From a session's checkpoint: whether there is a log, its persona (its leading system message)
+    and the rest of it.
+
+    Raises:
+        RequestError: -32603 when the checkpoint is malformed (not what this server writes).
+    """
+    checkpoint = record.checkpoint
+    if checkpoint is None:
+        return False, None, ()  # never checkpointed: it starts as a new session would
+    try:
+        if not isinstance(checkpoint, Mapping):
+            raise ValueError(f"it must be an object, not {json_type(checkpoint)}")
+        if "messages" not in checkpoint:
+            raise ValueError("it has no messages")
+        log = decode_log(checkpoint["messages"])
+    except ValueError as exc:
+        raise RequestError.internal_error(
+            {
+                "sessionId": _SESSION_PREFIX + record.id,
+                "details": f"its checkpoint in the run journal is malformed: {exc}",
+            }
+        ) from exc
+    if log and log[0].role == "system":
+        # The agent puts its persona first: kept as the persona, so the model sees the same log.
+        return True, log[0].content or None, log[1:]
+    return True, None, log
+
+
+def _journaled_sessions(journal: RunJournal, cwd: str | None) -> list[RunRecord]:
+    """The journal's sessions, newest first, in ``cwd`` when given. Blocking."""
+    wanted = None if cwd is None else os.path.normpath(cwd)
+    return [
+        record
+        for record in journal.runs(provider=_JOURNAL_PROVIDER, limit=None)
+        if isinstance(record.request.get("cwd"), str)
+        and (wanted is None or os.path.normpath(record.request["cwd"]) == wanted)
+    ]
+
+
+def _session_info(record: RunRecord) -> schema.SessionInfo:
+    """A journaled session as ``session/list`` shows it."""
+    updated = datetime.datetime.fromtimestamp(record.updated_at, tz=datetime.UTC)
+    return schema.SessionInfo(
+        session_id=_SESSION_PREFIX + record.id,
+        cwd=record.request["cwd"],
+        title=excerpt(record.prompt) or None,
+        updated_at=updated.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+    )
 
 
 def _prompt_span(session: ServedSession, params: schema.PromptRequest, text: str) -> Span | None:
@@ -1130,11 +1623,7 @@ class _Reporter:
         return self._call_title(invocation.tool, invocation.arguments, owner)
 
     def _call_title(self, tool: str, arguments: Any, owner: str | None) -> str:
-        title = tool
-        if tool == self.delegate_tool and isinstance(arguments, Mapping):
-            provider, prompt = arguments.get("provider"), arguments.get("prompt")
-            if isinstance(provider, str) and isinstance(prompt, str):
-                title = f"{tool} ({provider}): {excerpt(prompt)}"
+        title = _tool_title(tool, arguments, self.delegate_tool)
         return title if owner is None else f"{owner}: {title}"
 
 
@@ -1199,6 +1688,15 @@ def _inherited_depth_budget(meta: Mapping[str, Any] | None) -> int | None:
     if lineage is not None:
         logger.warning("ignoring a malformed %s in session/new: %r", LINEAGE_META_KEY, lineage)
     return None
+
+
+def _tool_title(tool: str, arguments: Any, delegate_tool: str | None) -> str:
+    """A tool call's title: the tool's name; a delegation's also names its provider and prompt."""
+    if tool == delegate_tool and isinstance(arguments, Mapping):
+        provider, prompt = arguments.get("provider"), arguments.get("prompt")
+        if isinstance(provider, str) and isinstance(prompt, str):
+            return f"{tool} ({provider}): {excerpt(prompt)}"
+    return tool
 
 
 def _text_content(text: str) -> list[schema.ToolCallContent]:

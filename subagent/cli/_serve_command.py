@@ -9,6 +9,12 @@ SIGTERM and SIGHUP close the server as the end of stdin does (every session's ag
 subagent disposed, a private spill directory removed) and then end the process by that same signal, so
 whoever started it sees why it ended; a second one while that runs ends it at once. A SIGHUP ignored
 when the process started (``nohup``) stays ignored.
+
+The sessions are kept in a run journal (``--journal PATH``, or ``--no-journal`` for none; else
+``$SUBAGENT_JOURNAL``, a path or ``off``; else the user's state directory,
+:func:`~subagent.journal.default_journal_path`), so a client reopens them after a restart
+(``session/load``, ``session/resume``, ``session/list``). The journal is opened before stdin or stdout
+is touched: one that cannot be used (not a journal, a newer schema) is bad usage, exit status 2.
 """
 
 from __future__ import annotations
@@ -29,12 +35,21 @@ import anyio
 import anyio.abc
 
 from subagent.cli._exits import PROG, Command, Parser, UsageError
+from subagent.journal import JOURNAL_ENV
 
 if TYPE_CHECKING:
     from subagent.delegation._background import BackgroundOptions
+    from subagent.journal import RunJournal
     from subagent.runtime._llm import LlmAdapter
 
-__all__ = ["DEFAULT_API_KEY_ENV", "SERVE_COMMAND", "ServeConfigError", "build_llm", "serve_command"]
+__all__ = [
+    "DEFAULT_API_KEY_ENV",
+    "SERVE_COMMAND",
+    "ServeConfigError",
+    "build_llm",
+    "journal_path",
+    "serve_command",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +78,13 @@ scripts (--script):
   "when": {{"last_user_contains", "system_contains", "has_tool", "after_tool_result"}}}}.
   Each reply is used once, the first unused one whose `when` matches; the session's agent
   and its subagents share the script. Details: python -m pydoc subagent.runtime.ScriptedLlm
+
+sessions that outlive the server:
+  each session is kept in a run journal (--journal PATH, or --no-journal; default:
+  ${JOURNAL_ENV}, a path or 'off'; else $XDG_STATE_HOME/subagent/runs.db, by default
+  ~/.local/state/subagent/runs.db): after a restart a client lists them (session/list) and
+  reopens one (session/resume, or session/load, which replays it) to go on with the
+  conversation. `{PROG} runs` lists them too (provider `serve`).
 
 output:
   stdout carries only the protocol; logs go to stderr (-v, -vv for more).
@@ -153,6 +175,15 @@ def _add_serve_arguments(serve: Parser) -> None:
         metavar="DIR",
         help="where long answers are saved, and kept (default: a private directory removed at exit)",
     )
+    serve.add_argument(
+        "--journal",
+        metavar="PATH",
+        help=f"the run journal the sessions are kept in, for clients to reopen after a restart (default: "
+        f"${JOURNAL_ENV}, else the user's state directory)",
+    )
+    serve.add_argument(
+        "--no-journal", action="store_true", help="keep no journal: no session outlives the server"
+    )
 
 
 def serve_command(args: argparse.Namespace, command: list[str] | None) -> int:
@@ -190,14 +221,53 @@ def serve_command(args: argparse.Namespace, command: list[str] | None) -> int:
             f"{PROG} serve: speaking ACP on stdin/stdout, for an ACP client to drive; Ctrl-D ends\n"
         )
         sys.stderr.flush()
+    if args.journal is not None and args.no_journal:
+        raise UsageError("give either --journal PATH or --no-journal, not both")
+    journal = journal_path(args.journal, off=args.no_journal)
     try:
-        stopped_by = anyio.run(_build_and_serve, args, api_key_env, acp_command)
+        stopped_by = anyio.run(_build_and_serve, args, api_key_env, acp_command, journal)
     except ServeConfigError as exc:
         raise UsageError(str(exc)) from exc
     if stopped_by is not None:
         _end_by(stopped_by)
         return 128 + stopped_by  # only if the signal could not end the process
     return 0
+
+
+def journal_path(option: str | None, *, off: bool = False) -> Path | None:
+    """The journal ``serve`` keeps (None: none): ``--journal`` (``option``), none for ``--no-journal``
+    (``off``), else ``$SUBAGENT_JOURNAL`` (a path, ``off`` for none; empty is unset), else the default
+    path. The other commands choose theirs the same way, and may read a config file too."""
+    from subagent.journal import default_journal_path
+
+    if off:
+        return None
+    if option is not None:
+        return _absolute(option)
+    variable = os.environ.get(JOURNAL_ENV, "").strip()
+    if variable.lower() == "off":
+        return None
+    return _absolute(variable) if variable else default_journal_path()
+
+
+def _absolute(path: str) -> Path:
+    return Path(os.path.abspath(os.path.expanduser(path)))
+
+
+async def _open_journal(path: Path | None) -> RunJournal | None:
+    """The journal at ``path`` opened (None: none), off the event loop.
+
+    Raises:
+        ServeConfigError: it cannot be used (not a journal, a newer schema, not writable).
+    """
+    if path is None:
+        return None
+    from subagent.journal import JournalError, RunJournal
+
+    try:
+        return await anyio.to_thread.run_sync(RunJournal.open, path)
+    except JournalError as exc:
+        raise ServeConfigError(str(exc)) from exc
 
 
 def _acp_command(text: str | None) -> list[str] | None:
@@ -214,11 +284,14 @@ def _acp_command(text: str | None) -> list[str] | None:
 
 
 async def _build_and_serve(
-    args: argparse.Namespace, api_key_env: str, acp_command: list[str] | None = None
+    args: argparse.Namespace,
+    api_key_env: str,
+    acp_command: list[str] | None = None,
+    journal_at: Path | None = None,
 ) -> signal.Signals | None:
-    """Build the LLM the flags describe (checked before stdin or stdout is touched), serve on it until
-    the client closes stdin or a stopping signal comes, and close it at the end. Returns the signal
-    that stopped it, if one did."""
+    """Build the LLM the flags describe and open the journal at ``journal_at`` (both checked before
+    stdin or stdout is touched), serve on them until the client closes stdin or a stopping signal
+    comes, and close them at the end. Returns the signal that stopped it, if one did."""
     # Imported here: the other commands do not need the in-process runtime.
     from subagent.runtime._inprocess_agent import DEFAULT_MAX_MODEL_CALLS
     from subagent.serve import serve
@@ -237,6 +310,10 @@ async def _build_and_serve(
         aclose = getattr(llm, "aclose", None)
         if aclose is not None:
             stack.push_async_callback(aclose)
+        journal = await _open_journal(journal_at)
+        if journal is not None:
+            # Closed last (commits what is queued): the sessions and the service write to it until then.
+            stack.push_async_callback(anyio.to_thread.run_sync, journal.close)
         async with anyio.create_task_group() as task_group:
             await task_group.start(_stop_on_signals, task_group.cancel_scope, stopped_by)
             # Cancelled by a signal, serve() still closes every session and the service (shielded) on
@@ -249,6 +326,7 @@ async def _build_and_serve(
                 depth_limit=args.depth_limit,
                 background=None if args.no_background or args.no_delegate else _background_options(args),
                 providers=providers,
+                journal=journal,
             )
             task_group.cancel_scope.cancel()  # stdin ended: stop listening
     return stopped_by[0] if stopped_by else None
