@@ -119,7 +119,7 @@ class RunRecord:
     """What the journal holds of one run."""
 
     id: str
-    """The journal's id of the run (8 hex digits): unique in the journal, unlike the provider's run id."""
+    """The journal's id of the run (12 hex digits): unique in the journal, unlike the provider's run id."""
     run_id: str
     """The id the provider gave the run's (latest) child, e.g. ``acp-1``."""
     provider: str
@@ -514,8 +514,17 @@ class RunJournal:
             connection.execute("BEGIN IMMEDIATE")
             try:
                 for write in batch:
-                    for sql, parameters in write.statements:
-                        write.rowcounts.append(connection.execute(sql, parameters).rowcount)
+                    # Each write in a savepoint of its own: one that fails (a constraint) is undone
+                    # alone, never the others of its batch.
+                    connection.execute("SAVEPOINT write")
+                    try:
+                        for sql, parameters in write.statements:
+                            write.rowcounts.append(connection.execute(sql, parameters).rowcount)
+                    except sqlite3.IntegrityError as exc:
+                        connection.execute("ROLLBACK TO write")
+                        write.error = self._error("cannot write to", exc)
+                        logger.error("run journal %s: a write was refused: %s", self.path, exc)
+                    connection.execute("RELEASE write")
                 connection.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(sqlite3.Error):
@@ -527,7 +536,7 @@ class RunJournal:
                 logger.error("run journal %s: %s; runs go on, unrecorded", self.path, error)
             self._failed = str(error)
             for write in batch:
-                write.error = error
+                write.error = write.error or error
         finally:
             for write in batch:
                 write.done.set()
@@ -561,8 +570,9 @@ class RunJournal:
     # -- what the service writes -----------------------------------------------------------------------
 
     def new_id(self) -> str:
-        """A fresh journal id (8 hex digits; the insert retries on the rare collision)."""
-        return secrets.token_hex(4)
+        """A fresh journal id: 12 random hex digits (48 bits: two of a million runs share one with a
+        chance of about 2 in a thousand million; such a run's insert fails alone, logged)."""
+        return secrets.token_hex(6)
 
     def record_start(
         self,
@@ -755,15 +765,24 @@ class RunJournal:
             ]
         )
 
-    def release_claim(self, id: str, state: JournalState, error: str) -> _Write:
-        """Queue giving back a claimed run whose resume failed before its child existed."""
+    def release_claim(
+        self,
+        id: str,
+        state: JournalState,
+        error: str,
+        *,
+        stop_reason: str | None = None,
+        ended_at: float | None = None,
+    ) -> _Write:
+        """Queue giving back a claimed run whose resume failed before its child existed, as it was
+        (``state``, ``stop_reason``, ``ended_at``: the claimed record's)."""
         now = time.time()
         return self.submit(
             [
                 (
-                    "UPDATE runs SET state = ?, resumes = resumes - 1, updated_at = ? "
-                    "WHERE id = ? AND state = 'starting'",
-                    (state, now, id),
+                    "UPDATE runs SET state = ?, stop_reason = ?, ended_at = ?, resumes = resumes - 1, "
+                    "updated_at = ? WHERE id = ? AND state = 'starting'",
+                    (state, stop_reason, ended_at, now, id),
                 ),
                 _transition(id, now, state, self._cut(error, 500)),
             ]
@@ -885,9 +904,9 @@ class RunJournal:
         except sqlite3.Error as exc:
             raise self._error("cannot read", exc) from exc
 
-    def get(self, id: str, *, details: bool = True) -> RunRecord | None:
-        """Run ``id`` (a journal id, or a unique prefix of one of at least 4 characters), with its
-        checkpoint and transitions when ``details``; None when there is none. Blocking.
+    def get(self, id: str, *, details: bool = True, exact: bool = False) -> RunRecord | None:
+        """Run ``id`` (a journal id, or unless ``exact`` a unique prefix of one of at least 4 characters),
+        with its checkpoint and transitions when ``details``; None when there is none. Blocking.
 
         Raises:
             JournalError: the prefix names more than one run.
@@ -895,7 +914,7 @@ class RunJournal:
         connection = self._reader()
         try:
             row = connection.execute(f"SELECT {_LIST_COLUMNS} FROM runs WHERE id = ?", (id,)).fetchone()
-            if row is None and 4 <= len(id) < 8 and re.fullmatch(r"[0-9a-f]+", id):
+            if row is None and not exact and 4 <= len(id) < 12 and re.fullmatch(r"[0-9a-f]+", id):
                 rows = connection.execute(
                     f"SELECT {_LIST_COLUMNS} FROM runs WHERE id >= ? AND id < ? LIMIT 2", (id, id + "g")
                 ).fetchall()
@@ -922,11 +941,17 @@ class RunJournal:
         )
 
     def children(self, id: str) -> list[RunRecord]:
-        """The runs whose parent is run ``id``, oldest first. Blocking."""
+        """The runs whose parent is run ``id``, oldest first: started below it in the same service, or
+        naming it (its journal id, or its ACP session id: a served session's children) as their parent.
+        Blocking."""
         try:
             rows = (
                 self._reader()
-                .execute(f"SELECT {_LIST_COLUMNS} FROM runs WHERE parent = ? ORDER BY seq", (id,))
+                .execute(
+                    f"SELECT {_LIST_COLUMNS} FROM runs WHERE parent = ? OR (parent IS NULL AND "
+                    "(parent_id = ? OR parent_id = (SELECT session_id FROM runs WHERE id = ?))) ORDER BY seq",
+                    (id, id, id),
+                )
                 .fetchall()
             )
         except sqlite3.Error as exc:

@@ -157,6 +157,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import functools
 import json
 import logging
 import math
@@ -291,7 +292,7 @@ _JOURNAL_COMMIT_TIMEOUT: Final = 30.0
 """How long a prompt's answer waits for its turn's record to be committed (a journal on a stalled
 disk must not hold every answer back forever; the wait is logged)."""
 _REPLAY_MESSAGE_PREFIX: Final = "message-"
-_JOURNAL_ID: Final = re.compile(r"[0-9a-f]{8}")
+_JOURNAL_ID: Final = re.compile(r"[0-9a-f]{12}")
 
 
 def default_persona(*, delegate: bool) -> str:
@@ -822,7 +823,13 @@ class ServedAgent(AgentHandler):
                     from_log=from_log,
                 )
             except BaseException as exc:
-                journal.release_claim(record.id, record.state, f"the session could not be reopened: {exc}")
+                journal.release_claim(
+                    record.id,
+                    record.state,
+                    f"the session could not be reopened: {exc}",
+                    stop_reason=record.stop_reason,
+                    ended_at=record.ended_at,
+                )
                 raise
             background = session.subagent_tool.background if session.subagent_tool is not None else None
             if background is not None:
@@ -850,7 +857,9 @@ class ServedAgent(AgentHandler):
         # take the start of one.
         if journal_id != session_id and _JOURNAL_ID.fullmatch(journal_id):
             try:
-                record = await anyio.to_thread.run_sync(journal.get, journal_id)
+                record = await anyio.to_thread.run_sync(
+                    functools.partial(journal.get, journal_id, exact=True)
+                )
             except JournalError as exc:
                 raise RequestError.internal_error({"sessionId": session_id, "details": str(exc)}) from exc
         if record is None or record.provider != _JOURNAL_PROVIDER:

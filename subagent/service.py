@@ -557,7 +557,15 @@ class SubagentService:
             run = self._launch(snapshot, request, within, begin, resumed=record)
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
-                await self._committed(journal.release_claim(record.id, record.state, str(exc)))
+                await self._committed(
+                    journal.release_claim(
+                        record.id,
+                        record.state,
+                        str(exc),
+                        stop_reason=record.stop_reason,
+                        ended_at=record.ended_at,
+                    )
+                )
             raise
         if record.state == "interrupted":
             logger.info("run %s (%s) interrupted before is resumed as %s", record.id, record.provider, run.id)

@@ -515,7 +515,7 @@ async def refusal(attempt: Any) -> tuple[ErrorCode, str]:
 async def test_a_journal_id_prefix_finds_the_run_and_an_ambiguous_one_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "runs.db"
     with RunJournal.open(path) as journal:
-        for id in ("abcd1111", "abcd2222", "beef0000"):
+        for id in ("abcd11111111", "abcd22222222", "beef00000000"):
             journal.record_start(
                 id,
                 run_id="x-1",
@@ -532,7 +532,7 @@ async def test_a_journal_id_prefix_finds_the_run_and_an_ambiguous_one_is_refused
             journal.get("abcd")
         too_short = journal.get("bee")
     assert found is not None
-    assert found.id == "beef0000"
+    assert found.id == "beef00000000"
     assert str(ambiguous.value) == "'abcd' is the start of more than one run's id: give more of it"
     assert too_short is None
 
@@ -847,3 +847,25 @@ async def test_a_resumed_run_gets_only_what_its_budget_had_left_and_one_that_spe
         ErrorCode.RESUME_UNSUPPORTED,
         f"run {ids[1]} cannot be resumed: its budget is spent: max_tool_calls 5, of which 5 was used before",
     )
+
+
+def test_a_write_the_database_refuses_fails_alone_and_its_batch_is_kept(tmp_path: Path) -> None:
+    with RunJournal.open(tmp_path / "runs.db") as journal:
+        start = {
+            "run_id": "a-1",
+            "provider": "a",
+            "parent": None,
+            "parent_id": None,
+            "request": {},
+            "agent": None,
+        }
+        first = journal.record_start("aaaaaaaaaaaa", prompt="first", **start)
+        twin = journal.record_start("aaaaaaaaaaaa", prompt="same id", **start)
+        other = journal.record_start("bbbbbbbbbbbb", prompt="other", **start)
+        journal.flush()
+        prompts = sorted(record.prompt for record in journal.runs())
+    assert (first.error, other.error) == (None, None)
+    assert isinstance(twin.error, JournalError)
+    assert "UNIQUE constraint failed: runs.id" in str(twin.error)
+    assert prompts == ["first", "other"]
+    assert journal.failed is None
