@@ -851,7 +851,7 @@ async def test_a_resumed_run_gets_only_what_its_budget_had_left_and_one_that_spe
 
 def test_a_write_the_database_refuses_fails_alone_and_its_batch_is_kept(tmp_path: Path) -> None:
     with RunJournal.open(tmp_path / "runs.db") as journal:
-        start = {
+        start: dict[str, Any] = {
             "run_id": "a-1",
             "provider": "a",
             "parent": None,
