@@ -1090,9 +1090,9 @@ class ServiceRun(DisposeOnExit):
                 spent=self._spent_json(),
             )
             return
+        if self._ready.error is not None:
+            return  # readiness failed: already recorded as failed (an ACP run's result fails the same way)
         disposed = isinstance(outcome, SubagentError) and outcome.code is ErrorCode.DISPOSED
-        if disposed and self._ready.error is not None:
-            return  # readiness failed: already recorded as failed
         self._journal_write = journal.record_turn(
             self.journal_id,
             stop_reason=None,
