@@ -63,6 +63,15 @@ BOTH_BACKENDS_MODULES = frozenset(
 )
 
 
+@pytest.fixture(autouse=True)
+def _run_journal_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Point the command line's default run journal ($XDG_STATE_HOME/subagent/runs.db) at a directory of
+    the test's own, and drop any SUBAGENT_JOURNAL of the caller's: no test writes to this machine's state
+    directory. Set in this process's environment, so a CLI a test runs as a subprocess inherits it."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path_factory.mktemp("state")))
+    monkeypatch.delenv("SUBAGENT_JOURNAL", raising=False)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "both_backends: run this async test on trio as well as asyncio (see tests/conftest.py)"

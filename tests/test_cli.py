@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -51,6 +52,22 @@ ASKING_TURN: Final = [
         "reject": [{"step": "message", "text": "I left config.json alone."}],
     }},
 ]  # fmt: skip
+
+
+class _JournalId:
+    """Equal to any run journal id (12 hex digits): the "journalId" of `--json`, which the CLI records every
+    run in by default (in the test's own state directory: see tests/conftest.py)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and re.fullmatch(r"[0-9a-f]{12}", other) is not None
+
+    __hash__ = None  # type: ignore[assignment]  # equal to many strings: no hash could agree
+
+    def __repr__(self) -> str:
+        return "<a journal id>"
+
+
+JOURNAL_ID: Final = _JournalId()
 
 
 @dataclass
@@ -228,6 +245,7 @@ def test_json_prints_exactly_one_object_and_a_completed_turn_exits_0(tmp_path: P
         "stopReason": "completed",
         "error": None,
         "usage": {"inputTokens": 10, "outputTokens": 5, "totalTokens": 15},
+        "journalId": JOURNAL_ID,
     }
     assert done.stderr == ""
 
@@ -257,7 +275,13 @@ def test_a_turn_that_does_not_complete_exits_1_with_its_stop_reason(
     )
     done = run_cli(tmp_path, "run", "--json", "-p", "go", "--", *agent)
     assert done.status == 1
-    assert done.json() == {"output": "partial", "stopReason": stop_reason, "error": None, "usage": None}
+    assert done.json() == {
+        "output": "partial",
+        "stopReason": stop_reason,
+        "error": None,
+        "usage": None,
+        "journalId": JOURNAL_ID,
+    }
     assert f"stop reason {stop_reason!r}" in done.stderr
 
 
@@ -888,7 +912,13 @@ def test_sigint_cancels_the_turn_exits_1_and_leaves_no_agent_process(
     done = cli.finish()
 
     assert done.status == 1
-    assert done.json() == {"output": "working...", "stopReason": "cancelled", "error": None, "usage": None}
+    assert done.json() == {
+        "output": "working...",
+        "stopReason": "cancelled",
+        "error": None,
+        "usage": None,
+        "journalId": JOURNAL_ID,
+    }
     events = done.events()
     assert {"event": "interrupt", "signal": "SIGINT", "count": 1, "action": "cancel"} in events
     assert events[-1]["event"] == "end"
@@ -992,6 +1022,7 @@ def test_sigterm_tears_the_agent_down_and_exits_1(tmp_path: Path, live: list[Liv
         "stopReason": "cancelled",
         "error": "the agent was torn down at once on SIGTERM",
         "usage": None,
+        "journalId": JOURNAL_ID,
     }
     assert {"event": "interrupt", "signal": "SIGTERM", "count": 1, "action": "stop"} in done.events()
     assert process_is_gone(agent_pid)
@@ -1016,6 +1047,7 @@ def test_sigterm_or_sighup_kills_an_agent_that_ignores_eof_and_sigterm_and_its_g
         "stopReason": "cancelled",
         "error": f"the agent was torn down at once on {signum.name}",
         "usage": None,
+        "journalId": JOURNAL_ID,
     }
     events = done.events()
     assert {"event": "interrupt", "signal": signum.name, "count": 1, "action": "stop"} in events
@@ -1044,6 +1076,7 @@ def test_sigint_before_the_agent_is_ready_abandons_the_start_and_exits_1(
         "stopReason": "cancelled",
         "error": "interrupted before the agent was ready",
         "usage": None,
+        "journalId": JOURNAL_ID,
     }
     assert [event["event"] for event in done.events()] == ["spawn", "interrupt", "end"]
 

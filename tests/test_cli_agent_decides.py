@@ -11,7 +11,7 @@ from typing import Any, Final
 
 import pytest
 
-from tests.test_cli import LiveCli, live, run_cli, scenario, stub_agent_toml, write_config
+from tests.test_cli import JOURNAL_ID, LiveCli, live, run_cli, scenario, stub_agent_toml, write_config
 
 pytestmark = pytest.mark.subprocess
 
@@ -44,7 +44,13 @@ def test_a_turn_the_agent_ends_on_a_denied_request_says_so_and_how_to_allow_it(t
     agent = scenario(tmp_path, {"turns": [ABORT_ONLY]})
     done = run_cli(tmp_path, "run", "--json", "--permission", "deny", "-p", "clean up", "--", *agent)
     assert done.status == 1
-    assert done.json() == {"output": "", "stopReason": "cancelled", "error": DENIED_BY_DENY, "usage": None}
+    assert done.json() == {
+        "output": "",
+        "stopReason": "cancelled",
+        "error": DENIED_BY_DENY,
+        "usage": None,
+        "journalId": JOURNAL_ID,
+    }
 
     plain = run_cli(tmp_path, "run", "--permission", "deny", "-p", "clean up", "--", *agent)
     assert (plain.status, plain.stdout) == (1, "")
@@ -122,7 +128,13 @@ def test_a_turn_cancelled_by_ctrl_c_after_a_denial_is_not_blamed_on_the_denial(
     cli.process.send_signal(signal.SIGINT)
     done = cli.finish()
     assert done.status == 1
-    assert done.json() == {"output": "Waiting.", "stopReason": "cancelled", "error": None, "usage": None}
+    assert done.json() == {
+        "output": "Waiting.",
+        "stopReason": "cancelled",
+        "error": None,
+        "usage": None,
+        "journalId": JOURNAL_ID,
+    }
 
 
 # -- --no-fs and fs = false ------------------------------------------------------------------------------

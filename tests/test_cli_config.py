@@ -59,7 +59,10 @@ KNOWN = ", ".join(AGENT_KEYS)
 
 BROKEN_FILES = [
     ("[agent.typo]\n",
-     "agent: unknown key (the top-level tables are [agents], [budget], [isolation] and [prices])"),
+     "agent: unknown key (the top level has the key journal and the tables [agents], [budget], [isolation] "
+     "and [prices])"),
+    ("journal = 3\n", 'journal: must be a path to the run journal (a string, e.g. "runs.db") or false'),
+    ('journal = ""\n', 'journal: must be a path to the run journal (a string, e.g. "runs.db") or false'),
     ("agents = 3\n", "agents: must be a table of agents, e.g. [agents.NAME], not a number (3)"),
     ("[agents]\nb = 3\n", "agents.b: must be a table, e.g. [agents.NAME] with a `command`, not a number (3)"),
     ('[agents."a b"]\ncommand = "x"\n',

@@ -158,7 +158,16 @@ def samples(root: Path) -> dict[str, Sample]:
             ["--trace", str(root / "run.html")], None, lambda spec: spec.trace, str(root / "run.html")
         ),
         "progress": Sample(["--progress"], None, lambda spec: spec.progress, True),
+        "journal": Sample(
+            ["--journal", str(root / "runs.db")], None, lambda spec: journal_path(spec), str(root / "runs.db")
+        ),
+        "no_journal": Sample(["--no-journal"], None, lambda spec: journal_path(spec), None),
     }
+
+
+def journal_path(spec: TurnSpec) -> str | None:
+    assert spec.journal is not None
+    return spec.journal.path
 
 
 OPTIONS = pytest.mark.parametrize("option", RUN_OPTIONS, ids=lambda option: option.name)

@@ -22,7 +22,7 @@ from subagent.cli._console import Console
 from subagent.cli._tool_call_tracker import ToolCallState
 from subagent.cli._views import EventView, HumanView, StartInfo
 from subagent.types import RUN_META_KEY
-from tests.test_cli import run_cli
+from tests.test_cli import JOURNAL_ID, run_cli
 
 
 def delegation(asked: str, prompt: str) -> dict[str, Any]:
@@ -257,4 +257,5 @@ def test_json_output_gives_the_whole_trees_usage_beside_the_agents_own(tmp_path:
         "error": None,
         "usage": {"inputTokens": 3, "outputTokens": 1, "totalTokens": 4},
         "subtreeUsage": {"inputTokens": 123, "outputTokens": 13, "totalTokens": 136},
+        "journalId": JOURNAL_ID,
     }

@@ -15,6 +15,7 @@ import pytest
 from subagent.acp.transports import supervision_available
 from subagent.testing import LEAK_TAG_VARIABLE, stub_agent_argv
 from tests.raycluster import RayCluster, assert_no_leaks_over_ray
+from tests.test_cli import JOURNAL_ID
 
 pytestmark = [
     pytest.mark.anyio,
@@ -67,7 +68,13 @@ async def test_run_on_a_ray_url_runs_the_turn_in_an_actor_of_that_cluster(
             "-p", "go",
         )  # fmt: skip
     assert (status, err) == (0, "")
-    assert json.loads(out) == {"output": REPLY, "stopReason": "completed", "error": None, "usage": None}
+    assert json.loads(out) == {
+        "output": REPLY,
+        "stopReason": "completed",
+        "error": None,
+        "usage": None,
+        "journalId": JOURNAL_ID,
+    }
 
 
 async def test_a_configured_agent_on_ray_runs_there_and_is_listed_with_its_transport(

@@ -16,6 +16,7 @@ import pytest
 from subagent.acp.transports import supervision_available
 from subagent.testing import LEAK_TAG_VARIABLE, stub_agent_argv
 from tests.sshd import SshServer, assert_no_leaks_over_ssh, running_sshd
+from tests.test_cli import JOURNAL_ID
 
 pytestmark = [
     pytest.mark.anyio,
@@ -59,7 +60,13 @@ async def test_run_on_an_ssh_url_with_an_ssh_config_file_runs_the_turn_on_that_h
             *replying_agent(tmp_path),
         )  # fmt: skip
     assert (status, err) == (0, "")
-    assert json.loads(out) == {"output": REPLY, "stopReason": "completed", "error": None, "usage": None}
+    assert json.loads(out) == {
+        "output": REPLY,
+        "stopReason": "completed",
+        "error": None,
+        "usage": None,
+        "journalId": JOURNAL_ID,
+    }
 
 
 def remote_agent_config(server: SshServer, argv: list[str], cwd: Path, tag: str) -> str:

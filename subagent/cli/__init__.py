@@ -1,5 +1,6 @@
 """The ``subagent`` command line: run one prompt through an ACP agent, try the bundled stub agent,
-list configured agents, serve an in-process agent over ACP.
+list configured agents, serve an in-process agent over ACP, list the runs of the run journal and resume
+one that did not complete.
 
 Every turn goes through :class:`~subagent.service.SubagentService` and
 :class:`~subagent.providers.acp.AcpProvider`, so the command line uses the seam exactly as a
@@ -14,13 +15,20 @@ the summary:
 * the first Ctrl-C cancels the turn (``session/cancel``, then the provider's grace and teardown),
   a second one SIGKILLs the agent's whole process tree at once, even mid-teardown (on another host:
   SIGTERM, then SIGKILL a second later, from its supervisor there); SIGTERM and
-  SIGHUP do the same as a second Ctrl-C (no grace is waited out).
+  SIGHUP do the same as a second Ctrl-C (no grace is waited out);
+* every run is recorded in a run journal (``--journal``, ``SUBAGENT_JOURNAL``, the config's
+  ``journal``, else ``$XDG_STATE_HOME/subagent/runs.db``), which ``subagent runs`` lists and
+  ``subagent resume`` continues a run from.
 
 The package, one job per module::
 
-    _main.py               the table of commands, the parser, main(): argv to a command, failures to statuses
-    _exits.py              a command's row (Command), exit statuses, the usage error, the parser raising it
+    _main.py               the table of commands, the parser, main(): argv to a command, failures to statuses;
+                           a command's module is loaded only when its parser is needed
+    _exits.py              a command's row (Command), exit statuses, the errors that end a command with 2
     _commands.py           the commands run, demo and agents: options to a turn, its outcome printed
+    _journal.py            which run journal a command keeps (--journal, SUBAGENT_JOURNAL, config, default)
+    _runs_command.py       the command runs (and runs show): the journal's runs; light, no event loop
+    _resume_command.py     the command resume: a journaled run's provider rebuilt, its turn driven as run's
     _options.py            every option of `subagent run`, declared once: flags, config key, type, help, merge
     _describe.py           the command describe: what an agent offers, without a turn
     _worktrees_command.py  the command worktrees: the isolated workspaces recorded, orphans recovered
@@ -35,6 +43,7 @@ The package, one job per module::
     _console.py            the two streams: stderr for people (sanitized, coloured on a terminal), stdout
     _logs.py               log records to the current view, else stderr; -v and -vv
     _config.py             named agents from a TOML file, its schema as typed structs made from the options
+    _config_file.py        finding and reading the config file, its top-level journal key (no msgspec)
     _demo.py               the demo's second half: an in-process agent delegating to fork, spawn and acp
 """
 

@@ -37,25 +37,40 @@ from subagent.cli._exits import (
     EXIT_NOT_COMPLETED,
     EXIT_USAGE,
     PROG,
+    Command,
+    Parser,
     PromptTooLarge,
     UsageError,
 )
+from subagent.cli._journal import JournalChoice, choose_journal, open_journal
 from subagent.cli._logs import LOG_HANDLER
-from subagent.cli._options import DEMO_OPTIONS, RUN_OPTIONS, merge
+from subagent.cli._options import DEMO_OPTIONS, RUN_OPTIONS, add_options, merge
 from subagent.cli._permission import AnswerSource, PermissionMode, answer_source, default_permission
 from subagent.cli._recording import FanOut, TraceRecorder, emit_prompt, write_page
-from subagent.cli._turn import TurnOutcome, TurnSpec, drive
+from subagent.cli._turn import CLI_META_KEY, TurnOutcome, TurnSpec, drive
 from subagent.cli._views import EventView, HumanView, RunView
+from subagent.journal import RunJournal
+from subagent.observability._trace_page import MAX_TEXT_CHARS
 from subagent.providers.acp import prompt_size_error
 from subagent.types import CleanupPolicy, WorkspaceChange
 
 __all__ = [
+    "AGENTS_COMMAND",
+    "DEMO_COMMAND",
     "DEMO_PROMPT",
     "MAX_PROMPT_MIB",
+    "RUN_COMMAND",
     "agents_command",
+    "check_output_options",
+    "config_and_agent",
     "configured_agent",
     "demo_command",
+    "execute_turn",
+    "progress_wanted",
     "run_command",
+    "transport_named",
+    "turn_spec",
+    "with_ssh_options",
     "workspace_lines",
 ]
 
@@ -71,7 +86,7 @@ _REAL_AGENT_HINT: Final = "subagent run -- npx @agentclientprotocol/claude-agent
 """Where the demo points a user next."""
 
 
-def _check_output_options(args: argparse.Namespace) -> None:
+def check_output_options(args: argparse.Namespace) -> None:
     if args.progress and (args.json or args.events):
         raise UsageError("--progress cannot be combined with --json or --events")
 
@@ -96,7 +111,7 @@ def _read_prompt_from_stdin() -> str:
 
 def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
     """``subagent run``: one prompt through the agent ``command`` (or ``--agent NAME``); its exit status."""
-    _check_output_options(args)
+    check_output_options(args)
     agent: AgentConfig | None = None
     if args.agent is not None and command is not None:
         raise UsageError("give either --agent NAME or `-- COMMAND [ARGS...]`, not both")
@@ -107,7 +122,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         )
     config: Config | None = None
     if args.agent is not None:
-        config, agent = _config_and_agent(args.agent, args.config)
+        config, agent = config_and_agent(args.agent, args.config)
         command = list(agent.command)
     assert command
     # The file's [budget] caps and [isolation] settings hold for every agent of it, under the agent's own
@@ -118,8 +133,15 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         else {}
     )
     values = merge(RUN_OPTIONS, args, settings)
-    transport = _with_ssh_options(
-        _transport(values["transport"]), values["ssh_config"], values["ssh_options"]
+    journal = choose_journal(
+        values["journal"],
+        values["no_journal"],
+        explicit_config=args.config,
+        configured=config.journal if config is not None else None,
+        config_read=config is not None,
+    )
+    transport = with_ssh_options(
+        transport_named(values["transport"]), values["ssh_config"], values["ssh_options"]
     )
     cwd = values["cwd"]
     if cwd is not None:
@@ -149,7 +171,7 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
     if permission != "ask" and answers is not None:
         answers.close()
         answers = None
-    spec = _spec(
+    spec = turn_spec(
         values,
         command=command,
         prompt=prompt,
@@ -158,11 +180,34 @@ def run_command(args: argparse.Namespace, command: list[str] | None) -> int:
         permission=permission,
         answers=answers,
         transport=transport,
-        progress=_progress_wanted(values, default=is_terminal(sys.stderr)),
+        progress=progress_wanted(values, default=is_terminal(sys.stderr)),
         prices=config.prices if config is not None else None,
         worktree_root=worktree_root,
+        journal=journal,
+        metadata={CLI_META_KEY: _cli_metadata(values, agent)},
     )
     return _execute(spec)
+
+
+def _cli_metadata(values: Mapping[str, Any], agent: AgentConfig | None) -> dict[str, Any]:
+    """What ``subagent resume`` needs to run the agent again as this command does, beside what the
+    journal keeps of it (its command, transport and cwd): the configured agent it came from (whose
+    environment, never journaled, the config gives again), and the provider's settings."""
+    reports_usage = values["reports_usage"]
+    return {
+        "agent": agent.name if agent is not None else None,
+        "config": str(agent.source.resolve()) if agent is not None else None,
+        "permission": values["permission"],  # as given: a default is chosen again where it resumes
+        "fs": values["fs"],
+        "subagents": values["subagents"],
+        "mode": values["mode"],
+        "configOptions": dict(values["config_options"]),
+        "authMethod": values["auth_method"],
+        "readyTimeout": values["ready_timeout"],
+        "reportsUsage": None if reports_usage is None else list(reports_usage),
+        "sshConfig": values["ssh_config"],
+        "sshOptions": list(values["ssh_options"]),
+    }
 
 
 def _isolation_values(
@@ -196,7 +241,7 @@ def _isolation_values(
 _SPEC_FIELDS: Final = frozenset(field.name for field in dataclasses.fields(TurnSpec))
 
 
-def _spec(values: Mapping[str, Any], **computed: Any) -> TurnSpec:
+def turn_spec(values: Mapping[str, Any], **computed: Any) -> TurnSpec:
     """The turn's spec: each option's merged value where a field is named after it, but for the fields
     the command made of them (a checked cwd, a transport) or of nothing of the command line's."""
     return TurnSpec(**{name: value for name, value in values.items() if name in _SPEC_FIELDS} | computed)
@@ -221,7 +266,7 @@ def _agent_directory(path: str, where: str, transport: Transport) -> str:
     return os.path.abspath(path)
 
 
-def _transport(url: str | None) -> Transport:
+def transport_named(url: str | None) -> Transport:
     """Where the agent runs: ``--on URL``, else the configured agent's ``transport``, else here."""
     try:
         return transport_from_url(url)
@@ -230,7 +275,7 @@ def _transport(url: str | None) -> Transport:
         raise UsageError(f"--on: {exc}") from None
 
 
-def _with_ssh_options(transport: Transport, config_file: str | None, options: Sequence[str]) -> Transport:
+def with_ssh_options(transport: Transport, config_file: str | None, options: Sequence[str]) -> Transport:
     """The transport with ``--ssh-config``/``--ssh-option`` (over the agent's ``ssh_config`` and
     ``ssh_options``) applied, when it is SSH; a usage error when it is not and they were given."""
     if not options and config_file is None:
@@ -247,7 +292,7 @@ def _with_ssh_options(transport: Transport, config_file: str | None, options: Se
     )
 
 
-def _progress_wanted(values: Mapping[str, Any], *, default: bool) -> bool:
+def progress_wanted(values: Mapping[str, Any], *, default: bool) -> bool:
     if values["json"] or values["events"]:
         return False
     return default if values["progress"] is None else bool(values["progress"])
@@ -255,7 +300,7 @@ def _progress_wanted(values: Mapping[str, Any], *, default: bool) -> bool:
 
 def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
     """``subagent demo``: a turn against the bundled stub agent, then the in-process delegation demo."""
-    _check_output_options(args)
+    check_output_options(args)
     if command is not None:
         raise UsageError(
             "demo runs the bundled stub agent and takes no `-- COMMAND`; use `subagent run` for that"
@@ -266,19 +311,21 @@ def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
             raise UsageError(f"--scenario: {args.scenario!r} is not a file")
         stub += ["--scenario", os.path.abspath(args.scenario)]
     values = merge(DEMO_OPTIONS, args, {})
+    journal = choose_journal(values["journal"], values["no_journal"])
     answers: AnswerSource | None = None
     permission: PermissionMode | Literal["demo"] = values["permission"] or "demo"
     if permission == "ask":
         answers = AnswerSource.stdin()
-    spec = _spec(
+    spec = turn_spec(
         values,
         command=stub,
         prompt=DEMO_PROMPT,
         cwd=os.getcwd(),
         permission=permission,
         answers=answers,
-        progress=_progress_wanted(values, default=True),
+        progress=progress_wanted(values, default=True),
         demo=True,
+        journal=journal,
     )
     status = EXIT_COMPLETED
     if args.only in (None, "acp"):
@@ -288,11 +335,11 @@ def demo_command(args: argparse.Namespace, command: list[str] | None) -> int:
             console.line(console.paint(f"> {DEMO_PROMPT}", "2"))
         status = _execute(spec)
     if args.only in (None, "delegation") and status != EXIT_USAGE:
-        status = max(status, _delegation_demo(args, narrate=spec.progress and not spec.events))
+        status = max(status, _delegation_demo(args, journal, narrate=spec.progress and not spec.events))
     return status
 
 
-def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
+def _delegation_demo(args: argparse.Namespace, choice: JournalChoice, *, narrate: bool) -> int:
     """The in-process half of the demo: an agent delegates to fork, spawn and acp at once."""
     # Imported here: the rest of the command line does not need the in-process runtime.
     from subagent.cli._demo import run_delegation_demo
@@ -303,12 +350,16 @@ def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
         console.line(
             console.paint(f"{PROG} demo: an in-process agent delegates to fork, spawn and acp at once", "1")
         )
+    journal = open_journal(choice)
     try:
-        report = anyio.run(run_delegation_demo, console)
+        report = anyio.run(run_delegation_demo, console, journal, choice.resume_command("ID"))
     except Exception as exc:
         logger.debug("the delegation demo failed", exc_info=True)
         Console(sys.stderr, color=False).line(f"{PROG}: the delegation demo failed: {exc}")
         return EXIT_NOT_COMPLETED
+    finally:
+        if journal is not None:
+            journal.close()
     if args.json:
         print_json({"output": report, "stopReason": "completed", "error": None, "usage": None})
     else:
@@ -323,10 +374,10 @@ def _delegation_demo(args: argparse.Namespace, *, narrate: bool) -> int:
 
 def configured_agent(name: str, explicit_config: str | None) -> AgentConfig:
     """The agent ``name`` of the config (``--config``, else the first found); a usage error if none."""
-    return _config_and_agent(name, explicit_config)[1]
+    return config_and_agent(name, explicit_config)[1]
 
 
-def _config_and_agent(name: str, explicit_config: str | None) -> tuple[Config, AgentConfig]:
+def config_and_agent(name: str, explicit_config: str | None) -> tuple[Config, AgentConfig]:
     """The config (``--config``, else the first found) and its agent ``name``; a usage error if none."""
     path = find_config(explicit_config)
     if path is None:
@@ -386,8 +437,23 @@ def agents_command(args: argparse.Namespace, command: list[str] | None) -> int:
     return 0
 
 
+def execute_turn(spec: TurnSpec) -> int:
+    """Run the turn, print its outcome, and return the exit status (as ``subagent run`` does)."""
+    return _execute(spec)
+
+
 def _execute(spec: TurnSpec) -> int:
     """Run the turn, print its outcome, and return the exit status."""
+    # Opened first: a journal that cannot be opened ends the command before anything else is done.
+    journal = open_journal(spec.journal) if spec.journal is not None else None
+    try:
+        return _execute_with(spec, journal)
+    finally:
+        if journal is not None:
+            journal.close()
+
+
+def _execute_with(spec: TurnSpec, journal: RunJournal | None) -> int:
     console = Console(sys.stderr, color=use_color(sys.stderr))
     views: list[RunView] = [
         EventView(sys.stderr)
@@ -410,7 +476,7 @@ def _execute(spec: TurnSpec) -> int:
         view = views[0] if len(views) == 1 else FanOut(views)
         LOG_HANDLER.view = view
         try:
-            outcome = anyio.run(drive, spec, view)
+            outcome = anyio.run(drive, spec, view, journal)
         finally:
             LOG_HANDLER.view = None
             if spec.answers is not None:
@@ -438,6 +504,10 @@ def _write_trace(recorder: TraceRecorder, spec: TurnSpec) -> bool:
 def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
     """Print the turn's outcome and return the exit status."""
     result = outcome.result
+    if outcome.refused is not None and outcome.start_error is None:
+        # Refused before any agent was started (no such run, one that cannot be resumed): bad usage.
+        console.line(f"{PROG}: {outcome.refused}")
+        return EXIT_USAGE
     if spec.json:
         report: dict[str, Any] = {
             "output": result.output,
@@ -445,6 +515,8 @@ def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
             "error": result.error,
             "usage": usage_to_acp(result.usage),
         }
+        if outcome.journal_id is not None:
+            report["journalId"] = outcome.journal_id
         if outcome.run_costs:
             # The agent's subagent tree reported what its runs used: the whole tree's total beside its own.
             report["subtreeUsage"] = usage_to_acp(outcome.subtree_usage)
@@ -464,7 +536,9 @@ def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
     elif result.output and outcome.start_error is None:
         print_stdout(result.output if result.output.endswith("\n") else result.output + "\n")
     if outcome.start_error is not None:
-        if not spec.events:
+        if outcome.refused is not None:
+            console.line(f"{PROG}: {outcome.refused}")
+        elif not spec.events:
             console.line(f"{PROG}: the agent failed to start: {outcome.start_error}")
         return EXIT_USAGE
     currency = result.spent.cost_currency if result.spent is not None else None
@@ -479,6 +553,11 @@ def _report(spec: TurnSpec, outcome: TurnOutcome, console: Console) -> int:
     if result.workspace is not None and not spec.events:
         for line in workspace_lines(result.workspace, spec.cleanup):
             console.line(f"{PROG}: {line}")
+    if outcome.resumable and outcome.journal_id is not None and spec.journal is not None and not spec.events:
+        console.line(
+            f"{PROG}: run {outcome.journal_id} is in the run journal: continue it with "
+            f"`{spec.journal.resume_command(outcome.journal_id)}` (-p TEXT to say what next)"
+        )
     if spec.demo and not spec.events:
         console.line(
             f"That was the bundled stub agent (no network, no keys). To drive a real one: {_REAL_AGENT_HINT}"
@@ -509,3 +588,161 @@ def workspace_lines(change: WorkspaceChange, cleanup: CleanupPolicy) -> list[str
         lines.append(f"its worktree is kept at {change.path} (`git worktree remove {path}` when done)")
     lines.append(f"take them with `git merge {branch}`, or drop them with `git branch -D {branch}`")
     return lines
+
+
+# -- the commands' rows ------------------------------------------------------------------------------------
+
+_RUN_DESCRIPTION: Final = """\
+Run one prompt through an ACP agent and print its final answer on stdout.
+
+The agent is COMMAND ARGS... after `--` (started with no shell, in its own process group), or a
+named agent from the config with --agent NAME. The prompt is -p TEXT, or else all of stdin.
+"""
+
+_RUN_EPILOG: Final = f"""\
+permission questions (--permission):
+  allow   allow every tool call the agent asks about
+  deny    reject every one
+  ask     show the question on stderr (a permission_request event with --events) and read
+          the answer from stdin when the prompt came from -p, else from /dev/tty: the
+          option's number, id or name, or y/n. Anything else, end of input, no terminal,
+          and no answer within --permission-timeout reject.
+  The default is ask when that answer comes from a terminal and stderr is one, else deny.
+  The policy holds for the agent's writes through our file system too: under deny each one
+  is refused, under ask one that no answer in the turn covers is asked about. An agent that
+  writes files itself, in a mode that approves by itself, is beyond any client's reach: under
+  deny and ask such a session is moved to the agent's asking mode where it is known, else
+  a warning names the mode (choose one with --mode).
+
+output:
+  stdout gets only the final answer (the agent's text after its last tool call), or with
+  --json exactly one object: {{"output", "stopReason", "error", "usage"}} (an agent that
+  fails to start gets one too, with stopReason "error"; bad usage gets none), and
+  "journalId" (the run's id in the run journal, unless --no-journal), and "subtreeUsage" too
+  when the agent's subagents reported what they spent (subagent serve's
+  do; Codex says only its subagents' context window, Claude Code nothing of theirs): what
+  the whole tree used, the agent's own usage included; and "runs", each run of that tree
+  as last reported ({{"runId", "parentId", "provider", "depth", "state", "title"}}, and
+  once ended "stopReason", "elapsedSeconds" and "usage" where the agent said any).
+  Live progress goes to stderr when stderr is a terminal: the answer as it streams, tool
+  calls as their status changes, the plan, thoughts dimmed, permission decisions; never
+  with --json or --events. Colour only on a terminal and without NO_COLOR.
+  --events writes one JSON object per line on stderr instead: spawn, start, update (the ACP
+  session/update params, camelCase as on the wire), run, permission_request, permission,
+  interrupt, interrupted_runs (the runs the run journal was found to hold interrupted),
+  start_failed, end, and log; start carries the run's "journalId".
+  --events-file FILE writes those lines to FILE (after a `prompt` line: the prompt's first
+  {MAX_TEXT_CHARS:,} characters and its length) while stderr shows what it would without it.
+  --trace FILE.html records them and writes the trace page when the run ends, however it
+  ends: one self-contained HTML file (no network) with the run and its subagent tree on a
+  timeline; `{PROG} trace EVENTS.jsonl -o FILE.html` makes it from an --events-file.
+
+exit status:
+  0 the turn completed; 1 it ended any other way (refusal, max_tokens, max_turns, timeout,
+  error, cancelled); 2 bad usage, a bad config, a prompt too large to send (over {MAX_PROMPT_MIB} MiB as
+  one JSON message; no agent is started), the agent failed to start (the message names
+  the command, its exit status and the tail of its stderr), a --max-* cap the agent cannot
+  be held to (it does not report what the cap counts), or the --trace page could not be
+  written; 3 the turn was stopped by its budget (stop reason "budget": a --max-* cap was
+  passed; the message names the cap, what was spent and whose budget it was).
+
+run journal:
+  Every run is recorded in a run journal (SQLite): --journal PATH, else $SUBAGENT_JOURNAL (off:
+  none), else the config's top-level `journal` key, else $XDG_STATE_HOME/subagent/runs.db;
+  --no-journal records nothing. A journal that cannot be opened (not a journal, written by a
+  newer release) exits 2 with its message before any agent starts. `{PROG} runs` lists the
+  runs; a run found interrupted (the process that ran it was killed) is reported once, on stderr,
+  by the next command that opens the journal. A turn that did not complete, whose agent can
+  reopen its session (session/resume or session/load), ends with the command that continues
+  it: `{PROG} resume ID [-p TEXT]`, which starts the agent again and sends the prompt as a new turn.
+
+budget:
+  --max-tokens, --max-cost, --max-seconds, --max-tool-calls and --max-turns cap what the run
+  and its subagents spend together (the agent's keys of those names in the config, else
+  the config's [budget] table, when not given). At the end stderr says what was spent beside
+  each cap ("subagent: budget: 1,234 of 10,000 tokens"); --json adds "outputFinal",
+  "budget" (the caps, by name), "spent" ({{"tokens", "cost", "costCurrency", "seconds",
+  "toolCalls", "turns"}}) and "limit" (the cap that stopped it: {{"limit", "allowed",
+  "spent", "owner", "needed"}}, else null), and so does the end event of --events.
+
+isolation:
+  --isolation worktree runs the agent in a git worktree of the cwd's repository, made at HEAD on a
+  new branch (subagent/<run id>; --branch-prefix) inside .git/subagent-worktrees (--worktree-root),
+  so the working tree you are in is never touched; --isolation copy gives it a copy of the cwd
+  instead (a directory outside git). At the end what the agent left uncommitted is committed on its
+  branch, and stderr says where the changes are and which files changed ("subagent: workspace: its
+  changes are on branch subagent/acp-1 (commit ..., over ...): 1 file(s) changed: a.py (+3 -1)"),
+  then how to take or drop them; --json adds "workspace" ({{"mode", "path", "changed", "branch",
+  "base", "commit", "removed", "files": [{{"path", "added", "deleted"}}]}}), and so does the end
+  event of --events. Merging is yours to do. --cleanup remove (the default) removes the worktree and
+  keeps the branch when it holds changes; keep keeps both; remove-always removes both. The exit
+  status is as without isolation. A workspace whose owner was killed is recovered by the next run in
+  the same repository, or by `{PROG} worktrees --prune`; `{PROG} worktrees` lists them all. An
+  agent --on ssh://HOST is isolated on that host: the repository is the one at --cwd there, and
+  its workspace and branch are made there (with the host's python3) before the agent starts.
+
+interrupts:
+  Ctrl-C once cancels the turn (session/cancel; an agent that ignores it is torn down after
+  a grace of a few seconds) and exits 1 with stop reason "cancelled". Ctrl-C again kills
+  the agent and every process it started at once (SIGKILL, no grace; exit 1), even while
+  a teardown is waiting for it; an agent --on another host gets SIGTERM, then SIGKILL
+  a second later, from its supervisor there. SIGTERM and SIGHUP do the same as a second
+  Ctrl-C (SIGKILL, no grace; exit 1 with stop reason "cancelled", the error naming the signal).
+
+examples:
+  {PROG} run -p "Summarise README.md" -- npx @agentclientprotocol/claude-agent-acp
+  git diff | {PROG} run --agent claude --json --permission deny
+"""
+
+
+def _add_run_arguments(run: Parser) -> None:
+    add_options(run, RUN_OPTIONS)
+
+
+def _add_demo_arguments(demo: Parser) -> None:
+    demo.add_argument(
+        "--scenario",
+        metavar="FILE",
+        help="give the stub agent this scenario file instead of its default "
+        "(the format: python -m pydoc subagent.testing._scenario)",
+    )
+    demo.add_argument(
+        "--only",
+        choices=("acp", "delegation"),
+        help="run one part: the stub ACP agent's turn, or an in-process agent delegating to fork, spawn "
+        "and acp at once (default: both, in that order)",
+    )
+    add_options(demo, DEMO_OPTIONS, demo=True)
+
+
+def _add_agents_arguments(agents: Parser) -> None:
+    agents.add_argument("--config", metavar="PATH", help="read this config file instead of looking for one")
+    agents.add_argument("--json", action="store_true", help="print the list as one JSON object")
+
+
+RUN_COMMAND: Final = Command(
+    help="run one prompt through an ACP agent and print its answer",
+    description=_RUN_DESCRIPTION,
+    epilog=_RUN_EPILOG,
+    usage=f"{PROG} run [OPTIONS] (-- COMMAND [ARGS...] | --agent NAME)",
+    add_arguments=_add_run_arguments,
+    run=run_command,
+)
+
+DEMO_COMMAND: Final = Command(
+    help="a full turn against the bundled stub agent: no network, no keys",
+    description="Run a full turn against the bundled stub ACP agent, through the same code as `run`, "
+    "with live progress on stderr and the final answer on stdout. The agent's permission question is "
+    "allowed automatically, shown as '(demo)', unless --permission is given. No network, no keys; "
+    "exit status as for `run`.",
+    add_arguments=_add_demo_arguments,
+    run=demo_command,
+)
+
+AGENTS_COMMAND: Final = Command(
+    help="list the agents named in the config",
+    description="List the agents configured for `run --agent NAME`: name, command line and source file. "
+    "See `subagent --help` for the config format.",
+    add_arguments=_add_agents_arguments,
+    run=agents_command,
+)

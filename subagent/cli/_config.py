@@ -62,6 +62,14 @@ starts with)::
     cached_read = 0.3                             # cached reads and writes (default: input's price)
     cached_write = 3.75
 
+One key stands alone at the top of the file, before any table: ``journal``, the run journal that every
+command which runs agents records them in (``subagent runs`` lists them): a path, relative to the file's
+directory (``~`` expanded), or ``false`` for none (default: ``$XDG_STATE_HOME/subagent/runs.db``; the
+``--journal PATH`` and ``--no-journal`` flags, then the ``SUBAGENT_JOURNAL`` environment variable, come
+first; see :mod:`subagent.cli._journal`)::
+
+    journal = "~/.local/state/subagent/work-runs.db"
+
 Every key but ``description``, ``command`` and ``args`` sets the ``subagent run`` option of the same name,
 and is declared with it in :data:`subagent.cli._options.RUN_OPTIONS` (its type, and the words of its
 errors). The schema is built from that as typed structs (:data:`ConfigFile`, :data:`AgentTable`) that
@@ -91,16 +99,25 @@ import json
 import math
 import os
 import re
-import tomllib
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
 from subagent.budget import Price, PriceTable
+from subagent.cli._config_file import (
+    LOCAL_CONFIG_NAME,
+    MAX_CONFIG_BYTES,
+    config_search_path,
+    find_config,
+    journal_key,
+    read_config_data,
+    user_config_path,
+)
+from subagent.cli._exits import ConfigError
 from subagent.cli._options import (
     BUDGET_OPTIONS,
     ISOLATION_OPTIONS,
@@ -126,12 +143,6 @@ __all__ = [
     "parse_config",
     "user_config_path",
 ]
-
-LOCAL_CONFIG_NAME: Final = "subagent.toml"
-"""The per-directory config file, looked up in the current directory."""
-
-MAX_CONFIG_BYTES: Final = 1024 * 1024
-"""The largest config file read (a few agents take a few KiB)."""
 
 # -- the schema ------------------------------------------------------------------------------------------
 
@@ -209,16 +220,6 @@ _BAD_NAME: Final[Mapping[str, str]] = {
 """What is wrong with a table key its pattern refused, by the key's place in the schema."""
 
 
-class ConfigError(ValueError):
-    """A config file that cannot be used; the message names the file and, when it applies, the key."""
-
-    def __init__(self, path: Path | str, message: str, *, key: str | None = None) -> None:
-        self.path = Path(path)
-        self.key = key
-        where = f"{self.path}: {key}" if key is not None else f"{self.path}"
-        super().__init__(f"{where}: {message}")
-
-
 @dataclass(frozen=True, slots=True, init=False)
 class AgentConfig:
     """One named agent: how to start it, and the options its table sets for ``subagent run --agent NAME``.
@@ -277,45 +278,9 @@ class Config:
     prices: PriceTable | None = None
     """The ``[prices]`` table: what each model's tokens cost, for ``max_cost`` over an agent that reports
     tokens but no cost (None: the file has none)."""
-
-
-def user_config_path(environ: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_CONFIG_HOME/subagent/config.toml``, or ``~/.config/subagent/config.toml``."""
-    env = os.environ if environ is None else environ
-    base = env.get("XDG_CONFIG_HOME") or ""
-    root = Path(base) if os.path.isabs(base) else Path(env.get("HOME") or Path.home()) / ".config"
-    return root / "subagent" / "config.toml"
-
-
-def config_search_path(
-    cwd: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
-) -> list[Path]:
-    """Where a config is looked for when no ``--config`` is given, in order."""
-    here = Path(cwd) if cwd is not None else Path.cwd()
-    return [here / LOCAL_CONFIG_NAME, user_config_path(environ)]
-
-
-def find_config(
-    explicit: str | os.PathLike[str] | None = None,
-    *,
-    cwd: str | os.PathLike[str] | None = None,
-    environ: Mapping[str, str] | None = None,
-) -> Path | None:
-    """The config file to use: ``explicit`` (which must exist), else the first of
-    :func:`config_search_path` that exists, else None.
-
-    Raises:
-        ConfigError: ``explicit`` does not exist or is not a file.
-    """
-    if explicit is not None:
-        path = Path(explicit)
-        if not path.is_file():
-            raise ConfigError(path, "no such config file" if not path.exists() else "not a file")
-        return path
-    for candidate in config_search_path(cwd, environ):
-        if candidate.is_file():
-            return candidate
-    return None
+    journal: str | Literal[False] | None = None
+    """The top-level ``journal`` key: the run journal's path (absolute), False for none, None when the
+    file leaves it to the default."""
 
 
 def load_config(path: str | os.PathLike[str]) -> Config:
@@ -325,26 +290,7 @@ def load_config(path: str | os.PathLike[str]) -> Config:
         ConfigError: the file is unreadable, not TOML, or breaks the schema (the message names the key).
     """
     location = Path(path)
-    try:
-        with location.open("rb") as file:
-            raw = file.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(location, f"cannot read the config file: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(location, f"the config file is larger than {MAX_CONFIG_BYTES // (1024 * 1024)} MiB")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(location, f"the config file is not UTF-8 ({exc.reason})") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(location, f"not valid TOML: {exc}") from None
-    except RecursionError:
-        # tomllib parses nested arrays and inline tables recursively: a few hundred levels exhaust
-        # the interpreter's stack before the file is found wrong.
-        raise ConfigError(location, "not valid TOML: arrays or tables nested too deeply") from None
-    return parse_config(data, location)
+    return parse_config(read_config_data(location), location)
 
 
 def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Config:
@@ -357,6 +303,7 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
     location = Path(path)
     data = dict(data)
     # Checked by hand, before the agents: their errors name their keys as the agents' do.
+    journal = journal_key(data.pop("journal", None), location)
     budget = _budget_table(data.pop("budget", {}), location)
     isolation = _isolation_table(data.pop("isolation", {}), location)
     prices = _price_table(data.pop("prices", None), location)
@@ -376,6 +323,7 @@ def parse_config(data: Mapping[str, Any], path: str | os.PathLike[str]) -> Confi
         budget=budget,
         isolation=isolation,
         prices=prices,
+        journal=journal,
     )
 
 
@@ -599,7 +547,10 @@ def _explain(error: str, data: Mapping[str, Any]) -> tuple[str | None, str]:
         unknown = next(name for name in value if name not in known)
         key = _key_text([*keys, unknown])
         if not keys:
-            return key, "unknown key (the top-level tables are [agents], [budget], [isolation] and [prices])"
+            return key, (
+                "unknown key (the top level has the key journal and the tables [agents], [budget], "
+                "[isolation] and [prices])"
+            )
         return key, f"unknown key (known keys: {', '.join(AGENT_KEYS)})"
     if what.startswith("Object missing required field"):
         return _key_text([*keys, "command"]), 'missing: the program to run, e.g. command = "npx"'

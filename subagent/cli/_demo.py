@@ -18,7 +18,9 @@ from typing import Final
 import anyio
 
 from subagent.cli._console import Console, sanitize
+from subagent.cli._runs_command import interrupted_notice
 from subagent.delegation._subagent_tool import SubagentTool
+from subagent.journal import RunJournal
 from subagent.providers.acp import AcpProvider
 from subagent.providers.fork import ForkProvider
 from subagent.providers.spawn import SpawnProvider
@@ -108,14 +110,19 @@ def _demo_model(request: CompletionRequest) -> Reply:
     return Reply(f"(the demo model has no scripted answer for {last_user[:80]!r})")
 
 
-async def run_delegation_demo(console: Console) -> str:
-    """Run the delegation demo, narrating on ``console``; return the root agent's final report."""
+async def run_delegation_demo(console: Console, journal: RunJournal | None = None, resume: str = "") -> str:
+    """Run the delegation demo, narrating on ``console`` and recording the children in ``journal`` (when
+    given: ``resume`` is the command that continues an interrupted run of it); return the root agent's
+    final report."""
     agents = AgentRegistry()
     llm = ScriptedLlm(_demo_model)
     notes_tool = FunctionTool(
         "read_notes", "Read the release notes.", {"type": "object", "properties": {}}, lambda _args: _NOTES
     )
-    async with SubagentService(progress_interval=None) as subagents:
+    async with SubagentService(progress_interval=None, journal=journal) as subagents:
+        if subagents.interrupted:
+            for line in interrupted_notice(subagents.interrupted, resume):
+                console.line(line)
         subagents.register_provider(ForkProvider(agents=agents))
         subagents.register_provider(SpawnProvider(agents=agents, llm=llm))
         subagents.register_provider(

@@ -1,5 +1,5 @@
 """How the command line is declared and how it ends: its commands, its exit statuses, and the errors
-that end it with status 2.
+that end it with status 2. Light on purpose: ``subagent runs`` loads this and little else.
 
 Each command is one :class:`Command` (its help texts, its flags, what runs it), and the parser is built
 from the table of them, so every command's parser is made the same way.
@@ -12,8 +12,10 @@ reports every usage error the same way and returns a status instead of calling `
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final, NoReturn
 
 __all__ = [
@@ -24,6 +26,8 @@ __all__ = [
     "PROG",
     "VERBOSE_HELP",
     "Command",
+    "CommandError",
+    "ConfigError",
     "Parser",
     "PromptTooLarge",
     "UsageError",
@@ -49,6 +53,21 @@ class UsageError(Exception):
 
 class PromptTooLarge(Exception):
     """A prompt too large to send to any agent: one line on stderr, exit status 2."""
+
+
+class CommandError(Exception):
+    """A command that cannot go on (a run journal that cannot be opened, a run that cannot be resumed):
+    one line on stderr, ``subagent: <message>``, exit status 2."""
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and, when it applies, the key."""
+
+    def __init__(self, path: str | os.PathLike[str], message: str, *, key: str | None = None) -> None:
+        self.path = Path(path)
+        self.key = key
+        where = f"{self.path}: {key}" if key is not None else f"{self.path}"
+        super().__init__(f"{where}: {message}")
 
 
 class Parser(argparse.ArgumentParser):

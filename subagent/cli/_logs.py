@@ -6,10 +6,12 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from subagent.cli._exits import PROG
-from subagent.cli._views import RunView
+
+if TYPE_CHECKING:
+    from subagent.cli._views import RunView
 
 __all__ = ["LOG_HANDLER", "ViewLogHandler", "configure_logging"]
 

@@ -557,6 +557,24 @@ RUN_OPTIONS: Final[tuple[Option, ...]] = (
         action=argparse.BooleanOptionalAction,
         demo="live progress on stderr (default: on; never with --json or --events)",
     ),
+    Option(
+        "journal",
+        ("--journal",),
+        "record the run in this run journal, which `subagent runs` lists and `subagent resume` resumes from "
+        "(default: $SUBAGENT_JOURNAL, else the config's top-level `journal` key, else "
+        "$XDG_STATE_HOME/subagent/runs.db)",
+        metavar="PATH",
+        parse=_non_blank,
+        demo=True,
+    ),
+    Option(
+        "no_journal",
+        ("--no-journal",),
+        "record nothing in any run journal (as SUBAGENT_JOURNAL=off, or journal = false in the config)",
+        action="store_true",
+        default=False,
+        demo=True,
+    ),
 )
 """The options of ``subagent run``, in the order ``--help`` lists them and the config documents its keys."""
 

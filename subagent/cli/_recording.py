@@ -37,6 +37,7 @@ from subagent.acp.handlers import PermissionDecision, PermissionQuestion
 from subagent.cli._exits import EXIT_COMPLETED, PROG, Command, Parser, UsageError
 from subagent.cli._tool_call_tracker import ToolCallState
 from subagent.cli._views import EventView, RunView, StartInfo
+from subagent.journal import RunRecord
 from subagent.observability._trace_page import MAX_PAGE_BYTES, MAX_TEXT_CHARS, TraceBuilder
 from subagent.types import SubagentResult
 
@@ -110,6 +111,10 @@ class FanOut(RunView):
     def elicited(self, question: ElicitationQuestion, action: str, reason: str) -> None:
         for view in self.views:
             view.elicited(question, action, reason)
+
+    def interrupted_runs(self, runs: Sequence[RunRecord], resume: str) -> None:
+        for view in self.views:
+            view.interrupted_runs(runs, resume)
 
     def start_failed(self, message: str) -> None:
         for view in self.views:

@@ -13,7 +13,7 @@ import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
 
@@ -25,21 +25,25 @@ from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.client import SubagentSession
 from subagent.acp.handlers import PermissionDecision, PermissionOutcome, PermissionQuestion
 from subagent.acp.transports._channel import Transport
-from subagent.budget import PriceTable
+from subagent.budget import BudgetAccount, PriceTable
 from subagent.cli._console import sanitize
 from subagent.cli._exits import UsageError
 from subagent.cli._interrupts import Interrupts
+from subagent.cli._journal import JournalChoice
 from subagent.cli._options import UsageReport
 from subagent.cli._permission import AnswerSource, PermissionMode, permission_policy
 from subagent.cli._tool_call_tracker import ToolCalls, ToolCallState
 from subagent.cli._views import RunView, StartInfo, run_meta
 from subagent.isolation import IsolationError, IsolationSettings, Workspace
+from subagent.journal import RunJournal, RunRecord
 from subagent.providers.acp import DEFAULT_READY_TIMEOUT, AcpProvider, AcpRun
 from subagent.service import ServiceRun, SubagentService
 from subagent.types import (
     Budget,
     CleanupPolicy,
+    ErrorCode,
     IsolationMode,
+    ResumePoint,
     SubagentError,
     SubagentRequest,
     SubagentResult,
@@ -48,7 +52,29 @@ from subagent.types import (
     sum_usage,
 )
 
-__all__ = ["TurnOutcome", "TurnSpec", "drive"]
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+__all__ = ["CLI_META_KEY", "ResumeTarget", "TurnOutcome", "TurnSpec", "drive"]
+
+CLI_META_KEY: Final = "subagent-seam/cli"
+"""The key, in a run's request metadata (which the run journal keeps and no agent is sent), of how the
+command line ran it: what ``subagent resume`` needs, beside the journaled agent, to run it the same way
+(the configured agent's name, to take its environment from the config again; the provider's settings).
+Never a secret: no environment value is in it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeTarget:
+    """A journaled run that the turn continues, instead of starting a new run (``subagent resume``)."""
+
+    id: str
+    """Its journal id."""
+    provider: str
+    """The name its provider was registered under (the service reopens it through that name)."""
+    prompt: str | None
+    """The prompt of its next turn (None: the service's, which names what was interrupted)."""
+
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +132,13 @@ class TurnSpec:
     """Where the workspaces are made (``--worktree-root``; None: the repository's git directory)."""
     branch_prefix: str | None = None
     """What a worktree's branch name starts with (``--branch-prefix``; None: ``subagent/``)."""
+    journal: JournalChoice | None = None
+    """The run journal the run is recorded in (``--journal``...; None, or a choice without a path: none)."""
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """The request's metadata: how the command line ran it (:data:`CLI_META_KEY`), for the journal."""
+    resume: ResumeTarget | None = None
+    """The journaled run to continue instead of starting one (``subagent resume``); ``command``, ``cwd``
+    and ``transport`` are then its agent's, and ``timeout`` and the caps, when set, the command line's."""
 
     @property
     def isolation_settings(self) -> IsolationSettings:
@@ -142,6 +175,15 @@ class TurnOutcome:
     """Each run of the agent's subagent tree as last reported (``runId``, ``parentId``, ``provider``,
     ``depth``, ``state``, ``title``, and once ended ``stopReason``, ``elapsedSeconds``, ``usage``), by
     run id, in the order first seen: bounded by ``MAX_COSTED_RUNS``."""
+
+    journal_id: str | None = None
+    """The run's id in the run journal (None: it keeps none, or the run never began)."""
+    resumable: bool = False
+    """The turn did not complete and ``subagent resume`` can continue it: its session is journaled and
+    its agent offers ``session/resume`` or ``session/load``."""
+    refused: str | None = None
+    """Why the run could not be resumed, before any agent was started (``NO_RUN``, ``RESUME_UNSUPPORTED``,
+    a cap the agent cannot be held to)."""
 
     @property
     def subtree_usage(self) -> Usage | None:
@@ -249,6 +291,9 @@ class _StartGate(RunView):
         logger.info("elicitation: %s (%s)", action, reason)
         self.inner.elicited(question, action, reason)
 
+    def interrupted_runs(self, runs: Sequence[RunRecord], resume: str) -> None:
+        self.inner.interrupted_runs(runs, resume)
+
     def start_failed(self, message: str) -> None:
         self.inner.start_failed(message)
 
@@ -261,14 +306,31 @@ class _StartGate(RunView):
         self.inner.log(record, message)
 
 
-async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
-    """Run the turn through the service; never raises for a child-level failure or an interrupt."""
+class _ReopeningProvider(AcpProvider):
+    """The ACP provider of ``subagent resume``: a run it reopens takes the command line's ``--timeout``
+    instead of the journaled one (the service rebuilds a resumed run's request from the journal)."""
+
+    def __init__(self, command: Sequence[str], *, reopen_timeout: float | None, **options: Any) -> None:
+        super().__init__(command, **options)
+        self._reopen_timeout = reopen_timeout
+
+    def reopen(self, request: SubagentRequest, point: ResumePoint, task_group: TaskGroup) -> AcpRun:
+        """Reopen ``point`` as :class:`AcpProvider` does, with the command line's timeout."""
+        if self._reopen_timeout is not None:
+            request = dataclasses.replace(request, timeout=self._reopen_timeout)
+        return super().reopen(request, point, task_group)
+
+
+async def drive(spec: TurnSpec, view: RunView, journal: RunJournal | None = None) -> TurnOutcome:
+    """Run the turn through the service (recording it in ``journal``, when given); never raises for a
+    child-level failure or an interrupt."""
     gate = _StartGate(view)
     tool_calls = ToolCalls()
     try:
-        provider = AcpProvider(
+        provider = _ReopeningProvider(
             spec.command,
-            name="acp",
+            reopen_timeout=spec.timeout,
+            name=spec.resume.provider if spec.resume is not None else "acp",
             env=spec.env,
             cwd=spec.cwd,
             permission=permission_policy(
@@ -297,7 +359,10 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
         budget=spec.budget,
         isolation=spec.isolation,
         cleanup=spec.cleanup,
+        metadata=spec.metadata,
     )
+    # A resumed run's request is the journaled one: the command line's caps hold over it from above.
+    ceiling = BudgetAccount(spec.budget, prices=spec.prices) if spec.resume and spec.budget else None
     began = time.monotonic()
     run_costs: dict[str, Usage] = {}
     runs: dict[str, dict[str, Any]] = {}
@@ -310,10 +375,21 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
         # task group below, before the gate reports the end.
         outer.start_soon(view.tick)
         try:
-            async with SubagentService(prices=spec.prices) as service:
+            async with SubagentService(prices=spec.prices, journal=journal) as service:
                 service.register_provider(provider)
-                gate.spawning(spec.command, spec.cwd)
-                run = service.start(provider.name, request)
+                _report_interrupted(service.interrupted, spec, gate)
+                if spec.resume is None:
+                    gate.spawning(spec.command, spec.cwd)
+                    run = service.start(provider.name, request)
+                else:
+                    try:
+                        run = await service.resume(spec.resume.id, spec.resume.prompt, within=ceiling)
+                    except SubagentError as exc:
+                        return TurnOutcome(
+                            SubagentResult(output="", stop_reason="error", error=exc.message),
+                            refused=exc.message,
+                        )
+                    gate.spawning(spec.command, spec.cwd)
                 acp_run = run.provider_run
                 assert isinstance(acp_run, AcpRun)
                 announced = False
@@ -322,7 +398,7 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
                     nonlocal announced
                     if not announced and acp_run.session_id is not None:
                         announced = True
-                        gate.started(_start_info(acp_run, spec))
+                        gate.started(_start_info(acp_run, spec, run.journal_id))
 
                 gate.announce = announce
 
@@ -343,8 +419,12 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
                     outcome = await _await_turn(run, acp_run, spec, gate, interrupts, announce)
                 # Disposed: the workspace was cleaned up by its policy, and says what is left of it.
                 outcome.result.workspace = await _final_workspace(acp_run, outcome.result.workspace, spec)
+                outcome.journal_id = run.journal_id
+                outcome.resumable = _resumable(acp_run, outcome, spec)
         finally:
             outer.cancel_scope.cancel()
+            if ceiling is not None:
+                ceiling.close()
     outcome.elapsed = time.monotonic() - began
     outcome.run_costs = run_costs
     outcome.runs = runs
@@ -358,6 +438,27 @@ async def drive(spec: TurnSpec, view: RunView) -> TurnOutcome:
     if outcome.start_error is None:
         gate.ended(outcome.result, outcome.elapsed)
     return outcome
+
+
+def _report_interrupted(found: Sequence[RunRecord], spec: TurnSpec, view: RunView) -> None:
+    """Say which runs the journal's opening found interrupted, but the one this turn resumes."""
+    others = [record for record in found if spec.resume is None or record.id != spec.resume.id]
+    if others and spec.journal is not None:
+        view.interrupted_runs(others, spec.journal.resume_command("ID"))
+
+
+def _resumable(acp_run: AcpRun, outcome: TurnOutcome, spec: TurnSpec) -> bool:
+    """Whether ``subagent resume`` can continue the turn: journaled, begun, not completed, in no
+    workspace of its own (closed with it), with an agent that reopens sessions."""
+    if outcome.journal_id is None or outcome.start_error is not None or spec.isolation is not None:
+        return False
+    if outcome.result.stop_reason == "completed":
+        return False
+    agent = acp_run.agent
+    if agent is None or acp_run.session_id is None:
+        return False
+    capabilities = agent.agent_capabilities
+    return capabilities.load_session or capabilities.session_capabilities.resume is not None
 
 
 def _check_caps(provider: AcpProvider, spec: TurnSpec) -> None:
@@ -467,7 +568,17 @@ async def _await_turn(
             return TurnOutcome(_interrupted_result(acp_run, "interrupted before the agent was ready"))
         message = _start_failure(exc, acp_run, spec)
         view.start_failed(message)
-        return TurnOutcome(SubagentResult(output="", stop_reason="error", error=message), start_error=message)
+        # A reopened agent that turned out unable to reopen its session: the run cannot be resumed.
+        refused = (
+            f"run {run.journal_id} cannot be resumed: {message}"
+            if exc.code is ErrorCode.RESUME_UNSUPPORTED
+            else None
+        )
+        return TurnOutcome(
+            SubagentResult(output="", stop_reason="error", error=message),
+            start_error=message,
+            refused=refused,
+        )
     announce()
     try:
         result = await run.result()
@@ -490,7 +601,7 @@ def _interrupted_result(acp_run: AcpRun, why: str) -> SubagentResult:
     return SubagentResult(output=acp_run.output, stop_reason="cancelled", error=why)
 
 
-def _start_info(acp_run: AcpRun, spec: TurnSpec) -> StartInfo:
+def _start_info(acp_run: AcpRun, spec: TurnSpec, journal_id: str | None) -> StartInfo:
     agent = acp_run.agent
     info = agent.agent_info if agent is not None else None
     return StartInfo(
@@ -503,6 +614,7 @@ def _start_info(acp_run: AcpRun, spec: TurnSpec) -> StartInfo:
         protocol_version=agent.protocol_version if agent is not None else None,
         mode=acp_run.current_mode,
         config_options=[schema.to_builtins(option) for option in acp_run.config_options],
+        journal_id=journal_id,
     )
 
 

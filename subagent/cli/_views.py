@@ -59,7 +59,9 @@ from subagent.acp._elicitation import ElicitationField, ElicitationQuestion
 from subagent.acp.handlers import PermissionDecision, PermissionOption, PermissionOutcome, PermissionQuestion
 from subagent.cli._console import Console, is_terminal, sanitize
 from subagent.cli._run_tree import RunTree
+from subagent.cli._runs_command import interrupted_notice, prompt_line
 from subagent.cli._tool_call_tracker import ToolCallState
+from subagent.journal import RunRecord
 from subagent.types import RUN_META_KEY, SubagentResult
 
 __all__ = ["EventView", "HumanView", "RunView", "StartInfo", "run_meta"]
@@ -108,6 +110,8 @@ class StartInfo:
     """The session's mode once the caller's settings were applied (None: the agent offers none)."""
     config_options: Sequence[Any] = ()
     """The session's config options and their values, as on the wire (camelCase)."""
+    journal_id: str | None = None
+    """The run's id in the run journal (None: it keeps none)."""
 
 
 class RunView:
@@ -148,6 +152,10 @@ class RunView:
 
     def elicited(self, question: ElicitationQuestion, action: str, reason: str) -> None:
         """The agent's form was answered: ``accept``, ``decline`` or ``cancel`` (``reason`` says by what)."""
+
+    def interrupted_runs(self, runs: Sequence[RunRecord], resume: str) -> None:
+        """The run journal, as it was opened, held runs whose process had died: they are now marked
+        ``interrupted`` (``resume``: the command that continues one, ``ID`` standing for its id)."""
 
     def start_failed(self, message: str) -> None:
         """The agent never became ready."""
@@ -332,6 +340,12 @@ class HumanView(RunView):
             f"{console.paint(word, color)} ({reason})"
         )
 
+    def interrupted_runs(self, runs: Sequence[RunRecord], resume: str) -> None:
+        # Shown whatever the progress setting: a run lost silently is what the journal is there to prevent.
+        self._block()
+        for line in interrupted_notice(runs, resume):
+            self.console.line(self.console.paint(line, "33"))
+
     def interrupted(self, signal_name: str, count: int, action: str) -> None:
         self._block()
         if action == "cancel":
@@ -500,6 +514,7 @@ class EventView(RunView):
         self.emit(
             "start",
             runId=info.run_id,
+            **({} if info.journal_id is None else {"journalId": info.journal_id}),
             sessionId=info.session_id,
             command=list(info.command),
             cwd=info.cwd,
@@ -561,6 +576,21 @@ class EventView(RunView):
 
     def interrupted(self, signal_name: str, count: int, action: str) -> None:
         self.emit("interrupt", signal=signal_name, count=count, action=action)
+
+    def interrupted_runs(self, runs: Sequence[RunRecord], resume: str) -> None:
+        self.emit(
+            "interrupted_runs",
+            runs=[
+                {
+                    "id": run.id,
+                    "provider": run.provider,
+                    "parent": run.parent,
+                    "prompt": prompt_line(run.prompt, 200),
+                }
+                for run in runs
+            ],
+            resume=resume,
+        )
 
     def elicitation(self, question: ElicitationQuestion, timeout: float) -> None:
         self.emit(
