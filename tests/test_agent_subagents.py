@@ -22,7 +22,7 @@ from subagent.providers.acp import AcpRun
 from subagent.testing._scenario import ScenarioError, parse_scenario
 from subagent.types import RUN_META_KEY
 from tests.test_acp_provider import WAIT, MakeCommand, provider_for, service_with, stub
-from tests.test_cli import run_cli, scenario
+from tests.test_cli import JOURNAL_ID, run_cli, scenario
 from tests.test_trace_page import trace_data
 
 __all__ = ["stub"]  # the fixture, used by name
@@ -226,6 +226,7 @@ def test_no_subagents_tells_the_agent_nothing_and_lists_no_runs(tmp_path: Path) 
         "stopReason": "completed",
         "error": None,
         "usage": None,
+        "journalId": JOURNAL_ID,
     }
 
 

@@ -35,6 +35,7 @@ import anyio
 import anyio.abc
 
 from subagent.cli._exits import PROG, Command, Parser, UsageError
+from subagent.cli._journal import choose_journal
 from subagent.journal import JOURNAL_ENV
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ scripts (--script):
 
 sessions that outlive the server:
   each session is kept in a run journal (--journal PATH, or --no-journal; default:
-  ${JOURNAL_ENV}, a path or 'off'; else $XDG_STATE_HOME/subagent/runs.db, by default
+  ${JOURNAL_ENV}, a path or 'off'; else the config file's journal key; else
+  $XDG_STATE_HOME/subagent/runs.db, by default
   ~/.local/state/subagent/runs.db): after a restart a client lists them (session/list) and
   reopens one (session/resume, or session/load, which replays it) to go on with the
   conversation. `{PROG} runs` lists them too (provider `serve`).
@@ -179,7 +181,7 @@ def _add_serve_arguments(serve: Parser) -> None:
         "--journal",
         metavar="PATH",
         help=f"the run journal the sessions are kept in, for clients to reopen after a restart (default: "
-        f"${JOURNAL_ENV}, else the user's state directory)",
+        f"${JOURNAL_ENV}, else the config file's journal key, else the user's state directory)",
     )
     serve.add_argument(
         "--no-journal", action="store_true", help="keep no journal: no session outlives the server"
@@ -235,23 +237,12 @@ def serve_command(args: argparse.Namespace, command: list[str] | None) -> int:
 
 
 def journal_path(option: str | None, *, off: bool = False) -> Path | None:
-    """The journal ``serve`` keeps (None: none): ``--journal`` (``option``), none for ``--no-journal``
-    (``off``), else ``$SUBAGENT_JOURNAL`` (a path, ``off`` for none; empty is unset), else the default
-    path. The other commands choose theirs the same way, and may read a config file too."""
-    from subagent.journal import default_journal_path
-
-    if off:
-        return None
-    if option is not None:
-        return _absolute(option)
-    variable = os.environ.get(JOURNAL_ENV, "").strip()
-    if variable.lower() == "off":
-        return None
-    return _absolute(variable) if variable else default_journal_path()
-
-
-def _absolute(path: str) -> Path:
-    return Path(os.path.abspath(os.path.expanduser(path)))
+    """The journal ``serve`` keeps (None: none), chosen as every command chooses it
+    (:func:`~subagent.cli._journal.choose_journal`): ``--journal`` (``option``), none for ``--no-journal``
+    (``off``), else ``$SUBAGENT_JOURNAL`` (a path, ``off`` for none), else the config file's ``journal``
+    key, else the default path."""
+    choice = choose_journal(option, off)
+    return None if choice.path is None else Path(choice.path)
 
 
 async def _open_journal(path: Path | None) -> RunJournal | None:
