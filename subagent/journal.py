@@ -391,8 +391,7 @@ class RunJournal:
             # WAL with NORMAL: a commit survives this process being killed (not a power cut, which
             # may lose the last commits but never tears one).
             connection.execute("PRAGMA synchronous = NORMAL")
-            connection.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(connection):
                 version = self._schema_version(connection)
                 if version is None:
                     for statement in _SCHEMA_V1:
@@ -415,11 +414,6 @@ class RunJournal:
                         connection.execute(
                             "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),)
                         )
-                connection.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    connection.execute("ROLLBACK")
-                raise
         except sqlite3.Error as exc:
             raise self._error("cannot open", exc) from exc
 
@@ -511,8 +505,7 @@ class RunJournal:
 
     def _commit(self, connection: sqlite3.Connection, batch: list[_Write]) -> None:
         try:
-            connection.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(connection):
                 for write in batch:
                     # Each write in a savepoint of its own: one that fails (a constraint) is undone
                     # alone, never the others of its batch.
@@ -525,11 +518,6 @@ class RunJournal:
                         write.error = self._error("cannot write to", exc)
                         logger.error("run journal %s: a write was refused: %s", self.path, exc)
                     connection.execute("RELEASE write")
-                connection.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    connection.execute("ROLLBACK")
-                raise
         except Exception as exc:
             error = self._error("cannot write to", exc) if isinstance(exc, sqlite3.Error) else exc
             if self._failed is None:
@@ -805,8 +793,7 @@ class RunJournal:
             return []
         write_connection = self._connect()
         try:
-            write_connection.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(write_connection):
                 now = time.time()
                 marked: list[str] = []
                 for pid, start in dead:
@@ -825,11 +812,6 @@ class RunJournal:
                             (run, now, f"its owner (pid {pid}) is gone"),
                         )
                         marked.append(run)
-                write_connection.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    write_connection.execute("ROLLBACK")
-                raise
         except sqlite3.Error as exc:
             raise self._error("cannot write to", exc) from exc
         finally:
@@ -960,6 +942,20 @@ class RunJournal:
 
 
 # -- helpers ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _immediate(connection: sqlite3.Connection) -> Iterator[None]:
+    """A write transaction, taken at once (two writers never deadlock upgrading a read lock): committed
+    when the block ends, rolled back when it raises."""
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            connection.execute("ROLLBACK")
+        raise
+    connection.execute("COMMIT")
 
 
 def _transition(id: str, at: float, state: str, detail: str | None = None) -> tuple[str, Sequence[Any]]:
