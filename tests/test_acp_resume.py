@@ -321,6 +321,23 @@ REFUSALS: Final[dict[str, Refusal]] = {
 }
 
 
+async def test_a_run_whose_agent_never_gave_it_a_session_starts_afresh_in_a_new_one(
+    stub: Callable[[dict[str, Any]], StubCommand], tmp_path: Path
+) -> None:
+    # Its agent died before answering session/new: none of its turns ran, so a new session loses nothing.
+    command = stub({"resumeSession": {}, "turns": [ECHO_TURN]})
+    lines, on_stderr_line = stderr_lines()
+    provider = provider_for(command, tmp_path, on_stderr_line=on_stderr_line)
+    point = ResumePoint(JOURNAL_ID, None, journaled(provider.describe_agent()), 0)
+    async with assert_no_leaks(), reopened(provider, point, "the task, again") as run:
+        with anyio.fail_after(WAIT):
+            result = await run.result()
+    assert run.reopened_with is None
+    assert lines == []  # neither session/resume nor session/load
+    assert run.checkpoint() == {"sessionId": "session-1", "cwd": str(tmp_path)}
+    assert result == SubagentResult(output="you said: the task, again", stop_reason="completed")
+
+
 @pytest.mark.parametrize("case", REFUSALS)
 async def test_reopen_refuses_a_run_it_cannot_continue_before_any_child_exists(
     stub: Callable[[dict[str, Any]], StubCommand], tmp_path: Path, case: str

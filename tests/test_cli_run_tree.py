@@ -768,7 +768,10 @@ def test_progress_on_a_terminal_shows_the_background_children_live_and_ends_with
         "  tool subagent (spawn): other task (other): completed",
         "  tool subagent (spawn): other task (other): in_progress",
     ]
-    # However the children's notices fall into the parent's turns, each of those ends "All done.".
-    assert re.fullmatch(r"Started\.(All done\.)+", text)
+    # However the children's notices fall into the parent's turns, each of those ends "All done.". A notice
+    # that reaches the parent before its model reads the tool results (a loaded machine, children faster
+    # than the parent's journal write) is the last message then, and the script's "Started." rule (the
+    # tool results last) no longer matches: that turn ends "All done." too.
+    assert re.fullmatch(r"(Started\.)?(All done\.)+", text), text
     assert summary == "2 runs: 2 completed"
     assert re.fullmatch(r"done: completed in \d+\.\d s", end)

@@ -148,17 +148,13 @@ async def test_claude_code_resumed_after_the_subagent_command_was_sigkilled_sees
         "completed",
         THIRD_ANSWER,
     )
-    # The resumed turn's request: the earlier conversation (the turn cut short included, as Claude Code kept
-    # it: its partial answer and its own note of the interruption), then the default prompt naming that turn.
+    # The resumed turn's request: the earlier conversation, the prompt of the turn cut short included (what
+    # Claude Code kept of its partial answer depends on when the kill came), then the default prompt naming
+    # that turn.
     default = DEFAULT_RESUME_PROMPT.format(why="the process that ran it stopped", prompt=SECOND)
     (said,) = [
         conversation(request) for request in requests if conversation(request)[-1] == ("user", default)
     ]
-    assert said[:4] == [
-        ("user", FIRST),
-        ("assistant", FIRST_ANSWER),
-        ("user", SECOND),
-        ("assistant", "Counting"),
-    ]
+    assert said[:3] == [("user", FIRST), ("assistant", FIRST_ANSWER), ("user", SECOND)]
     assert said[-1] == ("user", default)
     print("\n\n".join(transcript))  # noqa: T201  (the transcript, with -s)

@@ -520,9 +520,12 @@ class AcpProvider:
         it is never part of the run's :attr:`~AcpRun.updates`, output or usage. The session is then
         configured (mode, config options) as :meth:`start` configures a new one.
 
+        A run whose agent died before it gave the run a session (none of its turns ran) starts afresh: a
+        new session, as :meth:`start` makes one.
+
         Raises:
-            SubagentError: ``RESUME_UNSUPPORTED``, before any child exists, when the run never got a session
-                from its agent, ran another command or on another transport (its session is that agent's),
+            SubagentError: ``RESUME_UNSUPPORTED``, before any child exists, when the run completed turns
+                but has no session, ran another command or on another transport (its session is that agent's),
                 or asks for ``isolation`` (its workspace was closed with its child); the checks of
                 :meth:`start` otherwise. A child whose agent offers neither ``session/resume`` nor
                 ``session/load``, or answers them with an error (an unknown session), fails its readiness
@@ -532,8 +535,9 @@ class AcpProvider:
         self._check_request(request)
         return self._launch(AcpRun(self, request, reopening), task_group)
 
-    def _reopening(self, request: SubagentRequest, point: ResumePoint) -> _Reopening:
-        """What reopening ``point`` takes, or the RESUME_UNSUPPORTED saying why it cannot be done here."""
+    def _reopening(self, request: SubagentRequest, point: ResumePoint) -> _Reopening | None:
+        """What reopening ``point`` takes (None: a new session, for a run whose agent never gave it one), or
+        the RESUME_UNSUPPORTED saying why it cannot be done here."""
 
         def refuse(why: str) -> SubagentError:
             return SubagentError(ErrorCode.RESUME_UNSUPPORTED, why, provider=self.name)
@@ -541,8 +545,6 @@ class AcpProvider:
         run = point.run_id
         checkpoint = point.checkpoint
         session_id = checkpoint.get("sessionId") if checkpoint is not None else None
-        if not isinstance(session_id, str) or not session_id:
-            raise refuse(f"run {run} never got a session from its agent")
         mine = self.describe_agent()
         theirs = point.agent.get("command")
         if theirs != mine["command"]:
@@ -562,6 +564,12 @@ class AcpProvider:
                 f"run {run} ran its agent on {ran_on}, this provider runs it on {mine['transport']}: its "
                 "session is kept where its agent ran"
             )
+        if not isinstance(session_id, str) or not session_id:
+            if point.turns_completed == 0:
+                # Its agent died before it gave the run a session: no turn of it ran, so a new session
+                # (a new run's start) loses nothing and runs nothing twice.
+                return None
+            raise refuse(f"run {run} never got a session from its agent")
         if request.isolation is not None:
             raise refuse(
                 f"run {run} ran in an isolated workspace (isolation={request.isolation!r}), which was closed "
