@@ -6,6 +6,9 @@ On a scripted model (``ScriptedLlm``, one streamed reply per turn), in one proce
   (start, result, dispose: the observer task, the lifecycle events, the lineage, the registry),
   against the floor: the same turn on a bare ``Agent`` made and closed by hand. Reported as time per
   run and as the ratio of the two, measured in the same process one after the other.
+* **journal**: the same runs through a service keeping a run journal (``SubagentService(journal=...)``:
+  each run's start and result committed by the journal's writer thread before its caller hears of them),
+  one after another and ``--children`` at once; reported per run and as the ratio to the unjournaled path.
 * **fan-out**: ``--children`` runs started at once, each turn complete and each child kept idle for
   ``resume()``; the parent's resident memory with all of them live, minus the baseline before,
   per child. Then every run is disposed: the registry must be empty and no task of theirs left.
@@ -20,8 +23,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import statistics
 import sys
+import tempfile
 import time
 
 import anyio
@@ -53,10 +58,10 @@ async def bare_turns(runs: int) -> float:
     return (time.perf_counter() - started) / runs
 
 
-async def service_runs(runs: int) -> float:
+async def service_runs(runs: int, journal: str | None = None) -> float:
     """Seconds per run through the service and the spawn provider (start, result, dispose)."""
     provider = SpawnProvider(llm=scripted())
-    async with SubagentService(progress_interval=None) as subagents:
+    async with SubagentService(progress_interval=None, journal=journal) as subagents:
         subagents.register_provider(provider)
         started = time.perf_counter()
         for index in range(runs):
@@ -68,6 +73,25 @@ async def service_runs(runs: int) -> float:
     if len(provider.agents):
         raise BenchBroken(f"{len(provider.agents)} agents left in the registry")
     return elapsed / runs
+
+
+async def journaled_fan_out(children: int, journal: str | None) -> float:
+    """Seconds per run for ``children`` runs started at once (their journal writes share transactions)."""
+    provider = SpawnProvider(llm=scripted())
+    async with SubagentService(progress_interval=None, journal=journal) as subagents:
+        subagents.register_provider(provider)
+        started = time.perf_counter()
+        runs = [subagents.start("spawn", SubagentRequest(prompt="go")) for _ in range(children)]
+        for run in runs:
+            if (await run.result()).output != ANSWER:
+                raise BenchBroken(f"{run.id}: not the answer")
+        async with anyio.create_task_group() as disposers:
+            for run in runs:
+                disposers.start_soon(run.dispose)
+        elapsed = time.perf_counter() - started
+        if journal is not None and len(await subagents.runs(limit=None)) < children:
+            raise BenchBroken("runs missing from the journal")
+    return elapsed / children
 
 
 async def fan_out(children: int) -> tuple[float, int, int]:
@@ -108,11 +132,28 @@ async def main(args: argparse.Namespace) -> int:
         seam.append(await service_runs(args.runs))
     seam_s, bare_s = statistics.median(seam), statistics.median(bare)
     ratio = seam_s / bare_s
+    with tempfile.TemporaryDirectory() as directory:
+        journaled, at_once, at_once_journaled = [], [], []
+        for index in range(args.repeat):
+            path = os.path.join(directory, f"runs-{index}.db")
+            journaled.append(await service_runs(args.runs, path))
+            at_once.append(await journaled_fan_out(args.children, None))
+            at_once_journaled.append(await journaled_fan_out(args.children, path))
+    journaled_s = statistics.median(journaled)
+    at_once_s, at_once_journaled_s = statistics.median(at_once), statistics.median(at_once_journaled)
     per_child, tasks_before, tasks_after = await fan_out(args.children)
 
     print(f"backend {args.backend}; medians of {args.repeat} rounds of {args.runs} runs")
     print(f"bare agent turn:        {bare_s * 1e6:8.1f} us per turn (the floor)")
     print(f"spawn through the seam: {seam_s * 1e6:8.1f} us per run (start, result, dispose)")
+    print(
+        f"  with a run journal:   {journaled_s * 1e6:8.1f} us per run, one after another "
+        f"({journaled_s / seam_s:.2f}x without)"
+    )
+    print(
+        f"  {args.children} at once:         {at_once_s * 1e6:8.1f} us per run without a journal, "
+        f"{at_once_journaled_s * 1e6:.1f} with one ({at_once_journaled_s / at_once_s:.2f}x)"
+    )
     checks = [
         (ratio <= 3.0, "seam / bare <= 3x", f"{ratio:.2f}x"),
         (per_child < 64 * 1024, "parent memory per idle child < 64 KiB", f"{per_child / 1024:.1f} KiB"),
