@@ -42,7 +42,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -291,6 +291,20 @@ class _Write:
 _STOP = object()
 
 
+class _Skip(Exception):
+    """A statement's value cannot be made (:class:`_Later`): the statement is left out."""
+
+
+class _Later:
+    """A statement's value made by the writer thread when it runs the statement (a large encoding kept
+    off the event loop)."""
+
+    __slots__ = ("make",)
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
 class RunJournal:
     """An open run journal: writes through a writer thread, reads from any thread.
 
@@ -512,7 +526,12 @@ class RunJournal:
                     connection.execute("SAVEPOINT write")
                     try:
                         for sql, parameters in write.statements:
-                            write.rowcounts.append(connection.execute(sql, parameters).rowcount)
+                            try:
+                                values = [p.make() if isinstance(p, _Later) else p for p in parameters]
+                            except _Skip:
+                                write.rowcounts.append(0)
+                                continue
+                            write.rowcounts.append(connection.execute(sql, values).rowcount)
                     except sqlite3.IntegrityError as exc:
                         connection.execute("ROLLBACK TO write")
                         write.error = self._error("cannot write to", exc)
@@ -696,13 +715,25 @@ class RunJournal:
     ) -> list[tuple[str, Sequence[Any]]]:
         if checkpoint is None:
             return []
+        session_id = checkpoint.get("sessionId")
+        # Encoded by the writer thread, not here: an in-process child's log may be large.
+        later = _Later(lambda: self._checkpoint_text(id, checkpoint))
+        return [
+            (
+                "UPDATE runs SET checkpoint = ?, session_id = coalesce(?, session_id) WHERE id = ?",
+                (later, session_id if isinstance(session_id, str) else None, id),
+            )
+        ]
+
+    def _checkpoint_text(self, id: str, checkpoint: Mapping[str, Any]) -> str:
+        """The checkpoint as stored; raises :class:`_Skip` (the previous one is kept) when it cannot be."""
         try:
             text = self._json(dict(checkpoint))
         except (TypeError, ValueError) as exc:
             logger.warning(
                 "run journal: run %s's checkpoint is not JSON (%s); the previous one is kept", id, exc
             )
-            return []
+            raise _Skip from exc
         assert text is not None
         if len(text) > CHECKPOINT_MAX_BYTES:
             logger.warning(
@@ -711,14 +742,8 @@ class RunJournal:
                 len(text),
                 CHECKPOINT_MAX_BYTES,
             )
-            return []
-        session_id = checkpoint.get("sessionId")
-        return [
-            (
-                "UPDATE runs SET checkpoint = ?, session_id = coalesce(?, session_id) WHERE id = ?",
-                (text, session_id if isinstance(session_id, str) else None, id),
-            )
-        ]
+            raise _Skip
+        return text
 
     def claim_for_resume(self, id: str) -> _Write:
         """Queue taking run ``id`` over for a resume: it becomes ``starting``, owned by this process,

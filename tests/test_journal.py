@@ -869,3 +869,30 @@ def test_a_write_the_database_refuses_fails_alone_and_its_batch_is_kept(tmp_path
     assert "UNIQUE constraint failed: runs.id" in str(twin.error)
     assert prompts == ["first", "other"]
     assert journal.failed is None
+
+
+def test_a_checkpoint_that_is_not_json_keeps_the_previous_one_and_says_so(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with RunJournal.open(tmp_path / "runs.db") as journal:
+        journal.record_start(
+            "cccccccccccc",
+            run_id="c-1",
+            provider="c",
+            parent=None,
+            parent_id=None,
+            prompt="p",
+            request={},
+            agent=None,
+        )
+        journal.record_checkpoint("cccccccccccc", {"sessionId": "s-1", "turn": 1})
+        bad = journal.record_checkpoint("cccccccccccc", {"sessionId": "s-2", "turn": object()})
+        journal.flush()
+        record = journal.get("cccccccccccc")
+    assert record is not None
+    assert (record.checkpoint, record.session_id) == ({"sessionId": "s-1", "turn": 1}, "s-1")
+    assert (bad.error, bad.rowcounts) == (None, [0])
+    assert (
+        "run cccccccccccc's checkpoint is not JSON (object is not JSON); the previous one is kept"
+        in caplog.text
+    )
