@@ -472,7 +472,12 @@ class SubagentService:
         return marked
 
     async def resume(
-        self, run_id: str, prompt: str | None = None, *, within: BudgetAccount | None = None
+        self,
+        run_id: str,
+        prompt: str | None = None,
+        *,
+        within: BudgetAccount | None = None,
+        timeout: float | None = None,
     ) -> ServiceRun:
         """Continue journaled run ``run_id`` (its journal id, :attr:`ServiceRun.journal_id`) in a new child,
         with ``prompt`` as its next turn, and return the run (the same journal id; a new provider run id).
@@ -483,6 +488,9 @@ class SubagentService:
         as of its last completed turn. A completed turn is never run again. ``prompt`` None: when the
         run's last turn did not complete, :data:`~subagent._journaling.DEFAULT_RESUME_PROMPT` naming
         what was interrupted; a run whose last turn completed needs a prompt.
+
+        ``within``: a host's budget ceiling, as for :meth:`start`; ``timeout``: the resumed turns' inactivity
+        timeout, in place of the journaled request's.
 
         Raises:
             SubagentError: ``NO_RUN`` when the journal has no such run (or the service keeps none);
@@ -529,6 +537,8 @@ class SubagentService:
             raise self._cannot_resume(record, f"its journaled request is not readable: {exc}") from exc
         if metadata_extra:
             request = dataclasses.replace(request, metadata={**request.metadata, **metadata_extra})
+        if timeout is not None:
+            request = dataclasses.replace(request, timeout=timeout)
         if request.budget is not None and record.spent is not None:
             # The caps hold across restarts: the resumed run gets what its earlier children left.
             left, spent_out = _budget_left(request.budget, record.spent)

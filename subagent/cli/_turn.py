@@ -13,7 +13,7 @@ import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import Any, Final, Literal
 
 import anyio
 
@@ -43,7 +43,6 @@ from subagent.types import (
     CleanupPolicy,
     ErrorCode,
     IsolationMode,
-    ResumePoint,
     SubagentError,
     SubagentRequest,
     SubagentResult,
@@ -51,9 +50,6 @@ from subagent.types import (
     WorkspaceChange,
     sum_usage,
 )
-
-if TYPE_CHECKING:
-    from anyio.abc import TaskGroup
 
 __all__ = ["CLI_META_KEY", "ResumeTarget", "TurnOutcome", "TurnSpec", "drive"]
 
@@ -306,30 +302,14 @@ class _StartGate(RunView):
         self.inner.log(record, message)
 
 
-class _ReopeningProvider(AcpProvider):
-    """The ACP provider of ``subagent resume``: a run it reopens takes the command line's ``--timeout``
-    instead of the journaled one (the service rebuilds a resumed run's request from the journal)."""
-
-    def __init__(self, command: Sequence[str], *, reopen_timeout: float | None, **options: Any) -> None:
-        super().__init__(command, **options)
-        self._reopen_timeout = reopen_timeout
-
-    def reopen(self, request: SubagentRequest, point: ResumePoint, task_group: TaskGroup) -> AcpRun:
-        """Reopen ``point`` as :class:`AcpProvider` does, with the command line's timeout."""
-        if self._reopen_timeout is not None:
-            request = dataclasses.replace(request, timeout=self._reopen_timeout)
-        return super().reopen(request, point, task_group)
-
-
 async def drive(spec: TurnSpec, view: RunView, journal: RunJournal | None = None) -> TurnOutcome:
     """Run the turn through the service (recording it in ``journal``, when given); never raises for a
     child-level failure or an interrupt."""
     gate = _StartGate(view)
     tool_calls = ToolCalls()
     try:
-        provider = _ReopeningProvider(
+        provider = AcpProvider(
             spec.command,
-            reopen_timeout=spec.timeout,
             name=spec.resume.provider if spec.resume is not None else "acp",
             env=spec.env,
             cwd=spec.cwd,
@@ -383,7 +363,9 @@ async def drive(spec: TurnSpec, view: RunView, journal: RunJournal | None = None
                     run = service.start(provider.name, request)
                 else:
                     try:
-                        run = await service.resume(spec.resume.id, spec.resume.prompt, within=ceiling)
+                        run = await service.resume(
+                            spec.resume.id, spec.resume.prompt, within=ceiling, timeout=spec.timeout
+                        )
                     except SubagentError as exc:
                         return TurnOutcome(
                             SubagentResult(output="", stop_reason="error", error=exc.message),
