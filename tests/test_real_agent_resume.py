@@ -50,7 +50,7 @@ def texts(content: Any) -> list[str]:
 def conversation(request: MessagesRequest) -> list[tuple[str, str]]:
     """The request's messages as (role, text) pairs, each text block its own pair, system reminders out."""
     return [
-        (message["role"], text)
+        (message["role"], text.strip())  # kept as Claude Code stored it: at times with a newline after
         for message in request.messages
         if message.get("role") in ("user", "assistant")  # not the environment notes it adds as messages
         for text in texts(message.get("content"))
