@@ -35,7 +35,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, cast
@@ -319,7 +319,15 @@ class SubagentService:
         name = snapshot.name
         lineage = self._lineage(snapshot, request)
         account = self._account(snapshot, request, within)
-        request = dataclasses.replace(request, lineage=lineage, account=account)
+        journal_id: str | None = None
+        if self.journal is not None:
+            journal_id = resumed.id if resumed is not None else self.journal.new_id()
+        request = dataclasses.replace(
+            request,
+            lineage=lineage,
+            account=account,
+            on_checkpoint=None if journal_id is None else self._checkpoint_keeper(journal_id),
+        )
         span = self._run_span(snapshot, request)
         try:
             # Current while the provider starts the run: what it starts inherits the span.
@@ -346,14 +354,25 @@ class SubagentService:
             span.set_attribute("gen_ai.agent.id", run.id)
         self._runs[run] = None
         self._runs_by_id.setdefault(run.id, run)
-        if self.journal is not None:
-            self._journal_start(run, snapshot, resumed)
+        if journal_id is not None:
+            self._journal_start(run, snapshot, resumed, journal_id)
         task_group.start_soon(run._observe, name=f"subagent observer {run.id}")
         return run
 
     # -- the run journal -----------------------------------------------------------------------
 
-    def _journal_start(self, run: ServiceRun, snapshot: ProviderSnapshot, resumed: RunRecord | None) -> None:
+    def _checkpoint_keeper(self, journal_id: str) -> Callable[[Mapping[str, Any]], Awaitable[None]]:
+        """What a provider awaits to have run ``journal_id``'s checkpoint kept (``request.on_checkpoint``)."""
+
+        async def keep(checkpoint: Mapping[str, Any]) -> None:
+            if self.journal is not None:
+                await self._committed(self.journal.record_checkpoint(journal_id, checkpoint))
+
+        return keep
+
+    def _journal_start(
+        self, run: ServiceRun, snapshot: ProviderSnapshot, resumed: RunRecord | None, journal_id: str
+    ) -> None:
         journal = self.journal
         assert journal is not None
         if resumed is not None:
@@ -373,7 +392,7 @@ class SubagentService:
                     "provider %r: describe_agent() raised; the journal keeps no agent", snapshot.name
                 )
         parent = self._runs_by_id.get(run.request.parent_id) if run.request.parent_id is not None else None
-        run.journal_id = journal.new_id()
+        run.journal_id = journal_id
         run._journal_write = journal.record_start(
             run.journal_id,
             run_id=run.id,

@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import math
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, fields
 from types import TracebackType
@@ -501,6 +501,13 @@ class SubagentRequest:
     account: BudgetAccount | None = field(default=None, compare=False, repr=False)
     """The run's account in its tree's budget ledger: filled in by the service (a caller's value is
     replaced); a provider used without a service makes one from ``budget``."""
+    on_checkpoint: Callable[[Mapping[str, Any]], Awaitable[None]] | None = field(
+        default=None, compare=False, repr=False
+    )
+    """Filled in by a service that keeps a run journal (a caller's value is replaced): a provider awaits
+    it with its run's checkpoint (:meth:`CheckpointedRun.checkpoint`) when the child must not go on
+    before the checkpoint is kept: an ACP child's session, before its first prompt is sent (a parent
+    killed during that prompt leaves the session to reopen). None: nobody keeps checkpoints."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "output_schema", _frozen_mapping(self.output_schema))

@@ -338,6 +338,41 @@ async def test_a_run_whose_agent_never_gave_it_a_session_starts_afresh_in_a_new_
     assert result == SubagentResult(output="you said: the task, again", stop_reason="completed")
 
 
+async def test_a_journaled_runs_new_session_is_kept_before_its_first_prompt_is_sent(
+    stub: Callable[[dict[str, Any]], StubCommand], tmp_path: Path
+) -> None:
+    from subagent.journal import RunJournal
+
+    # The turn says one thing and hangs: by then the prompt was sent, so the session must be journaled.
+    command = stub(
+        {"resumeSession": {}, "turns": [[{"step": "message", "text": "Working."}, {"step": "hang"}]]}
+    )
+    path = tmp_path / "runs.db"
+    journal = RunJournal.open(path)
+    # The service's own note that the child is ready comes whenever its observer runs: here, never with
+    # the session. What the journal holds of the session comes from the provider, before the prompt.
+    ready = journal.record_running
+    journal.record_running = lambda id, **_: ready(id, session_id=None, checkpoint=None)  # type: ignore[method-assign]
+    async with SubagentService(journal=journal) as service:
+        service.register_provider(provider_for(command, tmp_path))
+        run = service.start("acp", SubagentRequest(prompt="a long task"))
+        acp_run = run.provider_run
+        assert isinstance(acp_run, AcpRun)
+        said = anyio.Event()
+        acp_run.on_update(lambda _update: said.set())
+        with anyio.fail_after(WAIT):
+            await said.wait()
+        with RunJournal.open(path) as reader:  # another process's view: what is committed
+            record = reader.get(run.journal_id or "")
+        await run.dispose()
+    journal.close()
+    assert record is not None
+    assert (record.session_id, record.checkpoint) == (
+        "session-1",
+        {"sessionId": "session-1", "cwd": str(tmp_path)},
+    )
+
+
 @pytest.mark.parametrize("case", REFUSALS)
 async def test_reopen_refuses_a_run_it_cannot_continue_before_any_child_exists(
     stub: Callable[[dict[str, Any]], StubCommand], tmp_path: Path, case: str

@@ -1187,6 +1187,13 @@ class AcpRun(DisposeOnExit):
                     return
                 self._session = session
                 self._take_early_updates(session)
+                keep = self.request.on_checkpoint
+                if keep is not None and self._reopening is None:
+                    # The new session is kept (journaled) before the prompt is sent: a parent killed
+                    # during this turn leaves a session to reopen, not a run to start afresh.
+                    checkpoint = self.checkpoint()
+                    if checkpoint is not None:
+                        await keep(checkpoint)
                 self._ready.settle(None)
                 first = await self._run_turn(session, self.request.prompt, structured=True)
                 # The turn is over: an idle child works no more, so its slot goes to the next run.
