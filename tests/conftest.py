@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
+import tempfile
 from typing import Any
 
 import pytest
@@ -72,10 +74,21 @@ def _run_journal_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch: p
     monkeypatch.delenv("SUBAGENT_JOURNAL", raising=False)
 
 
+_STATE_HOME = tempfile.mkdtemp(prefix="subagent-tests-state-")
+"""The run journal's default home for the whole session (a fixture of any scope, a module's run of the CLI
+included, runs with it), below each test's own (``_run_journal_in_tmp``): never this machine's."""
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "both_backends: run this async test on trio as well as asyncio (see tests/conftest.py)"
     )
+    os.environ["XDG_STATE_HOME"] = _STATE_HOME
+    os.environ.pop("SUBAGENT_JOURNAL", None)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(_STATE_HOME, ignore_errors=True)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest parametrizes anyio's fixture with every backend
