@@ -10,11 +10,12 @@ cap name or ``timeout``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from subagent.types import Budget, LimitHit, Spend
 
-__all__ = ["budget_to_json", "limit_to_json", "spend_to_json"]
+__all__ = ["budget_to_json", "limit_to_json", "spend_from_json", "spend_to_json"]
 
 
 def budget_to_json(budget: Budget | None) -> dict[str, int | float] | None:
@@ -36,6 +37,24 @@ def spend_to_json(spent: Spend | None) -> dict[str, Any] | None:
         "toolCalls": spent.tool_calls,
         "turns": spent.turns,
     }
+
+
+def spend_from_json(value: Mapping[str, Any]) -> Spend:
+    """What :func:`spend_to_json` wrote (a run journal's ``spent``); what is missing or no number is 0."""
+
+    def number(key: str) -> float:
+        amount = value.get(key)
+        return amount if isinstance(amount, int | float) and not isinstance(amount, bool) else 0
+
+    currency = value.get("costCurrency")
+    return Spend(
+        tokens=int(number("tokens")),
+        cost=float(number("cost")),
+        cost_currency=currency if isinstance(currency, str) else None,
+        seconds=float(number("seconds")),
+        tool_calls=int(number("toolCalls")),
+        turns=int(number("turns")),
+    )
 
 
 def limit_to_json(limit: LimitHit | None) -> dict[str, Any] | None:

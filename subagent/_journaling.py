@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from subagent._budget_codec import budget_to_json
 from subagent._usage_codec import usage_to_acp
 from subagent.types import Budget, SubagentRequest, ToolFilter, Usage, thaw_json
 
@@ -43,8 +44,9 @@ def request_to_json(request: SubagentRequest) -> dict[str, Any]:
         value["metadata"] = thaw_json(request.metadata)
     if request.additional_directories:
         value["additionalDirectories"] = list(request.additional_directories)
-    if request.budget is not None and request.budget.fields():
-        value["budget"] = request.budget.to_mapping()
+    budget = budget_to_json(request.budget)
+    if budget is not None:
+        value["budget"] = budget
     if request.isolation is not None:
         value["isolation"] = request.isolation
         value["cleanup"] = request.cleanup

@@ -58,6 +58,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+WHOLE_NUMBER_CAPS: frozenset[BudgetField] = frozenset({"max_tokens", "max_tool_calls", "max_turns"})
+"""The caps counted in whole units: what is left of them is a whole number too."""
+
 _COUNTED: dict[BudgetField, str] = {
     "max_tokens": "tokens",
     "max_cost": "cost",
@@ -245,7 +248,7 @@ class BudgetAccount:
             values = [a._left(name, reserved=reserved) for a in self.chain() if a.asked.cap(name) is not None]
             if values:
                 value = max(0.0, min(values))
-                left[name] = int(value) if name in ("max_tokens", "max_tool_calls", "max_turns") else value
+                left[name] = int(value) if name in WHOLE_NUMBER_CAPS else value
         if "max_seconds" in left and left["max_seconds"] <= 0:
             left["max_seconds"] = 1e-9  # a Budget's time is > 0; the deadline has passed all the same
         return Budget(**left)

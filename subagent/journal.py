@@ -45,9 +45,12 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from subagent._isolation_core import host_id, process_start_time
+from subagent._isolation_core import owner_alive, this_owner
+
+if TYPE_CHECKING:
+    from anyio import CapacityLimiter
 
 __all__ = [
     "JOURNAL_ENV",
@@ -287,6 +290,17 @@ class _Write:
         self.error: BaseException | None = None
         self.rowcounts: list[int] = []
 
+    async def committed(self, timeout: float, limiter: CapacityLimiter | None = None) -> bool:
+        """Wait, off the event loop and at most ``timeout`` seconds, until the batch is committed (or
+        failed: ``error`` says why); False when the time ran out first."""
+        if self.done.is_set():
+            return True
+        import anyio  # here: `subagent runs` reads the journal without loading an event loop library
+
+        return await anyio.to_thread.run_sync(
+            self.done.wait, timeout, abandon_on_cancel=True, limiter=limiter
+        )
+
 
 _STOP = object()
 
@@ -326,12 +340,8 @@ class RunJournal:
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
-        self.owner: dict[str, Any] = {
-            "host": host_id(),
-            "pid": os.getpid(),
-            "start": process_start_time(os.getpid()),
-        }
-        """This process, as the owner of the runs it journals."""
+        self.owner: dict[str, Any] = this_owner()
+        """This process, as the owner of the runs it journals (as the workspaces it makes name it)."""
 
     # -- opening ---------------------------------------------------------------------------------------
 
@@ -813,7 +823,11 @@ class RunJournal:
             f"SELECT DISTINCT owner_pid, owner_start FROM runs WHERE state IN ({live}) AND owner_host = ?",
             (host,),
         ).fetchall()
-        dead = [(pid, start) for pid, start in owners if not _alive(pid, start)]
+        dead = [
+            (pid, start)
+            for pid, start in owners
+            if not owner_alive({"host": host, "pid": pid, "start": start})
+        ]
         if not dead:
             return []
         write_connection = self._connect()
@@ -985,11 +999,6 @@ def _immediate(connection: sqlite3.Connection) -> Iterator[None]:
 
 def _transition(id: str, at: float, state: str, detail: str | None = None) -> tuple[str, Sequence[Any]]:
     return ("INSERT INTO transitions (run, at, state, detail) VALUES (?, ?, ?, ?)", (id, at, state, detail))
-
-
-def _alive(pid: int, start: str | None) -> bool:
-    now = process_start_time(pid)
-    return now is not None and (now == "?" or now == start)
 
 
 def _environment_secrets() -> Iterator[str]:

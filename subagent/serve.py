@@ -219,7 +219,7 @@ from subagent.runtime._llm import LlmAdapter
 from subagent.runtime._log_codec import decode_log, encode_log, json_type
 from subagent.runtime._messages import Message, Retrying, TextDelta, ToolSpec
 from subagent.runtime._tools import Tool, ToolError, ToolInvocation
-from subagent.service import ServiceRun, SubagentService
+from subagent.service import JOURNAL_COMMIT_TIMEOUT, ServiceRun, SubagentService
 from subagent.types import (
     BUDGET_META_KEY,
     LINEAGE_META_KEY,
@@ -288,9 +288,6 @@ _JOURNAL_PROVIDER: Final = "serve"
 _SESSION_PREFIX: Final = "session-"
 _JOURNAL_AGENT: Final = {"kind": "serve", "name": AGENT_NAME}
 """What the journal keeps of how a session runs (its ``agent``)."""
-_JOURNAL_COMMIT_TIMEOUT: Final = 30.0
-"""How long a prompt's answer waits for its turn's record to be committed (a journal on a stalled
-disk must not hold every answer back forever; the wait is logged)."""
 _REPLAY_MESSAGE_PREFIX: Final = "message-"
 _JOURNAL_ID: Final = re.compile(r"[0-9a-f]{12}")
 
@@ -991,15 +988,11 @@ class ServedAgent(AgentHandler):
 
     async def _committed(self, write: _Write) -> None:
         """Wait (bounded) until ``write`` is committed; a failed write was logged by the journal."""
-        if write.done.is_set():
-            return
-        done = await anyio.to_thread.run_sync(
-            write.done.wait, _JOURNAL_COMMIT_TIMEOUT, abandon_on_cancel=True
-        )
-        if not done:
+        # As long as the service waits for its runs' writes (a stalled disk holds no answer back forever).
+        if not await write.committed(JOURNAL_COMMIT_TIMEOUT):
             logger.error(
                 "run journal: a write was not committed within %.0f s; going on without waiting",
-                _JOURNAL_COMMIT_TIMEOUT,
+                JOURNAL_COMMIT_TIMEOUT,
             )
 
     async def close_session(

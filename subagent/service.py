@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Self, cast
 
 import anyio
 
-from subagent._budget_codec import spend_to_json
+from subagent._budget_codec import spend_from_json, spend_to_json
 from subagent._journaling import (
     DEFAULT_RESUME_PROMPT,
     provider_secrets,
@@ -51,9 +51,9 @@ from subagent._journaling import (
     usage_json,
 )
 from subagent._outcome import DisposeOnExit, Outcome, raise_sole_error
-from subagent.budget import BudgetAccount, PriceTable, budget_result
+from subagent.budget import WHOLE_NUMBER_CAPS, BudgetAccount, PriceTable, budget_result
 from subagent.events import EventHub
-from subagent.journal import JournalError, RunJournal, RunRecord
+from subagent.journal import JournalError, JournalState, RunJournal, RunRecord
 from subagent.observability import _telemetry as telemetry
 from subagent.types import (
     Budget,
@@ -406,13 +406,9 @@ class SubagentService:
 
     async def _committed(self, write: _Write | None) -> None:
         """Wait (bounded) until ``write`` is committed; a failed write was logged by the journal."""
-        if write is None or write.done.is_set():
+        if write is None:
             return
-        with anyio.move_on_after(JOURNAL_COMMIT_TIMEOUT) as scope:
-            await anyio.to_thread.run_sync(
-                write.done.wait, abandon_on_cancel=True, limiter=self._journal_waits
-            )
-        if scope.cancelled_caught:
+        if not await write.committed(JOURNAL_COMMIT_TIMEOUT, self._journal_waits):
             logger.error(
                 "run journal %s: a write was not committed within %.0f s; going on without waiting",
                 self.journal.path if self.journal is not None else "?",
@@ -1089,50 +1085,53 @@ class ServiceRun(DisposeOnExit):
         )
 
     def _journal_failed(self, error: SubagentError) -> None:
-        journal = self._service.journal
-        if journal is None or self.journal_id is None:
-            return
-        self._journal_write = journal.record_turn(
-            self.journal_id,
-            stop_reason=None,
-            output=None,
-            structured=None,
-            error=error.message,
-            usage=None,
-            checkpoint=None,
-            state="disposed" if error.code is ErrorCode.DISPOSED else "failed",
+        # The child never became ready: nothing of it to continue from, nothing spent on a turn.
+        self._journal_end(
+            error.message, "disposed" if error.code is ErrorCode.DISPOSED else "failed", kept=False
         )
 
     def _journal_turn(self, outcome: SubagentResult | BaseException) -> None:
+        if isinstance(outcome, SubagentResult):
+            self._journal_end(outcome)
+        elif self._ready.error is None:  # else recorded as failed already (an ACP run's result fails alike)
+            disposed = isinstance(outcome, SubagentError) and outcome.code is ErrorCode.DISPOSED
+            self._journal_end(str(outcome) or type(outcome).__name__, "disposed" if disposed else "ended")
+
+    def _journal_end(
+        self, outcome: SubagentResult | str, state: JournalState = "ended", *, kept: bool = True
+    ) -> _Write | None:
+        """Record how a turn ended: its result, or why it has none (``state``); with the run's checkpoint
+        and spending unless not ``kept``. The write, to wait on (None: no journal)."""
         journal = self._service.journal
         if journal is None or self.journal_id is None:
-            return
+            return None
+        checkpoint = self._checkpoint() if kept else None
+        spent = self._spent_json() if kept else None
         if isinstance(outcome, SubagentResult):
-            self._journal_write = journal.record_turn(
+            write = journal.record_turn(
                 self.journal_id,
                 stop_reason=outcome.stop_reason,
                 output=outcome.output,
                 structured=outcome.structured,
                 error=outcome.error,
                 usage=usage_json(outcome.usage),
-                checkpoint=self._checkpoint(),
-                spent=self._spent_json(),
+                checkpoint=checkpoint,
+                spent=spent,
             )
-            return
-        if self._ready.error is not None:
-            return  # readiness failed: already recorded as failed (an ACP run's result fails the same way)
-        disposed = isinstance(outcome, SubagentError) and outcome.code is ErrorCode.DISPOSED
-        self._journal_write = journal.record_turn(
-            self.journal_id,
-            stop_reason=None,
-            output=None,
-            structured=None,
-            error=str(outcome) or type(outcome).__name__,
-            usage=None,
-            checkpoint=self._checkpoint(),
-            state="disposed" if disposed else "ended",
-            spent=self._spent_json(),
-        )
+        else:
+            write = journal.record_turn(
+                self.journal_id,
+                stop_reason=None,
+                output=None,
+                structured=None,
+                error=outcome,
+                usage=None,
+                checkpoint=checkpoint,
+                state=state,
+                spent=spent,
+            )
+        self._journal_write = write
+        return write
 
     def _end_span(self, outcome: SubagentResult | BaseException) -> None:
         if self._span is not None and not self._span_ended:
@@ -1213,34 +1212,13 @@ class _Resumable(ServiceRun):
                 result = await cast(ResumableRun, self._provider_run).resume(prompt)
         except BaseException as exc:
             telemetry.end_agent_span(span, exc)
-            if journal is not None and self.journal_id is not None:
-                journal.record_turn(
-                    self.journal_id,
-                    stop_reason=None,
-                    output=None,
-                    structured=None,
-                    error=str(exc) or type(exc).__name__,
-                    usage=None,
-                    checkpoint=self._checkpoint(),
-                    state="disposed" if self._dispose_started else "ended",
-                    spent=self._spent_json(),
-                )
+            self._journal_end(
+                str(exc) or type(exc).__name__, "disposed" if self._dispose_started else "ended"
+            )
             raise
         telemetry.end_agent_span(span, result)
-        if journal is not None and self.journal_id is not None:
-            # Committed before the caller sees the turn's result, as the first turn's is.
-            await self._service._committed(
-                journal.record_turn(
-                    self.journal_id,
-                    stop_reason=result.stop_reason,
-                    output=result.output,
-                    structured=result.structured,
-                    error=result.error,
-                    usage=usage_json(result.usage),
-                    checkpoint=self._checkpoint(),
-                    spent=self._spent_json(),
-                )
-            )
+        # Committed before the caller sees the turn's result, as the first turn's is.
+        await self._service._committed(self._journal_end(result))
         return result
 
 
@@ -1282,26 +1260,17 @@ def _progress_json(info: SubagentProgressInfo, provider_run: SubagentRun) -> dic
     return value
 
 
-_SPENT_KEYS: dict[str, str] = {
-    "max_tokens": "tokens",
-    "max_cost": "cost",
-    "max_seconds": "seconds",
-    "max_tool_calls": "toolCalls",
-    "max_turns": "turns",
-}
-
-
 def _budget_left(budget: Budget, spent: Mapping[str, Any]) -> tuple[Budget, str | None]:
     """``budget`` less what a journaled run ``spent`` (its JSON form), and the first cap it used up (None)."""
+    used = spend_from_json(spent)
     left: dict[str, float] = {}
     for name in budget.fields():
         cap = budget.cap(name)
         assert cap is not None
-        used = spent.get(_SPENT_KEYS[name])
-        remaining = cap - used if isinstance(used, int | float) else cap
+        remaining = cap - used.of(name)
         if remaining <= 0:
-            return budget, f"{name} {cap:g}, of which {used:g} was used before"
-        left[name] = int(remaining) if name in ("max_tokens", "max_tool_calls", "max_turns") else remaining
+            return budget, f"{name} {cap:g}, of which {used.of(name):g} was used before"
+        left[name] = int(remaining) if name in WHOLE_NUMBER_CAPS else remaining
     return Budget(**left), None  # type: ignore[arg-type]
 
 
